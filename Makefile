@@ -1,0 +1,28 @@
+# Two entry points for a fresh machine: `make test` and `make run`.
+# Both create .venv when missing and install requirements first.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+export HF_HUB_OFFLINE = 1
+export HF_HUB_DISABLE_TELEMETRY = 1
+export GRADIO_ANALYTICS_ENABLED = False
+export TOKENIZERS_PARALLELISM = false
+
+.PHONY: install test run clean
+
+$(STAMP): requirements.txt requirements-dev.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+test: install
+	$(PY) -m pytest -q
+
+run: install
+	$(PY) app.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache
