@@ -1,0 +1,212 @@
+"""The three ways of knowing: each scorer maps a texture array to a [B, h, w] score in [0, 1].
+
+Vervaeke's relevance-realisation framing, as the ARR-COC seeds use it:
+- propositional  -> InformationScorer: how much a cell's neighbourhood varies
+  (local Shannon information over texture channels, with learnable channel weights);
+- perspectival   -> PerspectivalScorer: what stands out to a viewer (a small CNN
+  whose untrained output IS a saliency prior, Itti/Koch-style);
+- participatory  -> ParticipatoryScorer: how a cell couples with the question
+  (cross-attention from cells to question tokens; plus a training-free path that
+  compares the VLM's own visual tokens with the question's token embeddings).
+
+All scorers take a `valid` mask [B, h, w] so padded batches of differently sized
+grids score each image as if it were alone (border cells only see in-image cells).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import KnowingConfig, TextureConfig
+from .texture import channel_names
+
+SALIENCY_CHANNELS = ("sal_spectral", "sal_contrast", "sal_color", "cluster_rarity")
+
+
+def _inv_softplus(y: torch.Tensor) -> torch.Tensor:
+    return y + torch.log(-torch.expm1(-y))
+
+
+def local_information(
+    texture: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor, bins: int, window: int
+) -> torch.Tensor:
+    """Weighted local information of each cell, in [0, 1].
+
+    texture [B, C, h, w] in [0, 1], valid [B, h, w] bool, weights [C] >= 0.
+    Per channel, each window value is soft-binned into `bins` Gaussian bins; the
+    information is the entropy of the window's mixture histogram minus the mean
+    entropy of its members (a generalised Jensen-Shannon divergence): 0 where the
+    window is uniform, up to 1 (after dividing by log bins) where values spread
+    over all bins. Vectorised over cells with `unfold`; no loop over cells.
+    """
+    b, c, h, w = texture.shape
+    centres = (torch.arange(bins, dtype=texture.dtype, device=texture.device) + 0.5) / bins
+    sigma = 1.0 / bins
+    member = torch.softmax(-((texture[..., None] - centres) ** 2) / (2 * sigma**2), dim=-1)  # [B, C, h, w, K]
+    member = member.permute(0, 1, 4, 2, 3).reshape(b, c * bins, h, w)
+    pad = window // 2
+    mask = valid[:, None].to(texture.dtype)  # [B, 1, h, w]
+    win_mask = F.unfold(mask, window, padding=pad)  # [B, W*W, N]
+    win = F.unfold(member * mask, window, padding=pad).reshape(b, c, bins, window * window, h * w)
+    count = win_mask.sum(1).clamp_min(1.0)  # [B, N]
+    mixture = win.sum(3) / count[:, None, None]  # [B, C, K, N]
+    mixture_entropy = -(mixture * torch.log(mixture.clamp_min(1e-12))).sum(2)  # [B, C, N]
+    member_entropy = -(member * torch.log(member.clamp_min(1e-12))).reshape(b, c, bins, h * w).sum(2)
+    # Mean member entropy over the window (members are masked, so use the same window sums).
+    ent_win = F.unfold((member_entropy.reshape(b, c, h, w) * mask), window, padding=pad).reshape(
+        b, c, window * window, h * w
+    )
+    info = (mixture_entropy - ent_win.sum(2) / count[:, None]).clamp_min(0) / math.log(bins)  # [B, C, N]
+    info = (weights[None, :, None] * info).sum(1) / weights.sum().clamp_min(1e-12)
+    return info.reshape(b, h, w) * valid
+
+
+class InformationScorer(nn.Module):
+    """Propositional knowing: local information content with learnable channel weights."""
+
+    def __init__(self, texture: TextureConfig, config: KnowingConfig):
+        super().__init__()
+        names = channel_names(texture)
+        # Position ramps carry no local information worth scoring: start them near zero weight.
+        init = torch.tensor([0.05 if n.startswith("pos_") else 1.0 for n in names])
+        self.channel_weight_raw = nn.Parameter(_inv_softplus(init))
+        self.bins = config.entropy_bins
+        self.window = config.entropy_window
+
+    @property
+    def channel_weights(self) -> torch.Tensor:
+        return F.softplus(self.channel_weight_raw)
+
+    def forward(self, texture: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        return local_information(texture, valid, self.channel_weights, self.bins, self.window)
+
+
+class PerspectivalScorer(nn.Module):
+    """Perspectival knowing: salience. sigmoid(saliency-prior logit + small CNN residual).
+
+    The CNN's output layer starts near zero, so an untrained scorer is the saliency
+    prior (a weighted mean of the saliency and cluster-rarity channels) and already
+    prefers salient cells; training adds what the prior misses.
+    """
+
+    def __init__(self, texture: TextureConfig, config: KnowingConfig):
+        super().__init__()
+        names = channel_names(texture)
+        idx = [names.index(n) for n in SALIENCY_CHANNELS if n in names]
+        if not idx:
+            raise ValueError(
+                "PerspectivalScorer needs at least one of the texture channels "
+                f"{SALIENCY_CHANNELS}; add 'saliency' or 'clusters' to texture.groups"
+            )
+        self.register_buffer("prior_index", torch.tensor(idx), persistent=False)
+        self.prior_weight = nn.Parameter(torch.full((len(idx),), 1.0 / len(idx)))
+        self.prior_gain = nn.Parameter(torch.tensor(10.0))
+        self.prior_bias = nn.Parameter(torch.tensor(0.2))
+        c, width = len(names), config.cnn_width
+        self.cnn = nn.Sequential(
+            nn.Conv2d(c, width, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(width, width, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(width, 1, 1),
+        )
+        nn.init.normal_(self.cnn[-1].weight, std=1e-3)
+        nn.init.zeros_(self.cnn[-1].bias)
+
+    def forward(self, texture: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        mask = valid[:, None].to(texture.dtype)
+        x = texture * mask  # zero outside the image == the convs' zero padding
+        prior = (x.index_select(1, self.prior_index) * self.prior_weight[None, :, None, None]).sum(1)
+        logit = self.prior_gain * (prior - self.prior_bias) + self.cnn(x)[:, 0]
+        return torch.sigmoid(logit) * valid
+
+
+def embedding_relevance(
+    visual_tokens: torch.Tensor, valid: torch.Tensor, query: torch.Tensor, query_mask: torch.Tensor
+) -> torch.Tensor:
+    """Training-free coupling of the VLM's visual tokens with the question, as z-scores.
+
+    visual_tokens [B, N, D] (raster order over the padded grid), valid [B, N],
+    query [B, L, D], query_mask [B, L]. Cosine similarity of every cell to every
+    question token is standardised over the image's cells per token (a token that
+    resembles every cell, like "the", becomes flat), then pooled over tokens with a
+    soft maximum, and standardised again. Returns [B, N] (0 outside `valid`).
+    """
+    v = F.normalize(visual_tokens.float(), dim=-1)
+    q = F.normalize(query.float(), dim=-1)
+    sim = v @ q.transpose(1, 2)  # [B, N, L]
+    z = _masked_standardise(sim, valid[..., None])
+    z = z.masked_fill(~query_mask[:, None, :], -1e4)
+    pooled = torch.logsumexp(z, dim=-1) - torch.log(query_mask.sum(1, keepdim=True).clamp_min(1).float())
+    return _masked_standardise(pooled, valid) * valid
+
+
+def _masked_standardise(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(x - mean) / std over dim 1 where mask is True; mask broadcasts to x."""
+    m = mask.to(x.dtype).expand_as(x)
+    n = m.sum(1, keepdim=True).clamp_min(1.0)
+    mean = (x * m).sum(1, keepdim=True) / n
+    var = (((x - mean) * m) ** 2).sum(1, keepdim=True) / n
+    return (x - mean) / (var.sqrt() + 1e-6)
+
+
+class ParticipatoryScorer(nn.Module):
+    """Participatory knowing: how much each cell couples with the question.
+
+    Learned path: cross-attention logits between cell features (texture channels)
+    and the question's token embeddings, aggregated over tokens by a learnable mix of
+    sum, max and mean. Training-free path (`visual_tokens` given): `embedding_relevance`.
+    Output: sigmoid(w_learned * learned + w_embed * embedding), [B, h, w].
+    """
+
+    def __init__(self, texture: TextureConfig, config: KnowingConfig):
+        super().__init__()
+        c, d = len(channel_names(texture)), config.attn_dim
+        self.cell_proj = nn.Sequential(nn.Conv2d(c, d, 1), nn.GELU(), nn.Conv2d(d, d, 1))
+        self.query_norm = nn.LayerNorm(config.query_dim, elementwise_affine=False)
+        self.query_proj = nn.Linear(config.query_dim, d)
+        self.aggregation = nn.Parameter(torch.zeros(3))  # softmax over (sum, max, mean)
+        self.learned_weight = nn.Parameter(torch.tensor(float(config.learned_weight)))
+        self.embed_weight = nn.Parameter(torch.tensor(float(config.embed_weight)))
+        self.query_dim = config.query_dim
+        self.scale = 1.0 / math.sqrt(d)
+
+    def forward(
+        self,
+        texture: torch.Tensor,
+        valid: torch.Tensor,
+        query: torch.Tensor | None,
+        query_mask: torch.Tensor | None,
+        visual_tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        b, _, h, w = texture.shape
+        if query is None:
+            return torch.full((b, h, w), 0.5, dtype=texture.dtype, device=texture.device) * valid
+        if query.shape[-1] != self.query_dim:
+            raise ValueError(
+                f"question embeddings have width {query.shape[-1]} but knowing.query_dim is {self.query_dim}; "
+                "build the config with ARRCOCConfig().with_query_dim(<VLM text hidden size>)"
+            )
+        if query_mask is None:
+            query_mask = torch.ones(query.shape[:2], dtype=torch.bool, device=query.device)
+        mask = valid[:, None].to(texture.dtype)
+        cells = self.cell_proj(texture * mask).flatten(2).transpose(1, 2)  # [B, N, d]
+        keys = self.query_proj(self.query_norm(query.float()))  # [B, L, d]
+        logits = (cells @ keys.transpose(1, 2)) * self.scale  # [B, N, L]
+        qm = query_mask[:, None, :].to(logits.dtype)
+        n_tok = qm.sum(-1).clamp_min(1.0)
+        agg_sum = (logits * qm).sum(-1) / n_tok.sqrt()
+        agg_max = logits.masked_fill(qm == 0, -1e4).amax(-1)
+        agg_mean = (logits * qm).sum(-1) / n_tok
+        mix = torch.softmax(self.aggregation, 0)
+        learned = mix[0] * agg_sum + mix[1] * agg_max + mix[2] * agg_mean  # [B, N]
+        logit = self.learned_weight * learned
+        if visual_tokens is not None:
+            logit = logit + self.embed_weight * embedding_relevance(
+                visual_tokens, valid.flatten(1), query, query_mask
+            )
+        return torch.sigmoid(logit).reshape(b, h, w) * valid
