@@ -38,6 +38,7 @@ class TextureConfig:
     """Texture array: which channel groups to compute and their constants."""
 
     groups: tuple[str, ...] = TEXTURE_GROUPS
+    work_px: int = 16            # pixels per cell side the channels are computed at (area-resampled)
     n_clusters: int = 6          # k-means clusters over cell colours
     kmeans_iters: int = 8
     edge_scale: float = 0.025    # squash constant: cell edge energy e -> e / (e + scale)
@@ -50,6 +51,7 @@ class TextureConfig:
         unknown = [g for g in self.groups if g not in TEXTURE_GROUPS]
         _check(not unknown, f"unknown texture groups {unknown}; choose from {TEXTURE_GROUPS}")
         _check(len(self.groups) > 0, "texture.groups must name at least one channel group")
+        _check(self.work_px >= 4, "texture.work_px must be >= 4")
         _check(self.n_clusters >= 2, "texture.n_clusters must be >= 2")
         _check(self.kmeans_iters >= 1, "texture.kmeans_iters must be >= 1")
         for name in ("edge_scale", "highpass_scale", "contrast_scale"):

@@ -293,10 +293,14 @@ def generate_texture_array(
     h, w = int(grid_hw[0]), int(grid_hw[1])
     if h < 1 or w < 1:
         raise ValueError(f"grid_hw must be positive, got {grid_hw}")
-    if batch.shape[-2] < h or batch.shape[-1] < w:
-        # Fewer pixels than cells: upsample so each cell has at least one pixel.
-        batch = F.interpolate(batch, size=(max(h, batch.shape[-2]), max(w, batch.shape[-1])), mode="nearest")
     batch = torch.nan_to_num(batch, nan=0.0, posinf=1.0, neginf=0.0).clamp(0.0, 1.0)
+    # Channels are computed at a fixed work_px pixels per cell, so a cell means the same
+    # whatever the processor's cell size (28 or 32 px) and a large image costs no more per cell.
+    work = (h * config.work_px, w * config.work_px)
+    if tuple(batch.shape[-2:]) != work:
+        shrink = batch.shape[-2] >= work[0] and batch.shape[-1] >= work[1]
+        batch = F.interpolate(batch, size=work, mode="area" if shrink else "bilinear", align_corners=None if shrink else False)
+        batch = batch.clamp(0.0, 1.0)
     ctx = _Context(batch, (h, w), config)
     out = torch.cat([TEXTURE_REGISTRY[g].fn(ctx) for g in config.groups], dim=1)
     return out.clamp(0.0, 1.0).contiguous()

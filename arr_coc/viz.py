@@ -1,0 +1,112 @@
+"""Pictures of what the layer saw and decided: heatmap overlays, scorer maps, texture channels.
+
+Pure functions from an `ARRCOCOutput` (one image) to PIL images or a matplotlib
+figure; the app and the docs call them, nothing here loads a model.
+matplotlib is imported lazily (Agg backend) so importing arr_coc stays light.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+
+from .layer import ARRCOCOutput
+
+MAP_NAMES = ("information", "perspectival", "participatory", "relevance")
+
+
+def _colormap(values: np.ndarray, name: str = "inferno") -> np.ndarray:
+    """[h, w] in [0, 1] -> [h, w, 3] uint8 through a matplotlib colormap."""
+    from matplotlib import colormaps
+
+    return (colormaps[name](np.clip(values, 0.0, 1.0))[..., :3] * 255).astype(np.uint8)
+
+
+def _cells_to_pixels(grid: np.ndarray, size: tuple[int, int]) -> Image.Image:
+    """[h, w, 3] uint8 cell colours -> a PIL image of `size` (W, H), one flat block per cell."""
+    return Image.fromarray(grid).resize(size, Image.NEAREST)
+
+
+def map_image(values: torch.Tensor, size: tuple[int, int], cmap: str = "inferno", normalise: bool = True) -> Image.Image:
+    """A [h, w] map as a PIL image of `size`; `normalise` stretches min..max to the colormap."""
+    v = values.detach().float().cpu().numpy()
+    if normalise:
+        lo, hi = float(v.min()), float(v.max())
+        v = (v - lo) / (hi - lo) if hi > lo else np.zeros_like(v)
+    return _cells_to_pixels(_colormap(v, cmap), size)
+
+
+def overlay_heatmap(image: Image.Image, out: ARRCOCOutput, i: int = 0, alpha: float = 0.5) -> Image.Image:
+    """The image with the relevance map blended in and every kept token's cell outlined."""
+    h, w = out.grid_hw[i]
+    image = image.convert("RGB")
+    heat = map_image(out.relevance[i, :h, :w], image.size)
+    blended = Image.blend(image, heat, alpha)
+    draw = ImageDraw.Draw(blended)
+    cw, ch = image.size[0] / w, image.size[1] / h
+    for idx in out.kept_indices[i].tolist():
+        r, c = divmod(idx, w)
+        draw.rectangle([c * cw, r * ch, (c + 1) * cw - 1, (r + 1) * ch - 1], outline=(0, 255, 120), width=2)
+    return blended
+
+
+def scorer_maps(out: ARRCOCOutput, i: int = 0, size: tuple[int, int] = (224, 224)) -> list[tuple[Image.Image, str]]:
+    """(picture, caption) for the three scorer maps and the balanced relevance, with the balancer weights."""
+    h, w = out.grid_hw[i]
+    weights = out.weights[i].tolist() if out.weights is not None else [float("nan")] * 3
+    items = []
+    for k, name in enumerate(MAP_NAMES):
+        m = getattr(out, name)
+        if m is None:
+            continue
+        caption = f"{name} (w={weights[k]:.2f})" if k < 3 else name
+        items.append((map_image(m[i, :h, :w], size), caption))
+    return items
+
+
+def texture_gallery(out: ARRCOCOutput, i: int = 0, size: tuple[int, int] = (160, 160)) -> list[tuple[Image.Image, str]]:
+    """(picture, channel name) for every texture channel; values are shown on their own [0, 1] scale."""
+    if out.texture is None:
+        return []
+    h, w = out.grid_hw[i]
+    return [
+        (map_image(out.texture[i, c, :h, :w], size, cmap="viridis", normalise=False), name)
+        for c, name in enumerate(out.channel_names or [])
+    ]
+
+
+def summary_figure(image: Image.Image, out: ARRCOCOutput, i: int = 0, title: str | None = None):
+    """One matplotlib figure: image + kept overlay, the four maps, and every texture channel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    h, w = out.grid_hw[i]
+    names = out.channel_names or []
+    ncols = 6
+    nrows = 1 + int(np.ceil(len(names) / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 2.7 * nrows))
+    for ax in axes.flat:
+        ax.axis("off")
+    axes[0, 0].imshow(image.convert("RGB"))
+    axes[0, 0].set_title("image", fontsize=9)
+    axes[0, 1].imshow(overlay_heatmap(image, out, i))
+    axes[0, 1].set_title(f"kept {len(out.kept_indices[i])}/{h * w} ({out.fallback[i] or 'top-k'})", fontsize=9)
+    weights = out.weights[i].tolist() if out.weights is not None else None
+    for k, name in enumerate(MAP_NAMES):
+        m = getattr(out, name)
+        if m is None:
+            continue
+        ax = axes[0, 2 + k]
+        ax.imshow(m[i, :h, :w].detach().numpy(), cmap="inferno")
+        ax.set_title(name + (f" w={weights[k]:.2f}" if weights and k < 3 else ""), fontsize=9)
+    for c, name in enumerate(names):
+        ax = axes[1 + c // ncols, c % ncols]
+        ax.imshow(out.texture[i, c, :h, :w].numpy(), cmap="viridis", vmin=0, vmax=1)
+        ax.set_title(name, fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return fig
