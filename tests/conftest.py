@@ -1,0 +1,66 @@
+"""Shared fixtures: tiny random Qwen2-VL / Qwen2.5-VL / Qwen3-VL models, offline.
+
+The models are built from configs by `arr_coc.tiny.build_tiny_qwen` (nothing is
+downloaded), once per (family, attention) per session, frozen; tests must treat
+them as read-only.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+for _key, _value in (("HF_HUB_OFFLINE", "1"), ("HF_HUB_DISABLE_TELEMETRY", "1"),
+                     ("GRADIO_ANALYTICS_ENABLED", "False"), ("TOKENIZERS_PARALLELISM", "false")):
+    os.environ.setdefault(_key, _value)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from PIL import Image, ImageDraw  # noqa: E402
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core host two threads
+    contend with other jobs (measured: 125 s with 2 threads vs 8 s with 1 beside a training run)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny(family: str, attn: str):
+    from arr_coc.tiny import build_tiny_qwen
+
+    return build_tiny_qwen(family, seed=0, attn_implementation=attn)
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm():
+    """`tiny_vlm(family, attn="sdpa") -> (model, processor)`; cached for the session, read-only."""
+    return lambda family, attn="sdpa": _tiny(family, attn)
+
+
+def shapes_image(height: int, width: int, seed: int = 0) -> Image.Image:
+    """A flat background with a few coloured shapes (structure for the texture/scorers)."""
+    rng = np.random.default_rng(seed)
+    img = Image.new("RGB", (width, height), tuple(int(c) for c in rng.integers(180, 255, 3)))
+    draw = ImageDraw.Draw(img)
+    for _ in range(3):
+        x0, y0 = int(rng.integers(0, width - 24)), int(rng.integers(0, height - 24))
+        size = int(rng.integers(14, 30))
+        colour = tuple(int(c) for c in rng.integers(0, 160, 3))
+        box = [x0, y0, min(width - 1, x0 + size), min(height - 1, y0 + size)]
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=colour)
+    return img
+
+
+@pytest.fixture(scope="session")
+def make_image():
+    """`make_image(height, width, seed=0) -> PIL.Image` with a few shapes on a flat background."""
+    return shapes_image
