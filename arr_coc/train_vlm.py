@@ -1,0 +1,415 @@
+"""Train the embedded Qwen2-VL-architecture model from scratch on ShapesVQA (CPU, about an hour).
+
+Plain end-to-end training does not learn here in 20 minutes (shared/FINDINGS.md:
+the merger's tokens collapse and the language model ignores the image). So the
+model is trained in three stages, each a number of optimiser steps:
+
+1. vision   — vision tower + merger with a dense per-token loss: each merged token
+              must name the colour, shape and letter of the object under its cell
+              (and whether the object's centre lies in it). The class vectors ARE the
+              language model's word embeddings ("red", "triangle", "k"), compared by
+              cosine, so visual tokens land next to the words a question uses: that is
+              also what ARR-COC's training-free participatory path measures.
+2. language — vision frozen; the language model learns to answer. Each image carries
+              several questions in ONE sequence, each question in its own attention
+              block that sees only the image and itself, at exactly the positions a
+              single-question prompt would have: one vision pass serves 8 answers.
+3. joint    — everything, both losses, lower learning rate.
+
+Visual-token dropout throughout stages 2-3 (keep the answer's cells plus a random
+share of the rest, at their ORIGINAL M-RoPE positions, as ARR-COC prunes) makes the
+model tolerate missing visual tokens, like large VLMs do.
+
+    python -m arr_coc train-vlm --out checkpoints/shapes-qwen2vl [--resume] [--steps 600,2400,600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .data.shapesvqa import (
+    COLOR_NAMES, LETTERS, QUESTION_TYPES, SHAPES, cell_labels, make_item, questions_for_scene,
+)
+from .embedded import CELL_PX, DEFAULT_CHECKPOINT, build_embedded
+from .processing import IM_END, IMAGE_TOKEN, render_prompt
+
+STAGES = ("vision", "language", "joint")
+
+
+@dataclass
+class VLMTrainConfig:
+    out: str = DEFAULT_CHECKPOINT
+    state: str = "runs/train_vlm_state.pt"     # optimiser + progress, for --resume (not shipped)
+    seed: int = 1234
+    steps: tuple[int, int, int] = (300, 1200, 200)  # optimiser steps per stage
+    images_per_step: tuple[int, int, int] = (8, 12, 8)
+    questions_per_image: int = 8
+    lr: tuple[float, float, float] = (2e-3, 1.5e-3, 4e-4)
+    warmup: int = 50
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    dense_weight: float = 1.0
+    random_canvas_p: float = 0.3    # else the default 448 x 448 canvas
+    keep_min: float = 0.05          # visual-token dropout: share of non-answer cells kept ~ U(keep_min, 1)
+    full_p: float = 0.35            # chance a sequence keeps every visual token
+    val_items: int = 300
+    val_seed: int = 99              # validation items: split "val", never the test seed
+    eval_every: int = 200
+    save_every: int = 100
+    log: list = field(default_factory=list)
+
+
+# ------------------------------------------------------------------ data
+def training_item(cfg: VLMTrainConfig, index: int):
+    """(image, scene, questions) for training item `index`: the planned, balanced question first."""
+    rng = np.random.default_rng([cfg.seed, 7, index])
+    canvas = "random" if rng.random() < cfg.random_canvas_p else (448, 448)
+    image, record, scene = make_item(cfg.seed, "train", index, canvas=canvas)
+    first = record["question"]
+    extra = [q for q in questions_for_scene(scene, rng, cfg.questions_per_image) if q.text != first]
+    questions = [(first, record["answers"][0], record["type"], [tuple(b) for b in record["boxes"]])]
+    questions += [(q.text, q.answers[0], q.type, list(q.boxes)) for q in extra[: cfg.questions_per_image - 1]]
+    return image, scene, questions
+
+
+class DenseHead(nn.Module):
+    """Per-token classification against the LM's word embeddings (cosine), training-only."""
+
+    def __init__(self, model, tokenizer):
+        super().__init__()
+        ids = lambda words: torch.tensor([tokenizer.convert_tokens_to_ids(w) for w in words])  # noqa: E731
+        self.register_buffer("color_ids", ids(COLOR_NAMES), persistent=False)
+        self.register_buffer("shape_ids", ids(SHAPES), persistent=False)
+        self.register_buffer("letter_ids", ids([c.lower() for c in LETTERS]), persistent=False)
+        d = model.config.text_config.hidden_size
+        self.background = nn.Parameter(torch.randn(3, d) * 0.02)  # "no colour / no shape / no letter"
+        self.centre = nn.Linear(d, 1)
+        self.scale = 10.0
+        self.embed = model.get_input_embeddings()
+
+    def forward(self, tokens: torch.Tensor, labels: dict[str, torch.Tensor]) -> torch.Tensor:
+        """tokens [N, D]; labels: color/shape/letter ids [N] (0 = none) and centre [N] -> mean loss."""
+        v = F.normalize(tokens, dim=-1)
+        loss = 0.0
+        for k, (name, ids) in enumerate((("color", self.color_ids), ("shape", self.shape_ids), ("letter", self.letter_ids))):
+            classes = F.normalize(torch.cat([self.background[k : k + 1], self.embed(ids)]), dim=-1)
+            logits = self.scale * v @ classes.T
+            loss = loss + F.cross_entropy(logits, labels[name])
+        loss = loss + F.binary_cross_entropy_with_logits(self.centre(tokens)[:, 0], labels["centre"])
+        return loss / 4
+
+
+def centre_mask(scene, gh: int, gw: int) -> np.ndarray:
+    out = np.zeros((gh, gw), dtype=np.float32)
+    for o in scene.objects:
+        cx, cy = (o.box[0] + o.box[2]) / 2, (o.box[1] + o.box[3]) / 2
+        out[min(gh - 1, int(cy // CELL_PX)), min(gw - 1, int(cx // CELL_PX))] = 1.0
+    return out
+
+
+def box_cells(boxes, gh: int, gw: int) -> set[int]:
+    cells = set()
+    for x0, y0, x1, y1 in boxes:
+        for r in range(int(y0 // CELL_PX), min(gh, int(math.ceil(y1 / CELL_PX)))):
+            for c in range(int(x0 // CELL_PX), min(gw, int(math.ceil(x1 / CELL_PX)))):
+                cells.add(r * gw + c)
+    return cells
+
+
+class Batcher:
+    """Turns items into one padded LM batch with block-diagonal question segments."""
+
+    def __init__(self, model, processor):
+        self.model = model
+        self.processor = processor
+        self.tok = processor.tokenizer
+        self.image_id = self.tok.convert_tokens_to_ids(IMAGE_TOKEN)
+        self.end_id = self.tok.convert_tokens_to_ids(IM_END)
+        self.pad_id = self.tok.pad_token_id
+
+    def encode(self, question: str, n_visual: int) -> tuple[list[int], list[int]]:
+        """(prefix ids up to and including the image pads, suffix ids after them) of the single-question prompt."""
+        text = render_prompt(self.processor, 1, question)
+        head, tail = text.split(IMAGE_TOKEN)
+        prefix = self.tok(head, add_special_tokens=False)["input_ids"] + [self.image_id] * n_visual
+        return prefix, self.tok(tail, add_special_tokens=False)["input_ids"]
+
+    def answer_id(self, answer: str) -> int:
+        ids = self.tok(answer, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1 or ids[0] == self.tok.unk_token_id:
+            raise ValueError(f"answer {answer!r} is not one known word of the tokenizer")
+        return ids[0]
+
+    def build(self, feats: list[torch.Tensor], grids: list[tuple[int, int]], questions: list[list], keep: list[torch.Tensor]):
+        """feats: per image [N_i, D] visual tokens; keep: per image kept raster indices (ascending).
+
+        Returns inputs_embeds [B, L, D], position_ids [3, B, L], mask [B, 1, L, L] (bool, True = attend),
+        targets [B, L] (-100 = no loss), types (question type per target position, list of lists).
+        """
+        embed = self.model.get_input_embeddings()
+        seqs = []
+        for f, (gh, gw), qs, kept in zip(feats, grids, questions, keep):
+            prefix, _ = self.encode(qs[0][0], gh * gw)
+            n_text = len(prefix) - gh * gw
+            # Unpruned Qwen2-VL positions: text 0..n_text-1, image (t, h, w) offset by n_text,
+            # text after the image continues from n_text + max(gh, gw) (what get_rope_index gives).
+            rows, cols = kept // gw, kept % gw
+            pos = [torch.arange(n_text).repeat(3, 1),
+                   torch.stack([torch.full_like(kept, n_text), rows + n_text, cols + n_text])]
+            start = n_text + max(gh, gw)
+            ids = prefix[:n_text]
+            seg = [0] * (n_text + len(kept))
+            target = [-100] * (n_text + len(kept))
+            qtypes = [None] * (n_text + len(kept))
+            suffix_ids = []
+            for j, (q, a, qtype, _) in enumerate(qs, start=1):
+                _, suffix = self.encode(q, 0)
+                body = suffix + [self.answer_id(a), self.end_id]
+                suffix_ids += body
+                pos.append(torch.arange(start, start + len(body)).repeat(3, 1))
+                seg += [j] * len(body)
+                t = [-100] * len(body)
+                t[len(suffix) - 1], t[len(suffix)] = body[len(suffix)], self.end_id
+                target += t
+                qt = [None] * len(body)
+                qt[len(suffix) - 1] = qtype
+                qtypes += qt
+            emb = torch.cat([embed(torch.tensor(ids)), f[kept], embed(torch.tensor(suffix_ids))])
+            seqs.append((emb, torch.cat(pos, 1), torch.tensor(seg), torch.tensor(target), qtypes))
+        length = max(s[0].shape[0] for s in seqs)
+        b = len(seqs)
+        d = seqs[0][0].shape[1]
+        inputs = torch.zeros(b, length, d)
+        positions = torch.zeros(3, b, length, dtype=torch.long)
+        segs = torch.full((b, length), -1)
+        targets = torch.full((b, length), -100)
+        types = []
+        for i, (emb, pos, seg, tgt, qt) in enumerate(seqs):
+            n = emb.shape[0]
+            inputs[i, :n], positions[:, i, :n], segs[i, :n], targets[i, :n] = emb, pos, seg, tgt
+            types.append(qt + [None] * (length - n))
+        causal = torch.ones(length, length, dtype=torch.bool).tril()
+        same = (segs[:, None, :] == 0) | (segs[:, None, :] == segs[:, :, None])
+        mask = causal & same & (segs[:, None, :] >= 0)
+        mask |= torch.eye(length, dtype=torch.bool)  # padded rows attend to themselves (no NaN)
+        return inputs, positions, mask[:, None], targets, types
+
+
+def visual_tokens(model, processor, images):
+    """Merged visual tokens per image [N_i, D] and merged grids (h, w)."""
+    vis = processor.image_processor(images=images, return_tensors="pt")
+    out = model.model.get_image_features(vis["pixel_values"], vis["image_grid_thw"])
+    grids = [(int(h) // 2, int(w) // 2) for _, h, w in vis["image_grid_thw"].tolist()]
+    return list(out.pooler_output), grids
+
+
+def dense_labels(scene, gh: int, gw: int) -> dict[str, torch.Tensor]:
+    lab = cell_labels(scene, CELL_PX, min_cover=0.15)
+    return {
+        "color": torch.from_numpy(lab.color[:gh, :gw].reshape(-1)),
+        "shape": torch.from_numpy(lab.shape[:gh, :gw].reshape(-1)),
+        "letter": torch.from_numpy(lab.letter[:gh, :gw].reshape(-1)),
+        "centre": torch.from_numpy(centre_mask(scene, gh, gw).reshape(-1)),
+    }
+
+
+def choose_kept(questions, gh: int, gw: int, gen: torch.Generator, cfg: VLMTrainConfig) -> torch.Tensor:
+    """All cells, or the questions' answer cells plus a random share of the rest (ascending)."""
+    n = gh * gw
+    if torch.rand((), generator=gen) < cfg.full_p:
+        return torch.arange(n)
+    must = set().union(*(box_cells(q[3], gh, gw) for q in questions))
+    share = cfg.keep_min + (1 - cfg.keep_min) * float(torch.rand((), generator=gen))
+    rand = torch.rand(n, generator=gen) < share
+    keep = rand.clone()
+    keep[list(must)] = True
+    if not keep.any():
+        keep[int(torch.randint(n, (1,), generator=gen))] = True
+    return keep.nonzero()[:, 0]
+
+
+# ------------------------------------------------------------------ evaluation
+@torch.no_grad()
+def validate(model, processor, batcher, cfg: VLMTrainConfig, n: int | None = None) -> dict:
+    """First-token accuracy of single-question prompts with all visual tokens, per type."""
+    model.eval()
+    n = n or cfg.val_items
+    hits = {t: [] for t in QUESTION_TYPES}
+    bs = 16
+    for s in range(0, n, bs):
+        items = [make_item(cfg.val_seed, "val", i, canvas="random" if i % 3 == 0 else (448, 448)) for i in range(s, min(n, s + bs))]
+        feats, grids = visual_tokens(model, processor, [it.image for it in items])
+        qs = [[(it.record["question"], it.record["answers"][0], it.record["type"], [])] for it in items]
+        inputs, pos, mask, targets, types = batcher.build(feats, grids, qs, [torch.arange(h * w) for h, w in grids])
+        logits = model.lm_head(model.model.language_model(inputs_embeds=inputs, position_ids=pos, attention_mask=mask).last_hidden_state)
+        pred = logits.argmax(-1)
+        for i in range(len(items)):
+            for p, qt in enumerate(types[i]):
+                if qt is not None:
+                    hits[qt].append(bool(pred[i, p] == targets[i, p]))
+    model.train()
+    per_type = {t: (sum(v) / len(v) if v else float("nan")) for t, v in hits.items()}
+    total = sum(len(v) for v in hits.values())
+    return {"accuracy": sum(sum(v) for v in hits.values()) / max(1, total), "per_type": per_type, "n": total}
+
+
+# ------------------------------------------------------------------ training
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def make_optimizer(model, head, stage: str, cfg: VLMTrainConfig):
+    k = STAGES.index(stage)
+    if stage == "vision":
+        params = list(model.model.visual.parameters()) + list(model.get_input_embeddings().parameters()) + list(head.parameters())
+    elif stage == "language":
+        params = [p for n, p in model.named_parameters() if not n.startswith("model.visual.")]
+    else:
+        params = list(model.parameters()) + list(head.parameters())
+    seen, unique = set(), []
+    for p in params:
+        if id(p) not in seen:
+            seen.add(id(p))
+            unique.append(p)
+    model.requires_grad_(False)
+    head.requires_grad_(False)
+    for p in unique:
+        p.requires_grad_(True)
+    return torch.optim.AdamW(unique, lr=cfg.lr[k], weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+
+
+def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> dict:
+    from tqdm import tqdm
+
+    torch.manual_seed(cfg.seed)
+    model, processor = build_embedded(seed=cfg.seed)
+    model.train()
+    head = DenseHead(model, processor.tokenizer)
+    batcher = Batcher(model, processor)
+    state = {"stage": 0, "step": 0, "item": 0, "elapsed": 0.0, "log": []}
+    opt_state = None
+    if resume and os.path.isfile(cfg.state):
+        saved = torch.load(cfg.state, weights_only=False)
+        model.load_state_dict(saved["model"])
+        head.load_state_dict(saved["head"])
+        opt_state = saved["optimizer"]
+        state = saved["progress"]
+        torch.set_rng_state(saved["torch_rng"])
+        print(f"resumed at stage {STAGES[state['stage']]} step {state['step']} ({state['elapsed'] / 60:.1f} min so far)")
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    if resume and "gen_state" in state:
+        gen.set_state(state.pop("gen_state"))
+
+    while state["stage"] < len(STAGES):
+        k = state["stage"]
+        stage = STAGES[k]
+        opt = make_optimizer(model, head, stage, cfg)
+        if opt_state is not None:
+            opt.load_state_dict(opt_state)
+            opt_state = None
+        total = cfg.steps[k]
+        bar = tqdm(total=total, initial=state["step"], desc=f"train-vlm [{stage}]", disable=not progress,
+                   dynamic_ncols=True, mininterval=1.0 if os.isatty(2) else 30.0)
+        while state["step"] < total:
+            t0 = time.perf_counter()
+            lr = lr_at(state["step"], total, cfg.lr[k], cfg.warmup)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            items = [training_item(cfg, state["item"] + i) for i in range(cfg.images_per_step[k])]
+            state["item"] += len(items)
+            images = [it[0] for it in items]
+            with torch.set_grad_enabled(stage != "language"):
+                feats, grids = visual_tokens(model, processor, images)
+            loss_dense = torch.zeros(())
+            if stage != "language":
+                loss_dense = sum(head(f, dense_labels(it[1], h, w)) for f, it, (h, w) in zip(feats, items, grids)) / len(items)
+            loss_answer = torch.zeros(())
+            acc = float("nan")
+            if stage != "vision":
+                keep = [choose_kept(it[2], h, w, gen, cfg) for it, (h, w) in zip(items, grids)]
+                inputs, pos, mask, targets, _ = batcher.build(feats, grids, [it[2] for it in items], keep)
+                hidden = model.model.language_model(inputs_embeds=inputs, position_ids=pos, attention_mask=mask).last_hidden_state
+                sel = targets >= 0
+                logits = model.lm_head(hidden[sel])
+                loss_answer = F.cross_entropy(logits, targets[sel])
+                acc = float((logits.argmax(-1) == targets[sel]).float().mean())
+            loss = loss_answer + cfg.dense_weight * loss_dense
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = float(torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], cfg.grad_clip))
+            opt.step()
+            state["step"] += 1
+            state["elapsed"] += time.perf_counter() - t0
+            rec = {"stage": stage, "step": state["step"], "lr": lr, "loss_answer": float(loss_answer),
+                   "loss_dense": float(loss_dense), "train_token_acc": acc, "grad_norm": gnorm,
+                   "minutes": state["elapsed"] / 60}
+            bar.set_postfix(ans=f"{rec['loss_answer']:.3f}", dense=f"{rec['loss_dense']:.3f}", acc=f"{acc:.2f}")
+            bar.update(1)
+            if state["step"] % 25 == 0:
+                state["log"].append(rec)
+            last = state["step"] == total
+            if stage != "vision" and (state["step"] % cfg.eval_every == 0 or last):
+                val = validate(model, processor, batcher, cfg)
+                state["log"].append({"stage": stage, "step": state["step"], "minutes": state["elapsed"] / 60, "val": val})
+                bar.write(f"[{stage} {state['step']}] val acc {val['accuracy']:.3f} "
+                          + " ".join(f"{t}={a:.2f}" for t, a in val["per_type"].items()))
+            if state["step"] % cfg.save_every == 0 or last:
+                save(model, processor, head, opt, state, gen, cfg)
+        bar.close()
+        state["stage"] += 1
+        state["step"] = 0
+        opt_state = None
+    save(model, processor, head, None, state, gen, cfg)
+    return state
+
+
+def save(model, processor, head, opt, state: dict, gen: torch.Generator, cfg: VLMTrainConfig) -> None:
+    """Checkpoint folder (usable at any time) + resumable training state."""
+    os.makedirs(cfg.out, exist_ok=True)
+    model.save_pretrained(cfg.out, safe_serialization=True)
+    processor.save_pretrained(cfg.out)
+    os.makedirs(os.path.dirname(cfg.state) or ".", exist_ok=True)
+    progress = dict(state, gen_state=gen.get_state())
+    torch.save({"model": model.state_dict(), "head": head.state_dict(),
+                "optimizer": opt.state_dict() if opt is not None else None,
+                "progress": progress, "torch_rng": torch.get_rng_state()}, cfg.state + ".tmp")
+    os.replace(cfg.state + ".tmp", cfg.state)
+    cfg_dict = {k: v for k, v in asdict(cfg).items() if k != "log"}
+    with open(os.path.join(cfg.out, "training_log.json"), "w") as f:
+        json.dump({"config": cfg_dict, "progress": {k: v for k, v in state.items() if k != "log"}, "log": state["log"]}, f, indent=1)
+
+
+# ------------------------------------------------------------------ CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = VLMTrainConfig()
+    parser.add_argument("--out", default=d.out, help="checkpoint folder (default: %(default)s)")
+    parser.add_argument("--state", default=d.state, help="resumable training state file (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--steps", default=",".join(map(str, d.steps)), help="steps per stage vision,language,joint")
+    parser.add_argument("--val-items", type=int, default=d.val_items)
+    parser.add_argument("--eval-every", type=int, default=d.eval_every)
+    parser.add_argument("--resume", action="store_true", help="continue from --state")
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    steps = tuple(int(s) for s in args.steps.split(","))
+    if len(steps) != 3:
+        raise SystemExit("--steps needs three numbers: vision,language,joint")
+    cfg = VLMTrainConfig(out=args.out, state=args.state, seed=args.seed, steps=steps, val_items=args.val_items,
+                         eval_every=args.eval_every, save_every=min(args.eval_every, VLMTrainConfig.save_every))
+    train(cfg, resume=args.resume)
+    return 0
