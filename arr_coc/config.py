@@ -70,12 +70,14 @@ class KnowingConfig:
     attn_dim: int = 32           # participatory cross-attention width
     embed_weight: float = 1.0    # initial weight of the training-free (VLM-token) participatory path
     learned_weight: float = 0.1  # initial weight of the learned cross-attention path
+    embed_tau: float = 0.05      # soft-max temperature over question tokens (cosine units)
 
     def __post_init__(self) -> None:
         _check(self.query_dim >= 1, "knowing.query_dim must be >= 1 (the VLM's text hidden size)")
         _check(self.entropy_bins >= 2, "knowing.entropy_bins must be >= 2")
         _check(self.entropy_window in (1, 3, 5, 7), "knowing.entropy_window must be 1, 3, 5 or 7")
         _check(self.cnn_width >= 1 and self.attn_dim >= 1, "knowing.cnn_width and attn_dim must be >= 1")
+        _check(self.embed_tau > 0, "knowing.embed_tau must be > 0")
 
 
 @dataclass
@@ -84,7 +86,8 @@ class BalancingConfig:
 
     hidden: int = 32
     # Initial weights (information, perspectival, participatory), each in (0, 1).
-    init_weights: tuple[float, float, float] = (0.3, 0.5, 0.7)
+    # Question coupling leads; bottom-up salience fills in where the question says little.
+    init_weights: tuple[float, float, float] = (0.15, 0.3, 0.9)
 
     def __post_init__(self) -> None:
         self.init_weights = tuple(float(w) for w in self.init_weights)

@@ -126,22 +126,29 @@ class PerspectivalScorer(nn.Module):
 
 
 def embedding_relevance(
-    visual_tokens: torch.Tensor, valid: torch.Tensor, query: torch.Tensor, query_mask: torch.Tensor
+    visual_tokens: torch.Tensor,
+    valid: torch.Tensor,
+    query: torch.Tensor,
+    query_mask: torch.Tensor,
+    tau: float = 0.05,
 ) -> torch.Tensor:
     """Training-free coupling of the VLM's visual tokens with the question, as z-scores.
 
     visual_tokens [B, N, D] (raster order over the padded grid), valid [B, N],
-    query [B, L, D], query_mask [B, L]. Cosine similarity of every cell to every
-    question token is standardised over the image's cells per token (a token that
-    resembles every cell, like "the", becomes flat), then pooled over tokens with a
-    soft maximum, and standardised again. Returns [B, N] (0 outside `valid`).
+    query [B, L, D], query_mask [B, L]. The cosine similarity of every cell to every
+    question token is centred over the image's cells per token (removing a word's
+    baseline similarity to everything, as for "the") but NOT rescaled, so a word
+    whose similarity really varies over the image ("triangle") outweighs words that
+    only add noise; tokens are pooled by a soft maximum (temperature `tau`) and the
+    result is standardised over the cells. Returns [B, N] (0 outside `valid`).
     """
     v = F.normalize(visual_tokens.float(), dim=-1)
     q = F.normalize(query.float(), dim=-1)
     sim = v @ q.transpose(1, 2)  # [B, N, L]
-    z = _masked_standardise(sim, valid[..., None])
-    z = z.masked_fill(~query_mask[:, None, :], -1e4)
-    pooled = torch.logsumexp(z, dim=-1) - torch.log(query_mask.sum(1, keepdim=True).clamp_min(1).float())
+    m = valid[..., None].to(sim.dtype)
+    mean = (sim * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp_min(1.0)
+    centred = (sim - mean).masked_fill(~query_mask[:, None, :], -1e4)
+    pooled = tau * torch.logsumexp(centred / tau, dim=-1)  # [B, N]
     return _masked_standardise(pooled, valid) * valid
 
 
@@ -173,6 +180,7 @@ class ParticipatoryScorer(nn.Module):
         self.learned_weight = nn.Parameter(torch.tensor(float(config.learned_weight)))
         self.embed_weight = nn.Parameter(torch.tensor(float(config.embed_weight)))
         self.query_dim = config.query_dim
+        self.embed_tau = config.embed_tau
         self.scale = 1.0 / math.sqrt(d)
 
     def forward(
@@ -207,6 +215,6 @@ class ParticipatoryScorer(nn.Module):
         logit = self.learned_weight * learned
         if visual_tokens is not None:
             logit = logit + self.embed_weight * embedding_relevance(
-                visual_tokens, valid.flatten(1), query, query_mask
+                visual_tokens, valid.flatten(1), query, query_mask, self.embed_tau
             )
         return torch.sigmoid(logit).reshape(b, h, w) * valid
