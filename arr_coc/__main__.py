@@ -15,6 +15,7 @@ import sys
 COMMANDS = {
     "ask": ("arr_coc.cli_ask", "answer one question about one image, baseline or pruned"),
     "gen-data": ("arr_coc.data.cli", "generate a ShapesVQA split (PNGs + JSONL)"),
+    "train": ("arr_coc.train", "train ARR-COC's scorers against a frozen VLM (stage 1 or 2)"),
     "train-vlm": ("arr_coc.train_vlm", "train the embedded Qwen2-VL-architecture model on ShapesVQA"),
 }
 

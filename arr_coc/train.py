@@ -1,0 +1,387 @@
+"""Train ARR-COC's scorers against a frozen VLM: learn continuous scores, let top-k select.
+
+    python -m arr_coc train --model checkpoints/shapes-qwen2vl --data data/train/train.jsonl \
+        --stage 1 --out checkpoints/arr-coc-shapes
+    python -m arr_coc train ... --stage 2 --init checkpoints/arr-coc-shapes --out checkpoints/arr-coc-shapes
+
+Stage 1, relevance supervision: the JSONL boxes rasterised onto the merged-token grid
+are the target; the loss is a listwise ranking loss on the continuous relevance map
+(softmax over the image's cells, cross-entropy against a uniform distribution over the
+answer's cells), never on the discrete selection. The VLM only supplies fixed features
+(visual tokens, question embeddings), computed once per item and cached.
+
+Stage 2, end-to-end: the frozen VLM reads the WHOLE prompt, and each visual token j is
+softly masked out of attention with an additive bias log m_j, m_j = sigmoid((r_j - t) / T),
+t the midpoint between the k-th and (k+1)-th largest relevance for a budget of k tokens.
+As T -> 0 this is exactly the pruned forward (masking a token out of attention at its
+original position equals dropping it: tests/test_model.py proves that equivalence), and
+for T > 0 the answer's cross-entropy has a true gradient into every token's relevance.
+Chosen over straight-through top-k (biased, its forward is blind to near-threshold tokens)
+and REINFORCE (unbiased but needs many samples per item, too slow on a 2-core CPU).
+
+Both stages: AdamW, warm-up + cosine, gradient clipping at 1.0, seeded, tqdm, periodic
+validation of answer-cell coverage at fixed budgets, health checks (collapsed scores,
+exploding gradients, allocations collapsing to one region), a JSON log, resumable.
+Runs as one process here; under `accelerate launch` (if accelerate is installed) it
+wraps the layer and optimiser with `Accelerator`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .attending import resolve_budget
+from .config import ARRCOCConfig
+from .data import boxes_to_cell_mask, read_jsonl
+from .layer import ARRCOCLayer
+
+logger = logging.getLogger(__name__)
+VAL_BUDGETS = (0.05, 0.1, 0.25)
+
+
+@dataclass
+class TrainConfig:
+    stage: int = 1
+    out: str = "checkpoints/arr-coc-shapes"
+    seed: int = 0
+    steps: int = 300
+    batch_size: int = 16
+    lr: float = 3e-3               # stage 2 uses --lr 1e-3 (the answer's gradient is small and noisy)
+    warmup: int = 20
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    tau: float = 0.05              # stage 1: softmax temperature over relevance (relevance units)
+    mask_temperature: tuple[float, float] = (0.5, 0.1)  # stage 2: soft-mask T (in relevance std units), start -> end
+    budget_weight: float = 1.0     # stage 2: (soft kept share - budget share)^2 penalty
+    budgets: tuple[float, ...] = (0.05, 0.1, 0.25)  # stage 2: budget drawn per step
+    val_fraction: float = 0.1
+    eval_every: int = 50
+
+
+# ---------------------------------------------------------------- features
+@dataclass
+class Features:
+    """Fixed per-item inputs of the layer, from the frozen VLM (cached)."""
+
+    image: torch.Tensor          # [3, H, W] the resized image the VLM saw
+    grid_hw: tuple[int, int]
+    visual_tokens: torch.Tensor  # [h * w, D]
+    query: torch.Tensor          # [L, D]
+    target: torch.Tensor         # [h * w] bool: the answer's cells
+    answer: str
+    question: str
+    image_path: str
+
+
+@torch.no_grad()
+def extract_features(wrapper, records, progress: bool = True) -> list[Features]:
+    """Vision tower + question embeddings per record through the wrapper's own path."""
+    from PIL import Image
+    from tqdm import tqdm
+
+    feats: list[Features] = []
+    captured: list = []
+
+    def capture(ctx):
+        captured.append(ctx)
+        return [torch.arange(h * w) for h, w in ctx.grid_hw]
+
+    for rec in tqdm(records, desc="features", disable=not progress, dynamic_ncols=True):
+        image = Image.open(rec.image).convert("RGB")
+        captured.clear()
+        wrapper.prepare(wrapper.build_inputs([[image]], [rec.question]), method=capture)
+        ctx = captured[0]
+        h, w = ctx.grid_hw[0]
+        # Boxes are in original pixels; the processor may have resized the image.
+        sx, sy = ctx.images[0].shape[-1] / image.size[0], ctx.images[0].shape[-2] / image.size[1]
+        boxes = [[b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy] for b in (rec.boxes or [])]
+        size = (ctx.images[0].shape[-1], ctx.images[0].shape[-2])  # (W, H) as the VLM saw it
+        target = torch.from_numpy(boxes_to_cell_mask(boxes, size, size[0] // w)).reshape(-1).bool()
+        feats.append(Features(ctx.images[0].float(), (h, w), ctx.visual_tokens[0].float(), ctx.query_embeds[0].float(),
+                              target, rec.answers[0], rec.question, str(rec.image)))
+    return feats
+
+
+def batch_scores(layer: ARRCOCLayer, items: list[Features]) -> dict[str, torch.Tensor]:
+    """The layer's differentiable maps for a list of items (padded batch); adds 'valid' and 'target'."""
+    from .layer import _pad_grid, _pad_tokens
+
+    grids = [f.grid_hw for f in items]
+    hm, wm = max(h for h, _ in grids), max(w for _, w in grids)
+    tex = _pad_grid(layer.textures([f.image for f in items], grids), hm, wm)
+    valid = _pad_grid([torch.ones(h, w, dtype=torch.bool) for h, w in grids], hm, wm)
+    query, qmask = _pad_tokens([f.query for f in items])
+    vis = _pad_grid([f.visual_tokens.T.reshape(-1, h, w) for f, (h, w) in zip(items, grids)], hm, wm)
+    maps = layer.score(tex, valid, query, qmask, vis.flatten(2).transpose(1, 2))
+    maps["valid"] = valid
+    maps["target"] = _pad_grid([f.target.reshape(h, w) for f, (h, w) in zip(items, grids)], hm, wm)
+    return maps
+
+
+def ranking_loss(relevance: torch.Tensor, valid: torch.Tensor, target: torch.Tensor, tau: float) -> torch.Tensor:
+    """Listwise: -mean over answer cells of log softmax(relevance / tau) over the image's cells.
+
+    relevance, valid, target: [B, h, w]. Items without answer cells are skipped.
+    """
+    logits = (relevance / tau).masked_fill(~valid, -1e4).flatten(1)
+    logp = torch.log_softmax(logits, dim=-1)
+    t = target.flatten(1).float()
+    has = t.sum(1) > 0
+    if not has.any():
+        return relevance.sum() * 0.0
+    per_item = -(logp * t).sum(1) / t.sum(1).clamp_min(1)
+    return per_item[has].mean()
+
+
+def coverage(relevance: torch.Tensor, valid: torch.Tensor, target: torch.Tensor, grids, budget: float) -> float:
+    """Mean share of answer cells inside the top-k (k from the budget), over items with answer cells."""
+    from .attending import topk_indices
+
+    out = []
+    for i, (h, w) in enumerate(grids):
+        t = target[i, :h, :w].reshape(-1)
+        if not t.any():
+            continue
+        kept = topk_indices(relevance[i, :h, :w].reshape(-1), resolve_budget(budget, h * w))
+        out.append(float(t[kept].float().sum() / t.float().sum()))
+    return sum(out) / max(1, len(out))
+
+
+# ---------------------------------------------------------------- stage 2
+def soft_keep(relevance: torch.Tensor, k: int, temperature: float) -> torch.Tensor:
+    """relevance [N] -> m [N] in (0, 1): ~1 for the top k, ~0 below, differentiable.
+
+    The sigmoid is taken on relevance standardised over the image, so the relaxation is
+    scale-free: flattening every score (which would let all tokens through at m = 0.5)
+    does not pay.
+    """
+    n = relevance.numel()
+    if k >= n:
+        return torch.ones_like(relevance)
+    z = (relevance - relevance.mean()) / (relevance.std() + 1e-6)
+    top = torch.topk(z.detach(), k + 1).values
+    threshold = 0.5 * (top[k - 1] + top[k])
+    return torch.sigmoid((z - threshold) / temperature)
+
+
+def answer_loss(wrapper, items: list[Features], relevance: torch.Tensor, budget: float, temperature: float):
+    """Cross-entropy of the answers with visual tokens softly masked by relevance.
+
+    Returns (answer loss, budget penalty = mean (soft kept share - budget share)^2, soft kept share).
+    """
+    model = wrapper.model
+    tok = wrapper.tokenizer
+    losses, shares, kept_share = [], [], []
+    for i, f in enumerate(items):
+        from PIL import Image
+
+        image = Image.open(f.image_path).convert("RGB")
+        inputs = wrapper.build_inputs([[image]], [f.question])
+        ids = inputs["input_ids"]
+        answer_ids = tok(f.answer, add_special_tokens=False)["input_ids"] + [wrapper.im_end_id]
+        full = torch.cat([ids, torch.tensor([answer_ids])], 1)
+        mm = (full == wrapper.image_token_id).int()
+        pos, _ = model.model.get_rope_index(full, mm, image_grid_thw=inputs["image_grid_thw"])
+        pos = pos[-3:]
+        with torch.no_grad():
+            embeds = model.get_input_embeddings()(full)
+            embeds[full == wrapper.image_token_id] = f.visual_tokens.to(embeds.dtype)
+        h, w = f.grid_hw
+        m = soft_keep(relevance[i, :h, :w].reshape(-1), resolve_budget(budget, h * w), temperature)
+        s = full.shape[1]
+        bias = torch.zeros(s)
+        bias = bias.index_put((torch.nonzero(full[0] == wrapper.image_token_id)[:, 0],), torch.log(m.clamp_min(1e-6)))
+        causal = torch.full((s, s), float("-inf")).triu(1)
+        mask = (causal + bias[None, :]).to(embeds.dtype)[None, None]
+        hidden = model.model.language_model(inputs_embeds=embeds, position_ids=pos, attention_mask=mask).last_hidden_state
+        n_ans = len(answer_ids)
+        logits = model.lm_head(hidden[0, -n_ans - 1 : -1])
+        losses.append(F.cross_entropy(logits.float(), torch.tensor(answer_ids)))
+        shares.append((m.mean() - resolve_budget(budget, h * w) / (h * w)) ** 2)
+        kept_share.append(float(m.detach().mean()))
+    return torch.stack(losses).mean(), torch.stack(shares).mean(), sum(kept_share) / len(kept_share)
+
+
+# ---------------------------------------------------------------- training loop
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def health(maps: dict[str, torch.Tensor], grids, grad_norm: float) -> list[str]:
+    """Warnings: collapsed scores, exploding gradients, allocations collapsing to one region."""
+    warnings = []
+    rel, valid = maps["relevance"], maps["valid"]
+    std = float(rel[valid].std()) if valid.sum() > 1 else 0.0
+    if std < 1e-3:
+        warnings.append(f"relevance collapsed (std {std:.2e})")
+    if not math.isfinite(grad_norm) or grad_norm > 100:
+        warnings.append(f"exploding gradient (norm {grad_norm:.1f})")
+    spreads = []
+    for i, (h, w) in enumerate(grids):
+        k = resolve_budget(0.1, h * w)
+        idx = torch.topk(rel[i, :h, :w].reshape(-1).detach(), k).indices
+        ys, xs = (idx // w).float() / max(1, h - 1), (idx % w).float() / max(1, w - 1)
+        spreads.append(float(ys.std() + xs.std()) if k > 1 else 1.0)
+    if spreads and sum(spreads) / len(spreads) < 0.05:
+        warnings.append("allocations collapsed to one region (top-10% cells within ~5% of the image)")
+    return warnings
+
+
+def train(cfg: TrainConfig, model_path: str, data: str, init: str | None = None, resume: bool = False,
+          progress: bool = True, wrapper=None, stop_after: int | None = None) -> dict:
+    """Run (or resume) one stage; `stop_after` ends this process early at that step (resumable)."""
+    from tqdm import tqdm
+
+    from .model import ARRCOCQwen
+
+    torch.manual_seed(cfg.seed)
+    wrapper = wrapper or ARRCOCQwen.from_pretrained(model_path)
+    records = [r for r in read_jsonl(data)]
+    if not records:
+        raise ValueError(f"{data} holds no records")
+    n_val = max(1, int(len(records) * cfg.val_fraction))
+    feats = extract_features(wrapper, records, progress=progress)
+    train_set, val_set = feats[n_val:], feats[:n_val]
+    if cfg.stage == 1 and not any(f.target.any() for f in train_set):
+        raise ValueError("stage 1 needs boxes in the JSONL records (the answer's pixel boxes); none were found")
+
+    if init:
+        layer = ARRCOCLayer.from_pretrained(init)
+    else:
+        layer = ARRCOCLayer(ARRCOCConfig(strict=True).with_query_dim(wrapper.text_hidden_size))
+    layer.config.strict = True  # training must see errors, not silently keep all tokens
+    layer.train()
+    opt = torch.optim.AdamW(layer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    state = {"step": 0, "log": [], "warnings": []}
+    state_path = os.path.join(cfg.out, f"train_state_stage{cfg.stage}.pt")
+    if resume and os.path.isfile(state_path):
+        saved = torch.load(state_path, weights_only=False)
+        layer.load_state_dict(saved["layer"])
+        opt.load_state_dict(saved["optimizer"])
+        state = saved["state"]
+        torch.set_rng_state(saved["rng"])
+    accelerator = _maybe_accelerator()
+    if accelerator is not None:
+        layer, opt = accelerator.prepare(layer, opt)
+    t_start = time.perf_counter()
+    bar = tqdm(total=cfg.steps, initial=state["step"], desc=f"train stage {cfg.stage}", disable=not progress,
+               dynamic_ncols=True)
+    while state["step"] < min(cfg.steps, stop_after or cfg.steps):
+        step = state["step"]
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)  # per step: resuming replays exactly
+        lr = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        pick = torch.randint(len(train_set), (min(cfg.batch_size, len(train_set)),), generator=gen).tolist()
+        items = [train_set[i] for i in pick]
+        maps = batch_scores(layer, items)
+        rec = {"step": step + 1, "lr": lr}
+        if cfg.stage == 1:
+            loss = ranking_loss(maps["relevance"], maps["valid"], maps["target"], cfg.tau)
+        else:
+            budget = cfg.budgets[int(torch.randint(len(cfg.budgets), (1,), generator=gen))]
+            t0, t1 = cfg.mask_temperature
+            temperature = t0 * (t1 / t0) ** (step / max(1, cfg.steps - 1))
+            ans, penalty, share = answer_loss(wrapper, items, maps["relevance"], budget, temperature)
+            loss = ans + cfg.budget_weight * penalty
+            rec.update(budget=budget, temperature=temperature, soft_kept_share=share, answer_loss=float(ans))
+        opt.zero_grad(set_to_none=True)
+        (accelerator.backward(loss) if accelerator is not None else loss.backward())
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(layer.parameters(), cfg.grad_clip))
+        opt.step()
+        state["step"] += 1
+        rec.update(loss=float(loss), grad_norm=grad_norm, seconds=time.perf_counter() - t_start)
+        for w in health(maps, [f.grid_hw for f in items], grad_norm):
+            logger.warning("step %d: %s", step + 1, w)
+            state["warnings"].append({"step": step + 1, "warning": w})
+        if state["step"] % cfg.eval_every == 0 or state["step"] == cfg.steps:
+            rec["val_coverage"] = validate(layer, val_set)
+            bar.write(f"[stage {cfg.stage} step {state['step']}] loss {float(loss):.3f} val coverage "
+                      + " ".join(f"{b}:{c:.3f}" for b, c in rec["val_coverage"].items()))
+            save(layer, opt, state, cfg, state_path)
+        state["log"].append(rec)
+        bar.set_postfix(loss=f"{float(loss):.3f}")
+        bar.update(1)
+    bar.close()
+    save(layer, opt, state, cfg, state_path)
+    return state
+
+
+@torch.no_grad()
+def validate(layer: ARRCOCLayer, items: list[Features]) -> dict[str, float]:
+    """Coverage of the answer cells by top-k of the relevance map at VAL_BUDGETS."""
+    was = layer.training
+    layer.eval()
+    out = {str(b): [] for b in VAL_BUDGETS}
+    for s in range(0, len(items), 32):
+        chunk = items[s : s + 32]
+        maps = batch_scores(layer, chunk)
+        grids = [f.grid_hw for f in chunk]
+        n = sum(1 for f in chunk if f.target.any())
+        for b in VAL_BUDGETS:
+            out[str(b)].append((coverage(maps["relevance"], maps["valid"], maps["target"], grids, b), n))
+    layer.train(was)
+    return {b: sum(c * n for c, n in v) / max(1, sum(n for _, n in v)) for b, v in out.items()}
+
+
+def save(layer, opt, state: dict, cfg: TrainConfig, state_path: str) -> None:
+    layer = getattr(layer, "module", layer)
+    strict = layer.config.strict
+    layer.config.strict = False  # the shipped layer degrades gracefully
+    layer.save_pretrained(cfg.out)
+    layer.config.strict = strict
+    torch.save({"layer": layer.state_dict(), "optimizer": opt.state_dict(), "state": state,
+                "rng": torch.get_rng_state()}, state_path + ".tmp")
+    os.replace(state_path + ".tmp", state_path)
+    with open(os.path.join(cfg.out, f"training_log_stage{cfg.stage}.json"), "w") as f:
+        json.dump({"config": asdict(cfg), **state}, f, indent=1)
+
+
+def _maybe_accelerator():
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 and "ACCELERATE_MIXED_PRECISION" not in os.environ:
+        return None
+    try:
+        from accelerate import Accelerator
+    except ImportError:
+        logger.warning("launched distributed but accelerate is not installed; running as one process")
+        return None
+    return Accelerator()
+
+
+# ---------------------------------------------------------------- CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .embedded import DEFAULT_CHECKPOINT
+
+    d = TrainConfig()
+    parser.add_argument("--model", default=DEFAULT_CHECKPOINT, help="VLM folder or hub id (frozen)")
+    parser.add_argument("--data", required=True, help="JSONL with answers and boxes (e.g. from gen-data)")
+    parser.add_argument("--stage", type=int, choices=(1, 2), required=True)
+    parser.add_argument("--out", default=d.out, help="folder for the trained layer (save_pretrained)")
+    parser.add_argument("--init", default=None, help="start from this trained layer folder (e.g. stage 1 output)")
+    parser.add_argument("--steps", type=int, default=d.steps)
+    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument("--lr", type=float, default=d.lr)
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--eval-every", type=int, default=d.eval_every)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--stop-after", type=int, default=None, help="stop at this step (continue later with --resume)")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = TrainConfig(stage=args.stage, out=args.out, seed=args.seed, steps=args.steps, batch_size=args.batch_size,
+                      lr=args.lr, eval_every=args.eval_every)
+    os.makedirs(cfg.out, exist_ok=True)
+    train(cfg, args.model, args.data, init=args.init, resume=args.resume, stop_after=args.stop_after)
+    return 0

@@ -1,0 +1,88 @@
+"""Training ARR-COC's scorers (stage 1 and 2) on a tiny random Qwen2-VL: losses fall, gradients flow, resume is exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from arr_coc.data import write_split
+from arr_coc.layer import ARRCOCLayer
+from arr_coc.model import ARRCOCQwen
+from arr_coc.train import TrainConfig, answer_loss, batch_scores, extract_features, ranking_loss, train
+from arr_coc.data import read_jsonl
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_vlm):
+    folder = tmp_path_factory.mktemp("shapes")
+    path = write_split(folder, split="train", n=16, seed=3, canvas=(336, 336))
+    model, processor = tiny_vlm("qwen2_vl")
+    return ARRCOCQwen(model, processor), str(path)
+
+
+def _cfg(tmp_path, **kw):
+    base = dict(out=str(tmp_path / "layer"), steps=12, batch_size=6, eval_every=6, val_fraction=0.2, warmup=2)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _fixed_batch(wrapper, data):
+    feats = extract_features(wrapper, list(read_jsonl(data)), progress=False)
+    return [f for f in feats if f.target.any()][:6]
+
+
+def test_stage1_lowers_the_ranking_loss_on_a_fixed_batch(setup, tmp_path):
+    wrapper, data = setup
+    cfg = _cfg(tmp_path, stage=1, steps=25, lr=1e-2)
+    batch = _fixed_batch(wrapper, data)
+    torch.manual_seed(cfg.seed)
+    from arr_coc import ARRCOCConfig
+
+    before_layer = ARRCOCLayer(ARRCOCConfig(strict=True).with_query_dim(wrapper.text_hidden_size))
+    m = batch_scores(before_layer, batch)
+    before = float(ranking_loss(m["relevance"], m["valid"], m["target"], cfg.tau).detach())
+    train(cfg, "", data, progress=False, wrapper=wrapper)
+    after_layer = ARRCOCLayer.from_pretrained(cfg.out)
+    m = batch_scores(after_layer, batch)
+    after = float(ranking_loss(m["relevance"], m["valid"], m["target"], cfg.tau).detach())
+    assert after < before - 0.05, (before, after)
+
+
+def test_stage2_gradients_reach_every_scorer_parameter_and_the_loss_falls(setup, tmp_path):
+    wrapper, data = setup
+    batch = _fixed_batch(wrapper, data)[:3]
+    from arr_coc import ARRCOCConfig
+
+    torch.manual_seed(0)
+    layer = ARRCOCLayer(ARRCOCConfig(strict=True).with_query_dim(wrapper.text_hidden_size))
+    maps = batch_scores(layer, batch)
+    loss, penalty, share = answer_loss(wrapper, batch, maps["relevance"], 0.25, 0.3)
+    (loss + penalty).backward()
+    missing = [n for n, p in layer.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert not missing, f"no gradient reaches {missing}"
+    assert 0.1 < share < 0.5  # the soft mask keeps about the budget
+    # A few gradient steps on this fixed batch lower its loss (plain SGD: on a random VLM the
+    # answer barely depends on the image, and Adam's normalised steps would overshoot that).
+    opt = torch.optim.SGD(layer.parameters(), lr=1.0)
+    losses = []
+    for _ in range(6):
+        opt.zero_grad()
+        loss, penalty, _ = answer_loss(wrapper, batch, batch_scores(layer, batch)["relevance"], 0.25, 0.3)
+        (loss + penalty).backward()
+        opt.step()
+        losses.append(float(loss + penalty))
+    assert all(b < a for a, b in zip(losses, losses[1:])) and losses[0] - losses[-1] > 1e-3, losses
+
+
+def test_checkpoint_round_trips_and_resume_continues_the_same_run(setup, tmp_path):
+    wrapper, data = setup
+    straight = _cfg(tmp_path / "a", stage=1, steps=8)
+    train(straight, "", data, progress=False, wrapper=wrapper)
+    resumed = _cfg(tmp_path / "b", stage=1, steps=8)
+    assert train(resumed, "", data, progress=False, wrapper=wrapper, stop_after=5)["step"] == 5
+    state = train(resumed, "", data, resume=True, progress=False, wrapper=wrapper)
+    assert state["step"] == 8 and len(state["log"]) == 8
+    a = ARRCOCLayer.from_pretrained(straight.out).state_dict()
+    b = ARRCOCLayer.from_pretrained(resumed.out).state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert ARRCOCLayer.from_pretrained(straight.out).config.strict is False  # shipped layers degrade gracefully
