@@ -16,6 +16,12 @@ model is trained in three stages, each a number of optimiser steps:
               single-question prompt would have: one vision pass serves 8 answers.
 3. joint    — everything, both losses, lower learning rate.
 
+Binding a question to its object is what a small LM learns slowest (FINDINGS.md: near
+the text prior after 20 minutes even with ideal visual tokens). So in stages 2-3 head 0
+of layers 1-3 is also supervised to put its attention, at the answer position, on the
+answer's cells (an auxiliary attention loss, as in supervised-attention VQA, e.g. Qiao
+et al., AAAI 2018); the heads stay free to do anything else elsewhere.
+
 Visual-token dropout throughout stages 2-3 (keep the answer's cells plus a random
 share of the rest, at their ORIGINAL M-RoPE positions, as ARR-COC prunes) makes the
 model tolerate missing visual tokens, like large VLMs do.
@@ -51,14 +57,16 @@ class VLMTrainConfig:
     out: str = DEFAULT_CHECKPOINT
     state: str = "runs/train_vlm_state.pt"     # optimiser + progress, for --resume (not shipped)
     seed: int = 1234
-    steps: tuple[int, int, int] = (300, 1200, 200)  # optimiser steps per stage
-    images_per_step: tuple[int, int, int] = (8, 12, 8)
+    steps: tuple[int, int, int] = (300, 700, 150)  # optimiser steps per stage
+    images_per_step: tuple[int, int, int] = (8, 8, 8)
     questions_per_image: int = 8
     lr: tuple[float, float, float] = (2e-3, 1.5e-3, 4e-4)
     warmup: int = 50
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     dense_weight: float = 1.0
+    attn_weight: float = 0.5
+    attn_layers: tuple[int, ...] = (1, 2, 3)   # head 0 of these LM layers is attention-supervised
     random_canvas_p: float = 0.3    # else the default 448 x 448 canvas
     keep_min: float = 0.05          # visual-token dropout: share of non-answer cells kept ~ U(keep_min, 1)
     full_p: float = 0.35            # chance a sequence keeps every visual token
@@ -153,8 +161,9 @@ class Batcher:
     def build(self, feats: list[torch.Tensor], grids: list[tuple[int, int]], questions: list[list], keep: list[torch.Tensor]):
         """feats: per image [N_i, D] visual tokens; keep: per image kept raster indices (ascending).
 
-        Returns inputs_embeds [B, L, D], position_ids [3, B, L], mask [B, 1, L, L] (bool, True = attend),
-        targets [B, L] (-100 = no loss), types (question type per target position, list of lists).
+        Returns inputs_embeds [B, L, D], position_ids [3, B, L], mask [B, 1, L, L] (additive float:
+        0 = attend, -inf = not), targets [B, L] (-100 = no loss), types (question type per target
+        position, list of lists), and attention supervision [(row, answer position, key positions)].
         """
         embed = self.model.get_input_embeddings()
         seqs = []
@@ -171,8 +180,10 @@ class Batcher:
             seg = [0] * (n_text + len(kept))
             target = [-100] * (n_text + len(kept))
             qtypes = [None] * (n_text + len(kept))
+            slot = {int(c): n_text + i for i, c in enumerate(kept.tolist())}  # cell -> sequence position
+            sup = []
             suffix_ids = []
-            for j, (q, a, qtype, _) in enumerate(qs, start=1):
+            for j, (q, a, qtype, boxes) in enumerate(qs, start=1):
                 _, suffix = self.encode(q, 0)
                 body = suffix + [self.answer_id(a), self.end_id]
                 suffix_ids += body
@@ -183,9 +194,12 @@ class Batcher:
                 target += t
                 qt = [None] * len(body)
                 qt[len(suffix) - 1] = qtype
+                cells = [slot[c] for c in box_cells(boxes, gh, gw) if c in slot]
+                if cells:
+                    sup.append((len(qtypes) + len(suffix) - 1, torch.tensor(cells)))
                 qtypes += qt
             emb = torch.cat([embed(torch.tensor(ids)), f[kept], embed(torch.tensor(suffix_ids))])
-            seqs.append((emb, torch.cat(pos, 1), torch.tensor(seg), torch.tensor(target), qtypes))
+            seqs.append((emb, torch.cat(pos, 1), torch.tensor(seg), torch.tensor(target), qtypes, sup))
         length = max(s[0].shape[0] for s in seqs)
         b = len(seqs)
         d = seqs[0][0].shape[1]
@@ -193,16 +207,18 @@ class Batcher:
         positions = torch.zeros(3, b, length, dtype=torch.long)
         segs = torch.full((b, length), -1)
         targets = torch.full((b, length), -100)
-        types = []
-        for i, (emb, pos, seg, tgt, qt) in enumerate(seqs):
+        types, attn_sup = [], []
+        for i, (emb, pos, seg, tgt, qt, sup) in enumerate(seqs):
             n = emb.shape[0]
             inputs[i, :n], positions[:, i, :n], segs[i, :n], targets[i, :n] = emb, pos, seg, tgt
             types.append(qt + [None] * (length - n))
+            attn_sup += [(i, p, cells) for p, cells in sup]
         causal = torch.ones(length, length, dtype=torch.bool).tril()
         same = (segs[:, None, :] == 0) | (segs[:, None, :] == segs[:, :, None])
         mask = causal & same & (segs[:, None, :] >= 0)
         mask |= torch.eye(length, dtype=torch.bool)  # padded rows attend to themselves (no NaN)
-        return inputs, positions, mask[:, None], targets, types
+        additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))  # eager and sdpa alike
+        return inputs, positions, additive[:, None], targets, types, attn_sup
 
 
 def visual_tokens(model, processor, images):
@@ -238,6 +254,24 @@ def choose_kept(questions, gh: int, gw: int, gen: torch.Generator, cfg: VLMTrain
     return keep.nonzero()[:, 0]
 
 
+def attention_loss(attentions, sup, layers) -> torch.Tensor:
+    """Mean over (answer position, supervised layer) of -log(head-0 attention mass on the answer's cells).
+
+    One gather per layer (indexing entry by entry would backpropagate a full-size
+    attention gradient per entry: measured 60 s per step instead of < 1 s).
+    """
+    rows = torch.cat([torch.full((len(c),), r) for r, _, c in sup])
+    pos = torch.cat([torch.full((len(c),), p) for _, p, c in sup])
+    cells = torch.cat([c for _, _, c in sup])
+    group = torch.cat([torch.full((len(c),), i) for i, (_, _, c) in enumerate(sup)])
+    losses = []
+    for layer in layers:
+        picked = attentions[layer][rows, 0, pos, cells]  # [sum of cells]
+        mass = torch.zeros(len(sup), dtype=picked.dtype).index_add(0, group, picked)
+        losses.append(-torch.log(mass.clamp_min(1e-6)))
+    return torch.cat(losses).mean()
+
+
 # ------------------------------------------------------------------ evaluation
 @torch.no_grad()
 def validate(model, processor, batcher, cfg: VLMTrainConfig, n: int | None = None) -> dict:
@@ -250,7 +284,7 @@ def validate(model, processor, batcher, cfg: VLMTrainConfig, n: int | None = Non
         items = [make_item(cfg.val_seed, "val", i, canvas="random" if i % 3 == 0 else (448, 448)) for i in range(s, min(n, s + bs))]
         feats, grids = visual_tokens(model, processor, [it.image for it in items])
         qs = [[(it.record["question"], it.record["answers"][0], it.record["type"], [])] for it in items]
-        inputs, pos, mask, targets, types = batcher.build(feats, grids, qs, [torch.arange(h * w) for h, w in grids])
+        inputs, pos, mask, targets, types, _ = batcher.build(feats, grids, qs, [torch.arange(h * w) for h, w in grids])
         logits = model.lm_head(model.model.language_model(inputs_embeds=inputs, position_ids=pos, attention_mask=mask).last_hidden_state)
         pred = logits.argmax(-1)
         for i in range(len(items)):
@@ -296,6 +330,9 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
 
     torch.manual_seed(cfg.seed)
     model, processor = build_embedded(seed=cfg.seed)
+    # Attention weights are needed for the auxiliary loss: eager attention in the LM while training
+    # (the saved config keeps sdpa; both use the same additive masks).
+    model.model.language_model.set_attn_implementation("eager")
     model.train()
     head = DenseHead(model, processor.tokenizer)
     batcher = Batcher(model, processor)
@@ -337,16 +374,20 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
             if stage != "language":
                 loss_dense = sum(head(f, dense_labels(it[1], h, w)) for f, it, (h, w) in zip(feats, items, grids)) / len(items)
             loss_answer = torch.zeros(())
+            loss_attn = torch.zeros(())
             acc = float("nan")
             if stage != "vision":
                 keep = [choose_kept(it[2], h, w, gen, cfg) for it, (h, w) in zip(items, grids)]
-                inputs, pos, mask, targets, _ = batcher.build(feats, grids, [it[2] for it in items], keep)
-                hidden = model.model.language_model(inputs_embeds=inputs, position_ids=pos, attention_mask=mask).last_hidden_state
+                inputs, pos, mask, targets, _, sup = batcher.build(feats, grids, [it[2] for it in items], keep)
+                out = model.model.language_model(inputs_embeds=inputs, position_ids=pos, attention_mask=mask,
+                                                 output_attentions=cfg.attn_weight > 0)
                 sel = targets >= 0
-                logits = model.lm_head(hidden[sel])
+                logits = model.lm_head(out.last_hidden_state[sel])
                 loss_answer = F.cross_entropy(logits, targets[sel])
+                if cfg.attn_weight > 0 and sup:
+                    loss_attn = attention_loss(out.attentions, sup, cfg.attn_layers)
                 acc = float((logits.argmax(-1) == targets[sel]).float().mean())
-            loss = loss_answer + cfg.dense_weight * loss_dense
+            loss = loss_answer + cfg.dense_weight * loss_dense + cfg.attn_weight * loss_attn
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gnorm = float(torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], cfg.grad_clip))
@@ -354,9 +395,10 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
             state["step"] += 1
             state["elapsed"] += time.perf_counter() - t0
             rec = {"stage": stage, "step": state["step"], "lr": lr, "loss_answer": float(loss_answer),
-                   "loss_dense": float(loss_dense), "train_token_acc": acc, "grad_norm": gnorm,
+                   "loss_dense": float(loss_dense), "loss_attn": float(loss_attn), "train_token_acc": acc, "grad_norm": gnorm,
                    "minutes": state["elapsed"] / 60}
-            bar.set_postfix(ans=f"{rec['loss_answer']:.3f}", dense=f"{rec['loss_dense']:.3f}", acc=f"{acc:.2f}")
+            bar.set_postfix(ans=f"{rec['loss_answer']:.3f}", dense=f"{rec['loss_dense']:.3f}",
+                            attn=f"{rec['loss_attn']:.3f}", acc=f"{acc:.2f}")
             bar.update(1)
             if state["step"] % 25 == 0:
                 state["log"].append(rec)
@@ -379,7 +421,11 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
 def save(model, processor, head, opt, state: dict, gen: torch.Generator, cfg: VLMTrainConfig) -> None:
     """Checkpoint folder (usable at any time) + resumable training state."""
     os.makedirs(cfg.out, exist_ok=True)
+    lm = model.model.language_model
+    trained_with = lm.config._attn_implementation
+    lm.set_attn_implementation("sdpa")
     model.save_pretrained(cfg.out, safe_serialization=True)
+    lm.set_attn_implementation(trained_with)
     processor.save_pretrained(cfg.out)
     os.makedirs(os.path.dirname(cfg.state) or ".", exist_ok=True)
     progress = dict(state, gen_state=gen.get_state())
@@ -399,6 +445,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state", default=d.state, help="resumable training state file (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--steps", default=",".join(map(str, d.steps)), help="steps per stage vision,language,joint")
+    parser.add_argument("--images", default=",".join(map(str, d.images_per_step)), help="images per step, per stage")
     parser.add_argument("--val-items", type=int, default=d.val_items)
     parser.add_argument("--eval-every", type=int, default=d.eval_every)
     parser.add_argument("--resume", action="store_true", help="continue from --state")
@@ -409,7 +456,9 @@ def run(args: argparse.Namespace) -> int:
     steps = tuple(int(s) for s in args.steps.split(","))
     if len(steps) != 3:
         raise SystemExit("--steps needs three numbers: vision,language,joint")
-    cfg = VLMTrainConfig(out=args.out, state=args.state, seed=args.seed, steps=steps, val_items=args.val_items,
+    images = tuple(int(s) for s in args.images.split(","))
+    cfg = VLMTrainConfig(out=args.out, state=args.state, seed=args.seed, steps=steps, images_per_step=images,
+                         val_items=args.val_items,
                          eval_every=args.eval_every, save_every=min(args.eval_every, VLMTrainConfig.save_every))
     train(cfg, resume=args.resume)
     return 0
