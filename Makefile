@@ -19,6 +19,8 @@ $(STAMP): requirements.txt requirements-dev.txt
 install: $(STAMP)
 
 test: install
+	@# The browser test needs Debian's chromium (never `playwright install`); a missing browser fails that test.
+	@test -x /usr/bin/chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
 	$(PY) -m pytest -q
 
 run: install

@@ -37,18 +37,38 @@ def map_image(values: torch.Tensor, size: tuple[int, int], cmap: str = "inferno"
     return _cells_to_pixels(_colormap(v, cmap), size)
 
 
+KEPT_OUTLINE = (0, 255, 120)
+
+
+def outline_kept(image: Image.Image, kept: torch.Tensor | list[int], grid_hw: tuple[int, int],
+                 colour: tuple[int, int, int] = KEPT_OUTLINE, width: int = 2) -> Image.Image:
+    """A copy of the image with the cell of every kept raster index of an (h, w) grid outlined.
+
+    Works for any selector (no relevance needed): the app uses it for anchor methods.
+    """
+    h, w = grid_hw
+    out = image.convert("RGB")  # convert() always copies
+    draw = ImageDraw.Draw(out)
+    cw, ch = out.size[0] / w, out.size[1] / h
+    for idx in (kept.tolist() if isinstance(kept, torch.Tensor) else list(kept)):
+        r, c = divmod(int(idx), w)
+        draw.rectangle([c * cw, r * ch, (c + 1) * cw - 1, (r + 1) * ch - 1], outline=colour, width=width)
+    return out
+
+
 def overlay_heatmap(image: Image.Image, out: ARRCOCOutput, i: int = 0, alpha: float = 0.5) -> Image.Image:
     """The image with the relevance map blended in and every kept token's cell outlined."""
     h, w = out.grid_hw[i]
     image = image.convert("RGB")
     heat = map_image(out.relevance[i, :h, :w], image.size)
-    blended = Image.blend(image, heat, alpha)
-    draw = ImageDraw.Draw(blended)
-    cw, ch = image.size[0] / w, image.size[1] / h
-    for idx in out.kept_indices[i].tolist():
-        r, c = divmod(idx, w)
-        draw.rectangle([c * cw, r * ch, (c + 1) * cw - 1, (r + 1) * ch - 1], outline=(0, 255, 120), width=2)
-    return blended
+    return outline_kept(Image.blend(image, heat, alpha), out.kept_indices[i], (h, w))
+
+
+def balancer_weights(out: ARRCOCOutput, i: int = 0) -> dict[str, float]:
+    """{scorer name: weight} of image i (empty when the layer fell back before balancing)."""
+    if out.weights is None:
+        return {}
+    return {name: float(v) for name, v in zip(MAP_NAMES[:3], out.weights[i].tolist())}
 
 
 def scorer_maps(out: ARRCOCOutput, i: int = 0, size: tuple[int, int] = (224, 224)) -> list[tuple[Image.Image, str]]:

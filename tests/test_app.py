@@ -1,0 +1,430 @@
+"""The microscope (app.py): direct handler calls, gradio_client against a live app, a small load test.
+
+Most tests use a tiny random Qwen2-VL saved to a temp folder (fast, answers are gibberish but
+deterministic); `TestEmbedded` runs the default embedded checkpoint in a subprocess, as `make run` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from _app_server import ROOT, AppProcess, free_port, make_bad_inputs, save_tiny_model, scene
+
+import app  # noqa: E402  (app.py at the repository root; importing it loads nothing)
+
+ELEM_IDS = ("image", "question", "arr-toggle", "budget", "method", "run", "answer-baseline", "answer-arr",
+            "stats", "heatmap", "channels", "error")
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2vl"))
+
+
+@pytest.fixture(scope="module")
+def scope(tiny_dir):
+    return app.load(str(tiny_dir), device="cpu", max_new_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory):
+    return make_bad_inputs(tmp_path_factory.mktemp("bad_inputs"))
+
+
+@pytest.fixture(scope="module")
+def good_image(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("good") / "scene.png"
+    scene(224, 168).save(path)
+    return str(path)
+
+
+def _find(config: dict, elem_id: str) -> dict:
+    for c in config["components"]:
+        if c.get("props", {}).get("elem_id") == elem_id:
+            return c
+    raise KeyError(elem_id)
+
+
+# ----------------------------------------------------------------------------- start-up contract
+
+
+def test_import_loads_nothing():
+    code = "import sys, app; heavy = {'torch', 'gradio', 'transformers'} & set(sys.modules); print(sorted(heavy))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_parse_args_defaults_are_local_and_offline():
+    args = app.parse_args([])
+    assert args.host == "127.0.0.1" and args.share is False and args.model is None
+    assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["GRADIO_ANALYTICS_ENABLED"] == "False"
+    assert app.parse_args(["--model", "x", "--device", "cpu", "--port", "7999", "--share"]).share is True
+
+
+def test_host_is_loopback_unless_on_a_space(monkeypatch):
+    monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    assert app.parse_args([]).host == "127.0.0.1"
+    monkeypatch.setenv("SPACE_ID", "someone/arr-coc")
+    assert app.parse_args([]).host == "0.0.0.0"
+    assert app.parse_args(["--host", "127.0.0.1"]).host == "127.0.0.1"
+
+
+def test_a_missing_model_exits_with_what_to_do(tmp_path):
+    with pytest.raises(SystemExit, match="pass --model"):
+        app.main(["--model", str(tmp_path / "no_such_model")])
+
+
+def test_page_has_every_hook_and_the_ask_api(scope):
+    from arr_coc.model import SELECTORS
+
+    demo = app.build_demo(scope)
+    config = demo.get_config_file()
+    for elem_id in ELEM_IDS:
+        _find(config, elem_id)
+    choices = [c[1] if isinstance(c, (list, tuple)) else c for c in _find(config, "method")["props"]["choices"]]
+    assert set(choices) == set(SELECTORS) and _find(config, "method")["props"]["value"] == "arr_coc"
+    assert [d.get("api_name") for d in config["dependencies"]].count("ask") == 1
+    assert not (ROOT / "app.pyi").exists()  # Gradio writes stubs next to modules that subclass components
+
+
+def test_method_list_follows_the_registry_at_start_up(tiny_dir):
+    from arr_coc.model import SELECTORS, register_selector
+
+    def keep_first(ctx):
+        import torch
+        return [torch.arange(1) for _ in ctx.grid_hw]
+
+    register_selector("test_anchor", keep_first)
+    try:
+        scope = app.load(str(tiny_dir), device="cpu", max_new_tokens=2)
+        assert scope.methods[0] == "arr_coc" and "test_anchor" in scope.methods
+    finally:
+        SELECTORS.pop("test_anchor", None)
+
+
+def test_examples_cover_shapes_hard_cases_and_licensed_photos():
+    examples = app.read_examples()
+    names = [os.path.basename(e["image"]) for e in examples]
+    for kind in ("low_contrast", "void", "border"):
+        assert f"shapes_{kind}.png" in names
+    photos = [n for n in names if n.startswith("photo_")]
+    assert len(photos) >= 2
+    licences = (ROOT / "assets" / "examples" / "LICENSES.md").read_text()
+    assert all(p in licences for p in photos)
+    assert all(e["question"].strip() for e in examples)
+
+
+# ----------------------------------------------------------------------------- direct handler calls
+
+
+def test_ask_gives_both_answers_stats_and_pictures(scope, good_image):
+    r = app.ask(scope, good_image, "What color is the circle?", True, 0.25, False, "arr_coc")
+    assert r.error == ""
+    assert isinstance(r.answer_baseline, str) and isinstance(r.answer_arr, str)
+    rows = {row[0]: row[1:] for row in r.stats}
+    total, kept = int(rows["visual tokens (total)"][0]), rows["visual tokens (kept)"][1]
+    assert int(rows["visual tokens (kept)"][0]) == total
+    assert int(kept.split()[0]) == round(0.25 * total)
+    assert rows["prefill speedup"][1].endswith("x")
+    h, w = r.record["arr_coc"]["grid_hw"][0]
+    assert Image.open(r.heatmap).size == (w * scope.cell_px, h * scope.cell_px)
+    captions = [c for _, c in r.maps]
+    assert [c.split(" ")[0] for c in captions] == ["information", "perspectival", "participatory", "relevance"]
+    assert "w=" in captions[0] and "participatory" in r.weights
+    assert [name for _, name in r.channels] == list(scope.wrapper.arr_coc_layer.channel_names)
+    assert all(Image.open(p).format == "PNG" for p, _ in r.maps + r.channels)
+    assert len({os.path.dirname(p) for p, _ in r.maps + r.channels} | {os.path.dirname(r.heatmap)}) == 1
+    record = json.loads(Path(r.trace).read_text())
+    assert record["question"] == "What color is the circle?"
+    assert record["arr_coc"]["kept_tokens"] == int(kept.split()[0]) == len(record["arr_coc"]["kept_indices"][0])
+    assert len(record["arr_coc"]["layer"]["maps"]["relevance"]) == h
+    assert record["baseline"]["kept_tokens"] == record["baseline"]["total_tokens"] == total
+
+
+def test_toggle_off_runs_the_baseline_only(scope, good_image):
+    r = app.ask(scope, good_image, "Is there a red circle?", False, 0.25, False, "arr_coc")
+    assert r.error == "" and "ARR-COC is off" in r.answer_arr
+    assert r.heatmap is None and r.maps == [] and r.channels == []
+    assert r.record["arr_coc"] is None and r.stats[3][2] == "-"
+
+
+def test_adaptive_budget_stays_in_its_bounds(scope, good_image):
+    r = app.ask(scope, good_image, "How many circles are there?", True, 0.9, True, "arr_coc")
+    t = r.record["arr_coc"]
+    assert t["budget"] == "adaptive" and t["method"] == "arr_coc"
+    assert 0.05 * t["total_tokens"] - 1 <= t["kept_tokens"] <= 0.5 * t["total_tokens"] + 1
+
+
+def test_every_listed_method_answers(scope, good_image):
+    """Whatever the registry held at start-up (anchors from arr_coc.methods included) runs from the page."""
+    for method in scope.methods:
+        r = app.ask(scope, good_image, "Is there a red circle?", True, 0.25, False, method)
+        assert not r.error.startswith("**Error:**"), (method, r.error)
+        assert r.record["arr_coc"]["method"] == method and r.heatmap is not None, method
+
+
+@pytest.mark.parametrize("method", ["grid", "random"])
+def test_anchor_methods_show_their_kept_tokens(scope, good_image, method):
+    r = app.ask(scope, good_image, "Is there a red circle?", True, 0.5, False, method)
+    assert r.record["arr_coc"]["method"] == method and r.heatmap is not None
+    assert r.maps == [] and "no relevance maps" in r.error
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
+def test_every_bad_input_gets_its_message(scope, bad_inputs):
+    for bad in bad_inputs:
+        r = app.ask(scope, bad.image, bad.question, True, 0.25, False, "arr_coc")
+        assert bad.message in r.error, (bad.name, r.error)
+        if bad.refused:
+            assert r.error.startswith("**Error:**") and r.answer_baseline == "" and r.heatmap is None, bad.name
+        else:
+            assert r.error.startswith("**Note:**") and r.heatmap is not None, bad.name
+    huge = next(b for b in bad_inputs if b.name == "huge")
+    used = app.ask(scope, huge.image, huge.question).record["image"]["used_size"]
+    assert used[0] * used[1] <= app.MAX_INPUT_PIXELS
+
+
+@pytest.mark.parametrize("budget,method,message", [(0, "arr_coc", "outside (0, 1]"),
+                                                   ("lots", "arr_coc", "not a number"),
+                                                   (0.25, "nope", "Unknown method 'nope'")])
+def test_bad_controls_get_messages(scope, good_image, budget, method, message):
+    assert message in app.ask(scope, good_image, "Is there a circle?", True, budget, False, method).error
+
+
+def test_a_failing_selector_falls_back_to_the_baseline_with_a_notice(scope, good_image, monkeypatch):
+    from arr_coc.model import SELECTORS
+
+    def broken(ctx):
+        raise RuntimeError("scorer exploded")
+
+    monkeypatch.setitem(SELECTORS, "broken", broken)
+    r = app.ask(scope, good_image, "Is there a circle?", True, 0.25, False, "broken")
+    assert "fell back to the baseline path" in r.error and "scorer exploded" in r.error
+    assert r.answer_arr == r.answer_baseline
+    assert r.record["arr_coc"]["kept_tokens"] == r.record["arr_coc"]["total_tokens"]
+
+
+def test_a_failing_layer_stage_falls_back_with_a_notice(scope, good_image, monkeypatch):
+    layer = scope.wrapper.arr_coc_layer
+
+    def explode(*args, **kwargs):
+        raise ValueError("information scorer broke")
+
+    monkeypatch.setattr(layer.information, "forward", explode)
+    r = app.ask(scope, good_image, "Is there a circle?", True, 0.25, False, "arr_coc")
+    assert "fell back" in r.error and "information scorer broke" in r.error
+    assert r.answer_arr == r.answer_baseline and r.maps == []
+
+
+def test_an_arr_coc_crash_still_answers_with_the_baseline(scope, good_image, monkeypatch):
+    real = scope.wrapper.generate
+
+    def generate(image, question, method="arr_coc", **kw):
+        if method != "none":
+            raise RuntimeError("pruning path crashed")
+        return real(image, question, method=method, **kw)
+
+    monkeypatch.setattr(scope.wrapper, "generate", generate)
+    r = app.ask(scope, good_image, "Is there a circle?", True, 0.25, False, "arr_coc")
+    assert "ARR-COC failed (RuntimeError: pruning path crashed)" in r.error
+    assert r.answer_arr == r.answer_baseline and r.record["arr_coc"]["fell_back_to"] == "baseline"
+
+
+def test_concurrent_direct_calls_do_not_mix(scope):
+    inputs = [(scene(28 * (4 + i), 28 * (3 + i), seed=i), f"Is there a circle number {i}?") for i in range(4)]
+    expected = [app.ask(scope, im, q) for im, q in inputs]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda iq: app.ask(scope, *iq), inputs * 2))
+    for i, r in enumerate(got):
+        e = expected[i % 4]
+        assert (r.answer_baseline, r.answer_arr) == (e.answer_baseline, e.answer_arr)
+        assert r.record["question"] == e.record["question"]
+        assert r.record["baseline"]["total_tokens"] == e.record["baseline"]["total_tokens"]
+
+
+# ----------------------------------------------------------------------------- gradio_client, live app
+
+
+@pytest.fixture(scope="module")
+def live(scope, tmp_path_factory):
+    """The app on a free loopback port, served from a background thread of this process."""
+    from gradio_client import Client
+
+    demo = app.build_demo(scope)
+    port = free_port()
+    app.serve(demo, port=port, prevent_thread_lock=True, quiet=True)
+    client = Client(f"http://127.0.0.1:{port}", verbose=False, analytics_enabled=False,
+                    download_files=str(tmp_path_factory.mktemp("client_downloads")))
+    yield client
+    client.close()
+    demo.close()
+
+
+def _predict(client, image, question, arr_coc=True, budget=0.25, adaptive=False, method="arr_coc"):
+    from gradio_client import handle_file
+
+    out = client.predict(handle_file(image) if image else None, question, arr_coc, budget, adaptive, method,
+                         api_name="/ask")
+    return dict(zip(app.OUTPUT_NAMES, out))
+
+
+def _check_full_answer(out: dict, question: str) -> dict:
+    assert out["error"] == "" or out["error"].startswith("**Note:**"), out["error"]
+    assert isinstance(out["answer_baseline"], str) and isinstance(out["answer_arr"], str)
+    rows = {r[0]: r[1:] for r in out["stats"]["data"]}
+    assert int(rows["visual tokens (kept)"][1].split()[0]) < int(rows["visual tokens (total)"][1])
+    heat = Image.open(out["heatmap"])
+    assert heat.format == "PNG" and min(heat.size) >= 28
+    assert [m["caption"].split(" ")[0] for m in out["maps"]][-1] == "relevance"
+    assert len(out["channels"]) >= 10 and all(Path(c["image"]).exists() for c in out["channels"])
+    record = json.loads(Path(out["trace"]).read_text())
+    assert record["question"] == question
+    return record
+
+
+def test_client_api_describes_ask(live):
+    info = live.view_api(print_info=False, return_format="dict")
+    params = [p["parameter_name"] for p in info["named_endpoints"]["/ask"]["parameters"]]
+    assert params == ["image", "question", "arr_coc", "budget", "adaptive", "method"]
+    assert len(info["named_endpoints"]["/ask"]["returns"]) == len(app.OUTPUT_NAMES)
+
+
+def test_client_keyword_call_as_documented(live):
+    """The docs/APP.md example, keyword for keyword."""
+    from gradio_client import handle_file
+
+    example = next(e for e in app.read_examples() if e["image"].endswith("shapes_letter.png"))
+    baseline, arr, stats, heatmap, maps, weights, channels, trace, error = live.predict(
+        image=handle_file(example["image"]), question=example["question"],
+        arr_coc=True, budget=0.25, adaptive=False, method="arr_coc", api_name="/ask")
+    assert error == "" and isinstance(baseline, str) and isinstance(arr, str)
+    assert {row[0]: row[1:] for row in stats["data"]}["visual tokens (kept)"] == ["256", "64 (25%)"]
+    assert json.loads(Path(trace).read_text())["arr_coc"]["kept_indices"][0] == sorted(
+        json.loads(Path(trace).read_text())["arr_coc"]["kept_indices"][0])
+
+
+def test_client_round_trip(live, good_image):
+    out = _predict(live, good_image, "What color is the circle?")
+    _check_full_answer(out, "What color is the circle?")
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
+def test_client_every_bad_input_then_a_good_request(live, bad_inputs, good_image):
+    for bad in bad_inputs:
+        out = _predict(live, bad.image, bad.question)
+        assert bad.message in out["error"], (bad.name, out["error"])
+        if bad.refused:
+            assert out["answer_baseline"] == "" and out["heatmap"] is None, bad.name
+        else:
+            assert out["heatmap"] is not None, bad.name
+        ok = _predict(live, good_image, "Is there a circle?")
+        assert ok["error"] == "", (bad.name, ok["error"])
+        _check_full_answer(ok, "Is there a circle?")
+
+
+# ----------------------------------------------------------------------------- the embedded model (as `make run`)
+
+
+@pytest.fixture(scope="module")
+def embedded_server(tmp_path_factory):
+    server = AppProcess(tmp_path_factory.mktemp("embedded_app"))
+    yield server
+    server.stop()
+
+
+def _shapes_inputs(n: int = 5):
+    """n ShapesVQA scenes of different canvas sizes (so token counts differ) with their questions."""
+    from arr_coc.data import make_item
+
+    items = []
+    for i in range(n):
+        image, record, _ = make_item(11, "apptest", i, canvas=(28 * (12 + 2 * i), 28 * (12 + i)))
+        items.append((image, record["question"]))
+    return items
+
+
+def test_embedded_model_round_trip_and_load(embedded_server, tmp_path):
+    """One client request on the default model, then 20 requests from 4 concurrent clients:
+    all succeed, each with the answer, token count and question of its own input; RSS stays flat."""
+    from gradio_client import Client
+
+    paths = []
+    for i, (image, question) in enumerate(_shapes_inputs()):
+        p = tmp_path / f"scene{i}.png"
+        image.save(p)
+        paths.append((str(p), question))
+
+    def client():
+        return Client(embedded_server.url, verbose=False, analytics_enabled=False,
+                      download_files=str(tmp_path / f"dl_{threading.get_ident()}"))
+
+    serial = client()
+    expected, serial_s = [], []
+    for i, (path, question) in enumerate(paths):
+        t0 = time.perf_counter()
+        out = _predict(serial, path, question)
+        serial_s.append(time.perf_counter() - t0)
+        record = _check_full_answer(out, question)
+        expected.append((out["answer_baseline"], out["answer_arr"], record["baseline"]["total_tokens"]))
+        if i == 0:
+            rss_first = embedded_server.rss_kib()
+    assert len({e[2] for e in expected}) == len(expected)  # distinct token counts tie answers to inputs
+
+    jobs = [(k * 5 + j) % len(paths) for k in range(4) for j in range(5)]  # 20 requests
+    results: list = [None] * len(jobs)
+
+    def worker(k: int):
+        c = client()
+        for j in range(5):
+            n = k * 5 + j
+            idx = jobs[n]
+            t0 = time.perf_counter()
+            try:
+                out = _predict(c, *paths[idx])
+                results[n] = (idx, out, time.perf_counter() - t0)
+            except Exception as exc:  # noqa: BLE001 - counted as a failure below
+                results[n] = (idx, exc, time.perf_counter() - t0)
+
+    t_start = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    wall = time.perf_counter() - t_start
+    rss_after = embedded_server.rss_kib()
+
+    failures = [r for r in results if r is None or isinstance(r[1], Exception)]
+    assert not failures, failures
+    for idx, out, _ in results:
+        record = json.loads(Path(out["trace"]).read_text())
+        assert record["question"] == paths[idx][1]
+        assert (out["answer_baseline"], out["answer_arr"], record["baseline"]["total_tokens"]) == expected[idx]
+    latencies = sorted(r[2] for r in results)
+    figures = {
+        "serial_latency_s": {"median": round(statistics.median(serial_s), 3), "max": round(max(serial_s), 3)},
+        "requests": len(results), "succeeded": len(results) - len(failures), "clients": 4, "wall_s": round(wall, 2),
+        "latency_s": {"median": round(statistics.median(latencies), 3),
+                      "p95": round(latencies[int(0.95 * (len(latencies) - 1))], 3), "max": round(latencies[-1], 3)},
+        "rss_after_first_mib": round(rss_first / 1024, 1), "rss_after_run_mib": round(rss_after / 1024, 1),
+        "rss_growth": round(rss_after / rss_first - 1, 4),
+    }
+    print("\nLOAD TEST", json.dumps(figures))
+    (Path(os.environ.get("ARR_COC_LOADTEST_OUT", tmp_path)) / "loadtest.json").write_text(json.dumps(figures, indent=1))
+    assert rss_after <= 1.10 * rss_first, figures

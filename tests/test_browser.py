@@ -1,0 +1,118 @@
+"""The microscope in a real browser: Debian chromium driven by playwright, on the embedded model.
+
+A missing browser FAILS this test (it never skips): `make test` installs Debian's chromium when
+/usr/bin/chromium is absent. Set ARR_COC_SCREENSHOT=1 to write the screenshot to
+docs/app_screenshot.png (otherwise it goes to pytest's tmp folder).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from _app_server import ROOT, AppProcess
+
+import app  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+TIMEOUT_MS = 120_000  # the host is shared with a training run
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = AppProcess(tmp_path_factory.mktemp("browser_app"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    assert os.path.exists(CHROMIUM), (
+        f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium; `make test` does it). "
+        "Never `playwright install`.")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        pg = browser.new_page(viewport={"width": 1440, "height": 1000})
+        pg.set_default_timeout(TIMEOUT_MS)
+        pg.goto(server.url)
+        pg.wait_for_selector("#run")
+        yield pg
+        browser.close()
+
+
+def _value(page, elem_id: str) -> str:
+    return page.eval_on_selector(f"#{elem_id} textarea", "el => el.value")
+
+
+def _wait_value(page, elem_id: str, predicate_js: str) -> None:
+    page.wait_for_function(
+        f"() => {{ const v = document.querySelector('#{elem_id} textarea').value; return {predicate_js}; }}",
+        timeout=TIMEOUT_MS)
+
+
+def _wait_images(page, elem_id: str, n: int) -> None:
+    """At least n images inside #elem_id have loaded (scrolled into view first: they may be lazy)."""
+    page.locator(f"#{elem_id}").scroll_into_view_if_needed()
+    page.wait_for_function(f"() => [...document.querySelectorAll('#{elem_id} img')]"
+                           f".filter(i => i.complete && i.naturalWidth > 0).length >= {n}", timeout=TIMEOUT_MS)
+
+
+def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
+    examples = app.read_examples()
+    first = next(e for e in examples if os.path.basename(e["image"]) == "shapes_letter.png")
+
+    # upload + question
+    page.set_input_files("#image input[type=file]", first["image"])
+    page.wait_for_selector("#image img")
+    page.fill("#question textarea", first["question"])
+
+    # ARR-COC off: the baseline alone answers
+    toggle = page.locator("#arr-toggle input[type=checkbox]")
+    assert toggle.is_checked()
+    toggle.click()
+    assert not toggle.is_checked()
+    page.click("#run")
+    _wait_value(page, "answer-arr", "v.includes('ARR-COC is off')")
+    _wait_value(page, "answer-baseline", "v.length > 0")
+
+    # ARR-COC on again: both answers, the heatmap and every texture channel
+    toggle.click()
+    assert toggle.is_checked()
+    page.click("#run")
+    _wait_value(page, "answer-arr", "v.length > 0 && !v.includes('ARR-COC is off')")
+    assert _value(page, "answer-baseline")
+    _wait_images(page, "heatmap", 1)
+    _wait_images(page, "maps", 4)
+    _wait_images(page, "channels", 14)  # gallery images load lazily: each check scrolls its gallery into view
+    channel_names = page.inner_text("#channels")
+    for name in ("sobel_mag", "sal_spectral", "cluster_rarity"):
+        assert name in channel_names
+    stats = page.inner_text("#stats")
+    assert "visual tokens (kept)" in stats and "prefill speedup" in stats
+    assert "Error" not in page.inner_text("#error")
+
+    page.evaluate("window.scrollTo(0, 0)")
+    out = ROOT / "docs" / "app_screenshot.png" if os.environ.get("ARR_COC_SCREENSHOT") == "1" else tmp_path / "app.png"
+    page.screenshot(path=str(out), full_page=True)
+    assert out.stat().st_size > 20_000
+
+    # an example row fills the inputs
+    target = next(e for e in examples if os.path.basename(e["image"]) == "shapes_void.png")
+    index = examples.index(target)
+    page.locator("#examples tbody tr").nth(index).click()
+    _wait_value(page, "question", f"v === {target['question']!r}")
+    page.wait_for_selector("#image img")
+
+    # a bad input gets its message in the page, and the next request still works
+    page.fill("#question textarea", "   ")
+    page.click("#run")
+    page.wait_for_function("() => document.querySelector('#error').innerText.includes('The question is empty')")
+    page.fill("#question textarea", target["question"])
+    page.click("#run")
+    page.wait_for_function("() => !document.querySelector('#error').innerText.includes('Error')")
+    _wait_value(page, "answer-arr", "v.length > 0")
