@@ -17,6 +17,8 @@ COMMANDS = {
     "gen-data": ("arr_coc.data.cli", "generate a ShapesVQA split (PNGs + JSONL)"),
     "train": ("arr_coc.train", "train ARR-COC's scorers against a frozen VLM (stage 1 or 2)"),
     "train-vlm": ("arr_coc.train_vlm", "train the embedded Qwen2-VL-architecture model on ShapesVQA"),
+    "eval": ("arr_coc.eval", "accuracy vs. visual-token budget: ARR-COC beside the anchor methods"),
+    "bench": ("arr_coc.bench", "prefill cost per budget on a Qwen2-VL-2B-shaped model (random weights)"),
 }
 
 

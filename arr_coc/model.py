@@ -115,6 +115,9 @@ class Selection:
     arr_coc: Any = None
     fallback: list[str | None] | None = None
     errors: list[str | None] | None = None
+    # per image, optional Tensor[n_i, D] replacing the merger output in the same raster layout; the LM
+    # then sees visual_tokens[i][kept_i] (e.g. VisionZip's merged contextual tokens). None: the merger output.
+    visual_tokens: list[torch.Tensor | None] | None = None
 
 
 @dataclass
@@ -146,6 +149,7 @@ class SelectionContext:
     position_ids: torch.Tensor
     image_ids: list[int] = field(default_factory=list)   # batch-global index of each image
     seed: int = 0
+    deepstack_features: list[list[torch.Tensor]] | None = None  # Qwen3-VL: per image, one [n_i, D] per deepstack layer
 
     def __len__(self) -> int:
         return len(self.images)
@@ -157,6 +161,7 @@ class SelectionContext:
             query_embeds=pick(self.query_embeds), budgets=pick(self.budgets), counts=pick(self.counts),
             item_of_image=pick(self.item_of_image), image_spans=pick(self.image_spans),
             image_ids=pick(self.image_ids),
+            deepstack_features=pick(self.deepstack_features) if self.deepstack_features is not None else None,
         )
 
     def generator(self, i: int) -> torch.Generator:
@@ -514,6 +519,7 @@ class ARRCOCQwen:
         t0 = time.perf_counter()
         fallback: list[str | None] = [None] * len(feats)
         errors: list[str | None] = [None] * len(feats)
+        replaced: list[torch.Tensor | None] = [None] * len(feats)
         arr_out = None
         if kept_indices is not None:
             kept = [torch.as_tensor(k, dtype=torch.long) for k in kept_indices]
@@ -522,13 +528,18 @@ class ARRCOCQwen:
             kept = [torch.arange(n) for n in n_tokens]
         else:
             ctx = self._context(inputs, input_ids, attention_mask, pos3, spans, feats, grid_thw, grid_hw,
-                                budgets, item_of_image)
-            kept, arr_out, fallback, errors = self._run_selector(method, ctx)
+                                budgets, item_of_image, deep)
+            kept, arr_out, fallback, errors, replaced = self._run_selector(method, ctx)
         kept, fallback, errors = _validate_kept(kept, n_tokens, fallback, errors)
         select_s = time.perf_counter() - t0
 
         pruned = self._rewrite(input_ids, attention_mask, pos3, spans, feats, deep, kept, type(enc),
                                item_of_image, grid_hw)
+        if any(r is not None for r in replaced):  # the selector replaced some tokens (Selection.visual_tokens)
+            pruned = pruned.with_features(image_features=[
+                f[k.to(f.device)] if r is None or fb == "keep_all" else _replacement(r, f, i)[k.to(f.device)]
+                for i, (f, r, k, fb) in enumerate(zip(feats, replaced, kept, fallback))
+            ])
         total_s = time.perf_counter() - t_start
         default: Any = self._default_budget() if method_name != "none" else 1.0
         if method_name == "arr_coc" and self._arr_coc_layer is not None \
@@ -558,7 +569,7 @@ class ARRCOCQwen:
         return pruned, traces
 
     def _context(self, inputs, input_ids, attention_mask, pos3, spans, feats, grid_thw, grid_hw, budgets,
-                 item_of_image) -> SelectionContext:
+                 item_of_image, deep=None) -> SelectionContext:
         images = unpatchify_images(inputs["pixel_values"], grid_thw, image_processor_of(self.processor))
         embed = self.model.get_input_embeddings()
         q_rows = {}
@@ -572,6 +583,7 @@ class ARRCOCQwen:
             query_embeds=[q_rows[b] for b in item_of_image], budgets=list(budgets), counts=counts,
             item_of_image=item_of_image, inputs=inputs, image_spans=spans, position_ids=pos3,
             image_ids=list(range(len(feats))), seed=self.seed,
+            deepstack_features=[[layer[i] for layer in deep] for i in range(len(feats))] if deep is not None else None,
         )
 
     def _default_budget(self) -> Budget:
@@ -581,6 +593,8 @@ class ARRCOCQwen:
 
     def _run_selector(self, method: str | Selector, ctx: SelectionContext):
         """Run the selector on the batch; if it raises, per item; an item that still fails keeps all."""
+        if not callable(method) and method not in SELECTORS:
+            from . import methods as _anchors  # noqa: F401 - registers fastv, visionzip, divprune, cdpruner
         if callable(method):
             fn = method
         elif method in SELECTORS:
@@ -591,6 +605,7 @@ class ARRCOCQwen:
         kept: list[torch.Tensor | None] = [None] * N
         fallback: list[str | None] = [None] * N
         errors: list[str | None] = [None] * N
+        replaced: list[torch.Tensor | None] = [None] * N
         try:
             sel = _as_selection(fn(ctx), N)
             groups = [(list(range(N)), sel)]
@@ -614,13 +629,15 @@ class ARRCOCQwen:
                     fallback[i] = sel.fallback[j]
                 if sel.errors is not None:
                     errors[i] = sel.errors[j]
+                if sel.visual_tokens is not None:
+                    replaced[i] = sel.visual_tokens[j]
             outs.append((which, sel.arr_coc))
         arr_out = None
         if len(outs) == 1 and outs[0][1] is not None and len(outs[0][0]) == N:
             arr_out = outs[0][1]
         elif any(o is not None for _, o in outs):
             arr_out = _PerImageOutputs(N, outs)
-        return kept, arr_out, fallback, errors
+        return kept, arr_out, fallback, errors, replaced
 
     def _rewrite(self, input_ids, attention_mask, pos3, spans, feats, deep, kept, enc_cls, item_of_image,
                  grid_hw) -> PrunedInputs:
@@ -854,6 +871,14 @@ def _as_selection(result: Any, n: int) -> Selection:
     if len(sel.kept) != n:
         raise ValueError(f"selector returned kept indices for {len(sel.kept)} images, expected {n}")
     return sel
+
+
+def _replacement(tokens: torch.Tensor, feats: torch.Tensor, i: int) -> torch.Tensor:
+    """A selector's replacement tokens for image i, checked against the merger output [n_i, D]."""
+    if tuple(tokens.shape) != tuple(feats.shape):
+        raise ValueError(f"the selector returned visual_tokens of shape {tuple(tokens.shape)} for image {i}; "
+                         f"expected {tuple(feats.shape)} (the merger output's raster layout [n_i, D])")
+    return tokens.to(feats.device, feats.dtype)
 
 
 def _validate_kept(kept, n_tokens, fallback, errors):

@@ -1,0 +1,155 @@
+"""`python -m arr_coc eval` and `python -m arr_coc bench` end to end (CPU, offline, small).
+
+The evaluation runs on the embedded model (checkpoints/shapes-qwen2vl) when it exists,
+else on a tiny random Qwen2-VL saved to a temporary folder, so it never depends on
+training having finished. What a user would notice: a results.json missing keys, rows
+that disagree with the budget, an oracle that does not cover the answer's cells, FLOPs
+that do not fall with the budget, a bench that is slow or forgets a key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+import torch
+
+from arr_coc.__main__ import main
+from arr_coc.attending import resolve_budget
+from arr_coc.eval import REQUIRED_KEYS, count_flops, parse_budgets, resolve_methods
+
+EMBEDDED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "shapes-qwen2vl")
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory):
+    from arr_coc.data import write_split
+
+    out = tmp_path_factory.mktemp("shapes")
+    return str(write_split(out, split="test", n=20, seed=0))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """The embedded checkpoint, else a tiny random Qwen2-VL saved like one."""
+    if os.path.isfile(os.path.join(EMBEDDED, "config.json")):
+        return EMBEDDED
+    from arr_coc.tiny import build_tiny_qwen
+
+    out = tmp_path_factory.mktemp("tiny-qwen2vl")
+    model, processor = build_tiny_qwen("qwen2_vl", seed=0)
+    model.save_pretrained(out)
+    processor.save_pretrained(str(out))
+    return str(out)
+
+
+def test_eval_end_to_end_writes_results_table_and_plot(split, model_dir, tmp_path, capsys):
+    out, plot, table = tmp_path / "results.json", tmp_path / "acc.png", tmp_path / "table.md"
+    t0 = time.perf_counter()
+    code = main(["eval", "--model", model_dir, "--data", split, "--methods", "all", "--budgets", "0.1,1.0",
+                 "--limit", "20", "--batch-size", "10", "--out", str(out), "--plot", str(plot),
+                 "--markdown", str(table), "--quiet"])
+    seconds = time.perf_counter() - t0
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["model"] == model_dir and report["data"] == split and report["n"] == 20
+    assert "arr_coc_trained" in report["skipped"] and "--arr-coc-weights" in report["skipped"]["arr_coc_trained"]
+    rows = {(r["method"], r["budget"]): r for r in report["results"]}
+    methods = ["random", "grid", "downscale", "fastv", "visionzip", "divprune", "cdpruner", "oracle", "arr_coc"]
+    assert set(rows) == {("none", 1.0)} | {(m, b) for m in methods for b in (0.1, 1.0)}
+    n_tokens = rows[("none", 1.0)]["total_tokens_mean"]
+    for (method, budget), r in rows.items():
+        assert set(REQUIRED_KEYS) <= set(r)
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["n"] == 20
+        assert set(r["per_type"]) <= {"color", "shape", "exists", "count", "letter"}
+        assert r["total_tokens_mean"] == n_tokens                 # always the ORIGINAL image's tokens
+        assert r["prefill_flops_mean"] > 0 and r["latency_s_median"] > 0
+        if budget == 1.0:                                         # keeps everything: identical to none
+            assert r["kept_tokens_mean"] == n_tokens and r["accuracy"] == rows[("none", 1.0)]["accuracy"]
+        elif method != "downscale":
+            assert r["kept_tokens_mean"] == resolve_budget(0.1, int(n_tokens))
+            assert r["prefill_flops_mean"] < rows[("none", 1.0)]["prefill_flops_mean"]
+            assert 0.0 <= r["coverage"] <= 1.0
+        else:
+            assert r["coverage"] is None and abs(r["kept_tokens_mean"] - 0.1 * n_tokens) <= 0.2 * 0.1 * n_tokens
+    # the oracle keeps the answer's cells first: the ceiling of coverage
+    assert rows[("oracle", 0.1)]["coverage"] >= 0.9
+    assert all(rows[("oracle", 0.1)]["coverage"] >= rows[(m, 0.1)]["coverage"] for m in methods if m != "downscale")
+    # FastV and VisionZip pay for their extra work; random and grid pay nothing
+    assert rows[("fastv", 0.1)]["selector_flops_mean"] > 0 and rows[("visionzip", 0.1)]["selector_flops_mean"] > 0
+    assert rows[("random", 0.1)]["selector_flops_mean"] == 0 == rows[("grid", 0.1)]["selector_flops_mean"]
+    assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
+    md = table.read_text()
+    assert "| arr_coc |" in md and "| oracle |" in md and "prefill GFLOPs" in md
+    print(f"eval of 20 items took {seconds:.1f} s")
+
+
+def test_eval_is_seeded(split, model_dir, tmp_path):
+    reports = []
+    for i in range(2):
+        out = tmp_path / f"r{i}.json"
+        assert main(["eval", "--model", model_dir, "--data", split, "--methods", "random,oracle", "--budgets", "0.1",
+                     "--limit", "6", "--batch-size", "3", "--seed", "3", "--out", str(out), "--quiet"]) == 0
+        reports.append(json.loads(out.read_text()))
+    strip = lambda rep: [(r["method"], r["accuracy"], r["coverage"], r["kept_tokens_mean"]) for r in rep["results"]]  # noqa: E731
+    assert strip(reports[0]) == strip(reports[1])
+
+
+def test_eval_errors_say_what_to_do(split, tmp_path, capsys):
+    assert main(["eval", "--data", split, "--methods", "random,nonsense", "--out", str(tmp_path / "x.json")]) == 2
+    assert "unknown method" in capsys.readouterr().err
+    assert main(["eval", "--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "x.json")]) == 2
+    assert "gen-data" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["eval", "--data", split, "--budgets", "0", "--out", str(tmp_path / "x.json")])
+    assert parse_budgets("0.05,0.1,64,1") == [0.05, 0.1, 64, 1.0]
+    methods, skipped = resolve_methods("all")
+    assert "arr_coc_trained" not in methods and "arr_coc_trained" in skipped
+
+
+def test_arr_coc_trained_runs_saved_weights(split, model_dir, tmp_path):
+    from arr_coc import ARRCOCConfig, ARRCOCLayer
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        hidden = json.load(f)["text_config"]["hidden_size"]
+    folder = tmp_path / "arr"
+    ARRCOCLayer(ARRCOCConfig().with_query_dim(hidden)).save_pretrained(folder)
+    out = tmp_path / "r.json"
+    assert main(["eval", "--model", model_dir, "--data", split, "--methods", "arr_coc_trained", "--budgets", "0.25",
+                 "--limit", "4", "--arr-coc-weights", str(folder), "--out", str(out), "--quiet"]) == 0
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["method"] == "arr_coc_trained" and row["kept_share"] == pytest.approx(0.25, abs=0.01)
+
+
+def test_flop_counter_counts_cpu_attention():
+    q = torch.randn(1, 2, 50, 8)
+    _, flops = count_flops(torch.nn.functional.scaled_dot_product_attention, q, q, q, is_causal=True)
+    assert flops == 2 * (2 * 1 * 2 * 50 * 50 * 8)
+
+
+def test_bench_tiny_preset_runs_in_seconds(tmp_path):
+    out, md = tmp_path / "bench.json", tmp_path / "bench.md"
+    t0 = time.perf_counter()
+    assert main(["bench", "--preset", "tiny", "--budgets", "0.25,1.0", "--repeats", "1", "--out", str(out),
+                 "--markdown", str(md)]) == 0
+    assert time.perf_counter() - t0 < 30
+    report = json.loads(out.read_text())
+    assert report["preset"] == "tiny" and report["layers"] == 2 and report["repeats"] == 1
+    full, pruned = report["results"][-1], report["results"][0]
+    assert full["budget"] == 1.0 and pruned["budget"] == 0.25
+    keys = {"budget", "visual_tokens", "total_tokens", "prefill_flops", "prefill_s_median", "kv_cache_bytes",
+            "arr_coc_s_median", "arr_coc_flops", "overhead_share", "speedup_vs_ideal"}
+    for r in report["results"]:
+        assert keys <= set(r)
+    assert pruned["visual_tokens"] == resolve_budget(0.25, full["visual_tokens"])
+    assert pruned["prefill_flops"] < full["prefill_flops"] and pruned["kv_cache_bytes"] < full["kv_cache_bytes"]
+    assert pruned["arr_coc_s_median"] > 0 and pruned["arr_coc_flops"] > 0 and pruned["overhead_share"] > 0
+    assert full["speedup_vs_ideal"] == 1.0 and pruned["speedup_vs_ideal"] > 0
+    # KV cache: 2 (K, V) x layers x kv heads x head dim x tokens x 4 bytes
+    tc = report["model"]["lm"]
+    head_dim = tc["hidden_size"] // tc["num_attention_heads"]
+    assert full["kv_cache_bytes"] == 2 * tc["num_hidden_layers"] * tc["num_key_value_heads"] * head_dim * \
+        full["total_tokens"] * 4
+    assert "| 25% |" in md.read_text()
