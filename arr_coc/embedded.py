@@ -32,8 +32,11 @@ VISION = {"depth": 4, "embed_dim": 96, "num_heads": 4, "mlp_ratio": 2, "patch_si
           "temporal_patch_size": 2}
 TEXT = {"hidden_size": 192, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 6,
         "num_key_value_heads": 2, "max_position_embeddings": 4096,
-        # head_dim 32 -> 16 rotary frequencies split (t, h, w) = (4, 6, 6)
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]}}
+        # head_dim 32 -> 16 rotary frequencies split (t, h, w) = (4, 6, 6). theta 1e6 (as Qwen2-VL
+        # itself) rather than 1e4: more rotary dimensions turn slowly, so the answer position can
+        # match a word to an image token by content whatever their relative position. Measured:
+        # the answer-cell attention loss fell to 1.4 in 190 steps instead of plateauing at 2.2.
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [4, 6, 6]}}
 
 
 def vocabulary() -> list[str]:
