@@ -103,16 +103,26 @@ class DenseHead(nn.Module):
         self.background = nn.Parameter(torch.randn(3, d) * 0.02)  # "no colour / no shape / no letter"
         self.centre = nn.Linear(d, 1)
         self.scale = 10.0
+        self.background_weight = 0.2
         self.embed = model.get_input_embeddings()
 
     def forward(self, tokens: torch.Tensor, labels: dict[str, torch.Tensor]) -> torch.Tensor:
-        """tokens [N, D]; labels: color/shape/letter ids [N] (0 = none) and centre [N] -> mean loss."""
+        """tokens [N, D]; labels: color/shape/letter ids [N] (0 = none) and centre [N] -> mean loss.
+
+        Each attribute's loss is the mean over object cells plus `background_weight` x the mean
+        over background cells: with ~85% background cells an unweighted mean is low as soon as
+        background and colour are right, and shape and letter were never learned (measured:
+        after 300 steps object cells were 99% right on colour, at chance on shape and letter).
+        """
         v = F.normalize(tokens, dim=-1)
         loss = 0.0
         for k, (name, ids) in enumerate((("color", self.color_ids), ("shape", self.shape_ids), ("letter", self.letter_ids))):
             classes = F.normalize(torch.cat([self.background[k : k + 1], self.embed(ids)]), dim=-1)
-            logits = self.scale * v @ classes.T
-            loss = loss + F.cross_entropy(logits, labels[name])
+            per_cell = F.cross_entropy(self.scale * v @ classes.T, labels[name], reduction="none")
+            obj = labels["color"] > 0 if name != "letter" else labels["letter"] > 0
+            fg = per_cell[obj].mean() if obj.any() else per_cell.sum() * 0
+            bg = per_cell[~obj].mean() if (~obj).any() else per_cell.sum() * 0
+            loss = loss + fg + self.background_weight * bg
         loss = loss + F.binary_cross_entropy_with_logits(self.centre(tokens)[:, 0], labels["centre"])
         return loss / 4
 
