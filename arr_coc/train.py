@@ -267,7 +267,7 @@ def train(cfg: TrainConfig, model_path: str, data: str, init: str | None = None,
     state = {"step": 0, "log": [], "warnings": []}
     state_path = os.path.join(cfg.out, f"train_state_stage{cfg.stage}.pt")
     if resume and os.path.isfile(state_path):
-        saved = torch.load(state_path, weights_only=False)
+        saved = torch.load(state_path, weights_only=True)
         layer.load_state_dict(saved["layer"])
         opt.load_state_dict(saved["optimizer"])
         state = saved["state"]

@@ -349,7 +349,7 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
     state = {"stage": 0, "step": 0, "item": 0, "elapsed": 0.0, "log": []}
     opt_state = None
     if resume and os.path.isfile(cfg.state):
-        saved = torch.load(cfg.state, weights_only=False)
+        saved = torch.load(cfg.state, weights_only=True)
         model.load_state_dict(saved["model"])
         head.load_state_dict(saved["head"])
         opt_state = saved["optimizer"]
