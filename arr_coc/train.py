@@ -80,6 +80,8 @@ class Features:
     answer: str
     question: str
     image_path: str
+    input_ids: torch.Tensor      # [1, S] the unpruned prompt (stage 2 appends the answer)
+    image_grid_thw: torch.Tensor  # [1, 3]
 
 
 @torch.no_grad()
@@ -98,7 +100,8 @@ def extract_features(wrapper, records, progress: bool = True) -> list[Features]:
     for rec in tqdm(records, desc="features", disable=not progress, dynamic_ncols=True):
         image = Image.open(rec.image).convert("RGB")
         captured.clear()
-        wrapper.prepare(wrapper.build_inputs([[image]], [rec.question]), method=capture)
+        inputs = wrapper.build_inputs([[image]], [rec.question])
+        wrapper.prepare(inputs, method=capture)
         ctx = captured[0]
         h, w = ctx.grid_hw[0]
         # Boxes are in original pixels; the processor may have resized the image.
@@ -107,7 +110,8 @@ def extract_features(wrapper, records, progress: bool = True) -> list[Features]:
         size = (ctx.images[0].shape[-1], ctx.images[0].shape[-2])  # (W, H) as the VLM saw it
         target = torch.from_numpy(boxes_to_cell_mask(boxes, size, size[0] // w)).reshape(-1).bool()
         feats.append(Features(ctx.images[0].float(), (h, w), ctx.visual_tokens[0].float(), ctx.query_embeds[0].float(),
-                              target, rec.answers[0], rec.question, str(rec.image)))
+                              target, rec.answers[0], rec.question, str(rec.image),
+                              inputs["input_ids"], inputs["image_grid_thw"]))
     return feats
 
 
@@ -182,15 +186,11 @@ def answer_loss(wrapper, items: list[Features], relevance: torch.Tensor, budget:
     tok = wrapper.tokenizer
     losses, shares, kept_share = [], [], []
     for i, f in enumerate(items):
-        from PIL import Image
-
-        image = Image.open(f.image_path).convert("RGB")
-        inputs = wrapper.build_inputs([[image]], [f.question])
-        ids = inputs["input_ids"]
+        ids = f.input_ids  # cached at extraction: no image decode or processor call per step
         answer_ids = tok(f.answer, add_special_tokens=False)["input_ids"] + [wrapper.im_end_id]
         full = torch.cat([ids, torch.tensor([answer_ids])], 1)
         mm = (full == wrapper.image_token_id).int()
-        pos, _ = model.model.get_rope_index(full, mm, image_grid_thw=inputs["image_grid_thw"])
+        pos, _ = model.model.get_rope_index(full, mm, image_grid_thw=f.image_grid_thw)
         pos = pos[-3:]
         with torch.no_grad():
             embeds = model.get_input_embeddings()(full)
