@@ -353,22 +353,6 @@ def _generate(scope: Microscope, image: Any, question: str, method: Any, budget:
     return Run(answer=str(answer).strip(), trace=trace)
 
 
-def select_arr_coc_adaptive(ctx: Any) -> Any:
-    """ARR-COC with an adaptive budget per image (the layer's entropy rule), whatever its configured mode.
-
-    The same layer as method "arr_coc"; `budget=None` per image asks the allocator for its adaptive count.
-    """
-    from arr_coc.model import Selection
-
-    out = ctx.wrapper.arr_coc_layer(
-        [im.float() for im in ctx.images], [tuple(g) for g in ctx.grid_hw],
-        query_embeds=[q.float() for q in ctx.query_embeds],
-        visual_tokens=[v.float() for v in ctx.visual_tokens],
-        budget=[None] * len(ctx),
-    )
-    return Selection(kept=list(out.kept_indices), arr_coc=out, fallback=list(out.fallback), errors=list(out.errors))
-
-
 def ask(scope: Microscope, image: Any, question: Any, arr_coc: bool = True, budget: Any = DEFAULT_BUDGET,
         adaptive: bool = False, method: Any = "arr_coc") -> Result:
     """The `ask` event: never raises; problems come back as `Result.error` (shown in the page)."""
@@ -401,6 +385,8 @@ def _ask(scope: Microscope, image: Any, question: Any, arr_on: bool, budget: Any
     arr: Run | None = None
     arr_failed: str | None = None
     if arr_on:
+        from arr_coc.model import select_arr_coc_adaptive
+
         selector, arr_budget = method, budget
         if adaptive and method == "arr_coc":
             selector, arr_budget = select_arr_coc_adaptive, None

@@ -263,15 +263,9 @@ def _select_grid(ctx: SelectionContext) -> Selection:
     return Selection(kept=[grid_indices(h, w, k) for (h, w), k in zip(ctx.grid_hw, ctx.counts)])
 
 
-def _select_arr_coc(ctx: SelectionContext) -> Selection:
-    layer = ctx.wrapper.arr_coc_layer
-    budget: list[Budget | None] | None = None
-    if any(b is not None for b in ctx.budgets):
-        # A None entry means "the layer's default": its fixed budget, or adaptive (None) in adaptive mode.
-        attending = layer.config.attending
-        default = attending.budget if attending.mode == "fixed" else None
-        budget = [default if b is None else b for b in ctx.budgets]
-    out = layer(
+def _run_arr_coc(ctx: SelectionContext, budget: list[Budget | None] | None) -> Selection:
+    """The ARR-COC layer on every image of the context; budget None entries mean adaptive."""
+    out = ctx.wrapper.arr_coc_layer(
         [im.float() for im in ctx.images],
         [tuple(g) for g in ctx.grid_hw],
         query_embeds=[q.float() for q in ctx.query_embeds],
@@ -283,6 +277,21 @@ def _select_arr_coc(ctx: SelectionContext) -> Selection:
         fallback=list(getattr(out, "fallback", None) or [None] * len(ctx)),
         errors=list(getattr(out, "errors", None) or [None] * len(ctx)),
     )
+
+
+def _select_arr_coc(ctx: SelectionContext) -> Selection:
+    budget: list[Budget | None] | None = None
+    if any(b is not None for b in ctx.budgets):
+        # A None entry means "the layer's default": its fixed budget, or adaptive (None) in adaptive mode.
+        attending = ctx.wrapper.arr_coc_layer.config.attending
+        default = attending.budget if attending.mode == "fixed" else None
+        budget = [default if b is None else b for b in ctx.budgets]
+    return _run_arr_coc(ctx, budget)
+
+
+def select_arr_coc_adaptive(ctx: SelectionContext) -> Selection:
+    """ARR-COC with the allocator's adaptive budget for every image, whatever the configured mode."""
+    return _run_arr_coc(ctx, [None] * len(ctx))
 
 
 # name -> selector(ctx) -> Selection | list of kept index tensors. The evaluation's anchor
