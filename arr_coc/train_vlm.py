@@ -44,7 +44,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .data.shapesvqa import (
-    COLOR_NAMES, LETTERS, QUESTION_TYPES, SHAPES, cell_labels, make_item, questions_for_scene,
+    COLOR_NAMES, LETTERS, P_LETTER, QUESTION_TYPES, SHAPES, cell_labels, make_item, questions_for_scene,
 )
 from .embedded import CELL_PX, DEFAULT_CHECKPOINT, build_embedded
 from .processing import IM_END, IMAGE_TOKEN, render_prompt
@@ -66,23 +66,28 @@ class VLMTrainConfig:
     grad_clip: float = 1.0
     dense_weight: float = 1.0
     attn_weight: float = 0.5
-    attn_layers: tuple[int, ...] = (1, 2, 3)   # head 0 of these LM layers is attention-supervised
+    attn_layers: tuple[int, ...] = (1, 2, 3)   # head 0 of these LM layers is supervised onto the answer's cells;
+                                                # head 0 of layer 0 onto the question's colour/shape words
     random_canvas_p: float = 0.3    # else the default 448 x 448 canvas
     keep_min: float = 0.05          # visual-token dropout: share of non-answer cells kept ~ U(keep_min, 1)
+    vision_crop: int = 8            # vision stage trains on 8 x 8-cell tiles of its scenes (0 = whole images)
+    letter_weight: float = 2.0      # letters are the slowest attribute to learn ...
+    vision_letter_rate: float = 0.9  # ... and rare (35% of eligible objects): the vision stage sees more
     full_p: float = 0.35            # chance a sequence keeps every visual token
     val_items: int = 300
     val_seed: int = 99              # validation items: split "val", never the test seed
     eval_every: int = 200
     save_every: int = 100
+    init: str | None = None         # start from the weights of another run's --state file
     log: list = field(default_factory=list)
 
 
 # ------------------------------------------------------------------ data
-def training_item(cfg: VLMTrainConfig, index: int):
+def training_item(cfg: VLMTrainConfig, index: int, letter_rate: float = P_LETTER):
     """(image, scene, questions) for training item `index`: the planned, balanced question first."""
     rng = np.random.default_rng([cfg.seed, 7, index])
     canvas = "random" if rng.random() < cfg.random_canvas_p else (448, 448)
-    image, record, scene = make_item(cfg.seed, "train", index, canvas=canvas)
+    image, record, scene = make_item(cfg.seed, "train", index, canvas=canvas, letter_rate=letter_rate)
     first = record["question"]
     extra = [q for q in questions_for_scene(scene, rng, cfg.questions_per_image) if q.text != first]
     questions = [(first, record["answers"][0], record["type"], [tuple(b) for b in record["boxes"]])]
@@ -93,8 +98,9 @@ def training_item(cfg: VLMTrainConfig, index: int):
 class DenseHead(nn.Module):
     """Per-token classification against the LM's word embeddings (cosine), training-only."""
 
-    def __init__(self, model, tokenizer):
+    def __init__(self, model, tokenizer, letter_weight: float = 1.0):
         super().__init__()
+        self.weights = {"color": 1.0, "shape": 1.0, "letter": letter_weight}
         ids = lambda words: torch.tensor([tokenizer.convert_tokens_to_ids(w) for w in words])  # noqa: E731
         self.register_buffer("color_ids", ids(COLOR_NAMES), persistent=False)
         self.register_buffer("shape_ids", ids(SHAPES), persistent=False)
@@ -122,9 +128,9 @@ class DenseHead(nn.Module):
             obj = labels["color"] > 0 if name != "letter" else labels["letter"] > 0
             fg = per_cell[obj].mean() if obj.any() else per_cell.sum() * 0
             bg = per_cell[~obj].mean() if (~obj).any() else per_cell.sum() * 0
-            loss = loss + fg + self.background_weight * bg
+            loss = loss + self.weights[name] * (fg + self.background_weight * bg)
         loss = loss + F.binary_cross_entropy_with_logits(self.centre(tokens)[:, 0], labels["centre"])
-        return loss / 4
+        return loss / (1 + sum(self.weights.values()))
 
 
 def centre_mask(scene, gh: int, gw: int) -> np.ndarray:
@@ -154,6 +160,9 @@ class Batcher:
         self.image_id = self.tok.convert_tokens_to_ids(IMAGE_TOKEN)
         self.end_id = self.tok.convert_tokens_to_ids(IM_END)
         self.pad_id = self.tok.pad_token_id
+        # The words a question selects its object by: colours and shapes (singular or plural).
+        keys = list(COLOR_NAMES) + list(SHAPES) + [f"{s}s" for s in SHAPES]
+        self.key_ids = {i for i in self.tok.convert_tokens_to_ids(keys) if i != self.tok.unk_token_id}
 
     def encode(self, question: str, n_visual: int) -> tuple[list[int], list[int]]:
         """(prefix ids up to and including the image pads, suffix ids after them) of the single-question prompt."""
@@ -173,7 +182,8 @@ class Batcher:
 
         Returns inputs_embeds [B, L, D], position_ids [3, B, L], mask [B, 1, L, L] (additive float:
         0 = attend, -inf = not), targets [B, L] (-100 = no loss), types (question type per target
-        position, list of lists), and attention supervision [(row, answer position, key positions)].
+        position, list of lists), and two attention supervisions [(row, answer position, key
+        positions)]: onto the answer's kept cells, and onto the question's colour/shape words.
         """
         embed = self.model.get_input_embeddings()
         seqs = []
@@ -191,7 +201,7 @@ class Batcher:
             target = [-100] * (n_text + len(kept))
             qtypes = [None] * (n_text + len(kept))
             slot = {int(c): n_text + i for i, c in enumerate(kept.tolist())}  # cell -> sequence position
-            sup = []
+            sup, word_sup = [], []
             suffix_ids = []
             for j, (q, a, qtype, boxes) in enumerate(qs, start=1):
                 _, suffix = self.encode(q, 0)
@@ -205,11 +215,15 @@ class Batcher:
                 qt = [None] * len(body)
                 qt[len(suffix) - 1] = qtype
                 cells = [slot[c] for c in box_cells(boxes, gh, gw) if c in slot]
+                answer_pos = len(qtypes) + len(suffix) - 1
                 if cells:
-                    sup.append((len(qtypes) + len(suffix) - 1, torch.tensor(cells)))
+                    sup.append((answer_pos, torch.tensor(cells)))
+                words = [len(qtypes) + k for k, t in enumerate(suffix) if t in self.key_ids]
+                if words:
+                    word_sup.append((answer_pos, torch.tensor(words)))
                 qtypes += qt
             emb = torch.cat([embed(torch.tensor(ids)), f[kept], embed(torch.tensor(suffix_ids))])
-            seqs.append((emb, torch.cat(pos, 1), torch.tensor(seg), torch.tensor(target), qtypes, sup))
+            seqs.append((emb, torch.cat(pos, 1), torch.tensor(seg), torch.tensor(target), qtypes, sup, word_sup))
         length = max(s[0].shape[0] for s in seqs)
         b = len(seqs)
         d = seqs[0][0].shape[1]
@@ -217,18 +231,19 @@ class Batcher:
         positions = torch.zeros(3, b, length, dtype=torch.long)
         segs = torch.full((b, length), -1)
         targets = torch.full((b, length), -100)
-        types, attn_sup = [], []
-        for i, (emb, pos, seg, tgt, qt, sup) in enumerate(seqs):
+        types, attn_sup, word_attn_sup = [], [], []
+        for i, (emb, pos, seg, tgt, qt, sup, word_sup) in enumerate(seqs):
             n = emb.shape[0]
             inputs[i, :n], positions[:, i, :n], segs[i, :n], targets[i, :n] = emb, pos, seg, tgt
             types.append(qt + [None] * (length - n))
             attn_sup += [(i, p, cells) for p, cells in sup]
+            word_attn_sup += [(i, p, words) for p, words in word_sup]
         causal = torch.ones(length, length, dtype=torch.bool).tril()
         same = (segs[:, None, :] == 0) | (segs[:, None, :] == segs[:, :, None])
         mask = causal & same & (segs[:, None, :] >= 0)
         mask |= torch.eye(length, dtype=torch.bool)  # padded rows attend to themselves (no NaN)
         additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))  # eager and sdpa alike
-        return inputs, positions, additive[:, None], targets, types, attn_sup
+        return inputs, positions, additive[:, None], targets, types, attn_sup, word_attn_sup
 
 
 def visual_tokens(model, processor, images):
@@ -247,6 +262,30 @@ def dense_labels(scene, gh: int, gw: int) -> dict[str, torch.Tensor]:
         "letter": torch.from_numpy(lab.letter[:gh, :gw].reshape(-1)),
         "centre": torch.from_numpy(centre_mask(scene, gh, gw).reshape(-1)),
     }
+
+
+def crops_for_vision(image, scene, cells: int, rng: np.random.Generator):
+    """Cell-aligned `cells` x `cells` tiles of a scene (random grid offset) and their dense labels.
+
+    The vision tower attends over all patches, so its cost grows with the square of the
+    image's patch count; shape and letter recognition are local. Tiling a 448 px scene into
+    four 224 px crops costs the tower about a quarter of the full image and reuses the scene
+    (generation is ~10 ms of CPU per scene). Whole images come back in the language and
+    joint stages.
+    """
+    gh, gw = image.height // CELL_PX, image.width // CELL_PX
+    ch, cw = min(cells, gh), min(cells, gw)
+    r_off, c_off = int(rng.integers(0, gh % ch + 1)), int(rng.integers(0, gw % cw + 1))
+    lab = cell_labels(scene, CELL_PX, min_cover=0.15)
+    centre = centre_mask(scene, gh, gw)
+    out = []
+    for r0 in range(r_off, gh - ch + 1, ch):
+        for c0 in range(c_off, gw - cw + 1, cw):
+            crop = image.crop((c0 * CELL_PX, r0 * CELL_PX, (c0 + cw) * CELL_PX, (r0 + ch) * CELL_PX))
+            window = lambda a: torch.from_numpy(np.ascontiguousarray(a[r0 : r0 + ch, c0 : c0 + cw]).reshape(-1))  # noqa: E731
+            out.append((crop, {"color": window(lab.color), "shape": window(lab.shape),
+                               "letter": window(lab.letter), "centre": window(centre)}))
+    return out
 
 
 def choose_kept(questions, gh: int, gw: int, gen: torch.Generator, cfg: VLMTrainConfig) -> torch.Tensor:
@@ -294,7 +333,7 @@ def validate(model, processor, batcher, cfg: VLMTrainConfig, n: int | None = Non
         items = [make_item(cfg.val_seed, "val", i, canvas="random" if i % 3 == 0 else (448, 448)) for i in range(s, min(n, s + bs))]
         feats, grids = visual_tokens(model, processor, [it.image for it in items])
         qs = [[(it.record["question"], it.record["answers"][0], it.record["type"], [])] for it in items]
-        inputs, pos, mask, targets, types, _ = batcher.build(feats, grids, qs, [torch.arange(h * w) for h, w in grids])
+        inputs, pos, mask, targets, types, _, _ = batcher.build(feats, grids, qs, [torch.arange(h * w) for h, w in grids])
         logits = model.lm_head(model.model.language_model(inputs_embeds=inputs, position_ids=pos, attention_mask=mask).last_hidden_state)
         pred = logits.argmax(-1)
         for i in range(len(items)):
@@ -344,10 +383,16 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
     # (the saved config keeps sdpa; both use the same additive masks).
     model.model.language_model.set_attn_implementation("eager")
     model.train()
-    head = DenseHead(model, processor.tokenizer)
+    head = DenseHead(model, processor.tokenizer, cfg.letter_weight)
     batcher = Batcher(model, processor)
     state = {"stage": 0, "step": 0, "item": 0, "elapsed": 0.0, "log": []}
     opt_state = None
+    if cfg.init and not (resume and os.path.isfile(cfg.state)):
+        saved = torch.load(cfg.init, weights_only=True)  # another run's state: warm-start the weights only
+        model.load_state_dict(saved["model"])
+        head.load_state_dict(saved["head"])
+        state["item"] = saved["progress"]["item"]  # fresh training items, never repeats of that run's
+        print(f"initialised from {cfg.init}")
     if resume and os.path.isfile(cfg.state):
         saved = torch.load(cfg.state, weights_only=True)
         model.load_state_dict(saved["model"])
@@ -375,20 +420,26 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
             lr = lr_at(state["step"], total, cfg.lr[k], cfg.warmup)
             for g in opt.param_groups:
                 g["lr"] = lr
-            items = [training_item(cfg, state["item"] + i) for i in range(cfg.images_per_step[k])]
+            letter_rate = cfg.vision_letter_rate if stage == "vision" else P_LETTER
+            items = [training_item(cfg, state["item"] + i, letter_rate) for i in range(cfg.images_per_step[k])]
             state["item"] += len(items)
             images = [it[0] for it in items]
+            if stage == "vision" and cfg.vision_crop:
+                rng = np.random.default_rng([cfg.seed, 11, state["item"]])
+                images, labels = zip(*(c for it in items for c in crops_for_vision(it[0], it[1], cfg.vision_crop, rng)))
+            elif stage != "language":
+                labels = [dense_labels(it[1], *(im.height // CELL_PX, im.width // CELL_PX)) for it, im in zip(items, images)]
             with torch.set_grad_enabled(stage != "language"):
                 feats, grids = visual_tokens(model, processor, images)
             loss_dense = torch.zeros(())
             if stage != "language":
-                loss_dense = sum(head(f, dense_labels(it[1], h, w)) for f, it, (h, w) in zip(feats, items, grids)) / len(items)
+                loss_dense = sum(head(f, lab) for f, lab in zip(feats, labels)) / len(labels)
             loss_answer = torch.zeros(())
             loss_attn = torch.zeros(())
             acc = float("nan")
             if stage != "vision":
                 keep = [choose_kept(it[2], h, w, gen, cfg) for it, (h, w) in zip(items, grids)]
-                inputs, pos, mask, targets, _, sup = batcher.build(feats, grids, [it[2] for it in items], keep)
+                inputs, pos, mask, targets, _, sup, word_sup = batcher.build(feats, grids, [it[2] for it in items], keep)
                 out = model.model.language_model(inputs_embeds=inputs, position_ids=pos, attention_mask=mask,
                                                  output_attentions=cfg.attn_weight > 0)
                 sel = targets >= 0
@@ -396,6 +447,8 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
                 loss_answer = F.cross_entropy(logits, targets[sel])
                 if cfg.attn_weight > 0 and sup:
                     loss_attn = attention_loss(out.attentions, sup, cfg.attn_layers)
+                if cfg.attn_weight > 0 and word_sup:
+                    loss_attn = loss_attn + attention_loss(out.attentions, word_sup, (0,))
                 acc = float((logits.argmax(-1) == targets[sel]).float().mean())
             loss = loss_answer + cfg.dense_weight * loss_dense + cfg.attn_weight * loss_attn
             opt.zero_grad(set_to_none=True)
@@ -459,6 +512,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--val-items", type=int, default=d.val_items)
     parser.add_argument("--eval-every", type=int, default=d.eval_every)
     parser.add_argument("--resume", action="store_true", help="continue from --state")
+    parser.add_argument("--init", default=None, help="start from the weights of another run's state file (not its progress)")
+    parser.add_argument("--vision-crop", type=int, default=d.vision_crop, help="vision-stage crop in cells (0 = whole images)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -468,7 +523,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--steps needs three numbers: vision,language,joint")
     images = tuple(int(s) for s in args.images.split(","))
     cfg = VLMTrainConfig(out=args.out, state=args.state, seed=args.seed, steps=steps, images_per_step=images,
-                         val_items=args.val_items,
+                         val_items=args.val_items, init=args.init, vision_crop=args.vision_crop,
                          eval_every=args.eval_every, save_every=min(args.eval_every, VLMTrainConfig.save_every))
     train(cfg, resume=args.resume)
     return 0

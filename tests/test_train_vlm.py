@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arr_coc.data.shapesvqa import QUESTION_TYPES, make_item
+from arr_coc.data.shapesvqa import COLOR_NAMES, QUESTION_TYPES, SHAPES, make_item
 from arr_coc.embedded import build_embedded, build_word_tokenizer
 from arr_coc.processing import render_prompt
 from arr_coc.train_vlm import Batcher, VLMTrainConfig, box_cells, choose_kept, training_item, visual_tokens
@@ -16,6 +16,12 @@ def embedded():
     model, processor = build_embedded(seed=0)
     model.eval()
     return model, processor
+
+
+def ids_at(inputs, row, positions, model):
+    """Token ids of input embeddings (exact rows of the embedding table)."""
+    table = model.get_input_embeddings().weight
+    return [int((table - inputs[row, int(p)]).abs().sum(1).argmin()) for p in positions]
 
 
 def test_word_tokenizer_covers_every_benchmark_question_and_answer():
@@ -39,7 +45,7 @@ def test_positions_match_get_rope_index_and_packed_questions_match_single_prompt
         # Positions of a single-question prompt == the model's own get_rope_index.
         q = items[1][2][0]
         n = grids[1][0] * grids[1][1]
-        _, pos, _, _, _, _ = batcher.build(feats[1:], grids[1:], [[q]], [torch.arange(n)])
+        _, pos, _, _, _, _, _ = batcher.build(feats[1:], grids[1:], [[q]], [torch.arange(n)])
         prefix, suffix = batcher.encode(q[0], n)
         ids = torch.tensor([prefix + suffix + [batcher.answer_id(q[1]), batcher.end_id]])
         grid_thw = processor.image_processor(images=[items[1][0]], return_tensors="pt")["image_grid_thw"]
@@ -48,17 +54,22 @@ def test_positions_match_get_rope_index_and_packed_questions_match_single_prompt
         # Four questions packed in one sequence (block mask) give the logits of four separate prompts.
         keep = [torch.arange(h * w)[::3] for h, w in grids]
         qs = [it[2][:4] for it in items]
-        inputs, pos, mask, targets, types, sup = batcher.build(feats, grids, qs, keep)
+        inputs, pos, mask, targets, types, sup, word_sup = batcher.build(feats, grids, qs, keep)
         # Attention supervision points at the answer positions and at the kept answer cells.
         assert sup and all(types[r][p] is not None for r, p, _ in sup)
         assert all(int(c.min()) >= 0 and int(c.max()) < inputs.shape[1] for _, _, c in sup)
+        # ... and, for layer 0, at the question's colour / shape words, before the answer position.
+        assert len(word_sup) == sum(len(q) for q in qs)
+        words = {processor.tokenizer.convert_ids_to_tokens(int(t)) for r, p, w in word_sup for t in ids_at(inputs, r, w, model)}
+        assert words and words <= set(COLOR_NAMES) | set(SHAPES) | {f"{s}s" for s in SHAPES}
+        assert all(int(w.max()) < p for _, p, w in word_sup)
         lm = model.model.language_model
         logits = model.lm_head(lm(inputs_embeds=inputs, position_ids=pos, attention_mask=mask).last_hidden_state)
         for i in range(2):
             at = [j for j, t in enumerate(types[i]) if t is not None]
             assert len(at) == 4 and all(types[i][j] in QUESTION_TYPES for j in at)
             for s, question in enumerate(qs[i]):
-                x, p, m, _, ty, _ = batcher.build([feats[i]], [grids[i]], [[question]], [keep[i]])
+                x, p, m, _, ty, _, _ = batcher.build([feats[i]], [grids[i]], [[question]], [keep[i]])
                 single = model.lm_head(lm(inputs_embeds=x, position_ids=p, attention_mask=m).last_hidden_state)
                 j = [k for k, t in enumerate(ty[0]) if t is not None][0]
                 assert torch.allclose(single[0, j], logits[i, at[s]], atol=1e-5)

@@ -783,12 +783,12 @@ def _place(
     return None
 
 
-def _make_object(rng: np.random.Generator, req: _Req, box: Box) -> SceneObject:
+def _make_object(rng: np.random.Generator, req: _Req, box: Box, letter_rate: float = P_LETTER) -> SceneObject:
     """Fill colour, letter and font size for a placed request."""
     w, h = box[2] - box[0], box[3] - box[1]
     letter = req.letter
     eligible = req.shape in LETTERED_SHAPES and min(w, h) >= MIN_LETTER_SIDE
-    if letter is None and req.auto_letter and eligible and rng.random() < P_LETTER:
+    if letter is None and req.auto_letter and eligible and rng.random() < letter_rate:
         letter = _choice(rng, LETTERS)
     letter_size = None
     if letter is not None:
@@ -806,7 +806,9 @@ def _allowed(plan: _Plan, color: str, shape: str) -> bool:
     )
 
 
-def _compose(rng: np.random.Generator, size: Size, plan: _Plan, hard: str | None) -> Scene:
+def _compose(
+    rng: np.random.Generator, size: Size, plan: _Plan, hard: str | None, letter_rate: float = P_LETTER,
+) -> Scene:
     """Place the plan's objects first, then distractors that keep the answer true."""
     background, texture, amp, texture_seed = _draw_background(rng, hard)
     if hard == "void":
@@ -832,7 +834,7 @@ def _compose(rng: np.random.Generator, size: Size, plan: _Plan, hard: str | None
                 if side <= lo:
                     raise RuntimeError(f"bug: no room for a required {req.shape} on a {size} canvas; report the seed")
                 side = max(lo, int(side * 0.8))
-        objects.append(_make_object(rng, req, box))
+        objects.append(_make_object(rng, req, box, letter_rate))
         placed = np.vstack([placed, np.asarray(box)[None]])
 
     n_border = int(rng.integers(1, 4)) if hard == "border" else 0  # extra distractors on the edge
@@ -849,7 +851,7 @@ def _compose(rng: np.random.Generator, size: Size, plan: _Plan, hard: str | None
             failures += 1
             continue
         n_border = max(0, n_border - 1)
-        objects.append(_make_object(rng, _Req(shape, color), box))
+        objects.append(_make_object(rng, _Req(shape, color), box, letter_rate))
         placed = np.vstack([placed, np.asarray(box)[None]])
     if len(objects) < MIN_OBJECTS:
         raise RuntimeError(f"bug: placed only {len(objects)} objects on a {size} canvas; report the seed")
@@ -896,20 +898,22 @@ def make_record(question: Question, split: str, index: int, hard: str | None = N
 
 def make_item(
     seed: int, split: str = "test", index: int = 0, canvas: Canvas = DEFAULT_CANVAS,
-    hard_rate: float = DEFAULT_HARD_RATE,
+    hard_rate: float = DEFAULT_HARD_RATE, letter_rate: float = P_LETTER,
 ) -> Item:
     """Generate item ``index`` of ``split`` in memory: (PIL image, record, scene).
 
-    Deterministic in (seed, split, index, canvas, hard_rate); nothing is written.
-    The question type is uniform over QUESTION_TYPES and its answer uniform
-    over the type's answers (exists: yes/no 50/50, count: 0-9).
+    Deterministic in (seed, split, index, canvas, hard_rate, letter_rate); nothing is
+    written. The question type is uniform over QUESTION_TYPES and its answer uniform
+    over the type's answers (exists: yes/no 50/50, count: 0-9). ``letter_rate`` (the
+    chance an eligible distractor carries a letter) is for training only: the
+    benchmark uses the default.
     """
     rng = item_rng(seed, split, index)
     size = draw_canvas(rng, canvas)
     qtype = _choice(rng, QUESTION_TYPES)
     hard = draw_hard(rng, qtype, hard_rate)
     plan = _plan_question(rng, qtype, hard)
-    scene = _compose(rng, size, plan, hard)
+    scene = _compose(rng, size, plan, hard, letter_rate)
     question = ask(scene, plan.qtype, plan.color, plan.shape)
     if question is None or question.answers != (plan.answer,):
         raise RuntimeError(
