@@ -14,7 +14,12 @@ model is trained in three stages, each a number of optimiser steps:
               several questions in ONE sequence, each question in its own attention
               block that sees only the image and itself, at exactly the positions a
               single-question prompt would have: one vision pass serves 8 answers.
-3. joint    — everything, both losses, lower learning rate.
+3. joint    — both at once: each step the tower takes its dense loss on one set of scenes
+              and the LM its answer loss on another (whose visual tokens are computed
+              without gradient: the LM's gradient into the tower is ~1e-3 of its own,
+              FINDINGS.md, and a full-image backward through the tower costs more than
+              the LM's whole step). Letters are the tower's slowest attribute, so the LM
+              can learn to bind colours and shapes while the tower still learns letters.
 
 Binding a question to its object is what a small LM learns slowest (FINDINGS.md: near
 the text prior after 20 minutes even with ideal visual tokens). So in stages 2-3 head 0
@@ -60,7 +65,7 @@ class VLMTrainConfig:
     steps: tuple[int, int, int] = (300, 700, 150)  # optimiser steps per stage
     images_per_step: tuple[int, int, int] = (8, 8, 8)
     questions_per_image: int = 8
-    lr: tuple[float, float, float] = (2e-3, 1.5e-3, 4e-4)
+    lr: tuple[float, float, float] = (2e-3, 1.5e-3, 1.5e-3)
     warmup: int = 50
     weight_decay: float = 0.01
     grad_clip: float = 1.0
@@ -68,6 +73,8 @@ class VLMTrainConfig:
     attn_weight: float = 0.5
     attn_layers: tuple[int, ...] = (1, 2, 3)   # head 0 of these LM layers is supervised onto the answer's cells;
                                                 # head 0 of layer 0 onto the question's colour/shape words
+    count_head: tuple[int, int] = (2, 1)       # (layer, head) supervised to spread over counted objects ...
+    count_sink: float = 5.0                    # ... and position 0 with this weight (see count_loss)
     random_canvas_p: float = 0.3    # else the default 448 x 448 canvas
     keep_min: float = 0.05          # visual-token dropout: share of non-answer cells kept ~ U(keep_min, 1)
     vision_crop: int = 8            # vision stage trains on 8 x 8-cell tiles of its scenes (0 = whole images)
@@ -134,11 +141,15 @@ class DenseHead(nn.Module):
 
 
 def centre_mask(scene, gh: int, gw: int) -> np.ndarray:
-    out = np.zeros((gh, gw), dtype=np.float32)
-    for o in scene.objects:
-        cx, cy = (o.box[0] + o.box[2]) / 2, (o.box[1] + o.box[3]) / 2
-        out[min(gh - 1, int(cy // CELL_PX)), min(gw - 1, int(cx // CELL_PX))] = 1.0
-    return out
+    out = np.zeros(gh * gw, dtype=np.float32)
+    out[centre_cells([o.box for o in scene.objects], gh, gw)] = 1.0
+    return out.reshape(gh, gw)
+
+
+def centre_cells(boxes, gh: int, gw: int) -> list[int]:
+    """The raster index of the cell holding each box's centre (as `centre_mask`)."""
+    return [min(gh - 1, int((y0 + y1) / 2 // CELL_PX)) * gw + min(gw - 1, int((x0 + x1) / 2 // CELL_PX))
+            for x0, y0, x1, y1 in boxes]
 
 
 def box_cells(boxes, gh: int, gw: int) -> set[int]:
@@ -148,6 +159,18 @@ def box_cells(boxes, gh: int, gw: int) -> set[int]:
             for c in range(int(x0 // CELL_PX), min(gw, int(math.ceil(x1 / CELL_PX)))):
                 cells.add(r * gw + c)
     return cells
+
+
+@dataclass
+class Supervision:
+    """Attention targets of one batch, each a list of (batch row, answer position, key positions [K])."""
+
+    cells: list   # the answer's kept cells (heads 0 of the attn_layers)
+    words: list   # the question's colour / shape words (head 0 of layer 0)
+    count: list   # count questions: the centre cell of each counted object (may be empty)
+
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor, dict[tuple[int, int], int]]:
+        return supervised_rows(self.cells, self.words, self.count)
 
 
 class Batcher:
@@ -182,8 +205,7 @@ class Batcher:
 
         Returns inputs_embeds [B, L, D], position_ids [3, B, L], mask [B, 1, L, L] (additive float:
         0 = attend, -inf = not), targets [B, L] (-100 = no loss), types (question type per target
-        position, list of lists), and two attention supervisions [(row, answer position, key
-        positions)]: onto the answer's kept cells, and onto the question's colour/shape words.
+        position, list of lists), and the batch's attention `Supervision`.
         """
         embed = self.model.get_input_embeddings()
         seqs = []
@@ -201,7 +223,7 @@ class Batcher:
             target = [-100] * (n_text + len(kept))
             qtypes = [None] * (n_text + len(kept))
             slot = {int(c): n_text + i for i, c in enumerate(kept.tolist())}  # cell -> sequence position
-            sup, word_sup = [], []
+            sup, word_sup, count_sup = [], [], []
             suffix_ids = []
             for j, (q, a, qtype, boxes) in enumerate(qs, start=1):
                 _, suffix = self.encode(q, 0)
@@ -221,9 +243,12 @@ class Batcher:
                 words = [len(qtypes) + k for k, t in enumerate(suffix) if t in self.key_ids]
                 if words:
                     word_sup.append((answer_pos, torch.tensor(words)))
+                if qtype == "count":
+                    centres = [slot[c] for c in centre_cells(boxes, gh, gw) if c in slot]
+                    count_sup.append((answer_pos, torch.tensor(centres, dtype=torch.long)))
                 qtypes += qt
             emb = torch.cat([embed(torch.tensor(ids)), f[kept], embed(torch.tensor(suffix_ids))])
-            seqs.append((emb, torch.cat(pos, 1), torch.tensor(seg), torch.tensor(target), qtypes, sup, word_sup))
+            seqs.append((emb, torch.cat(pos, 1), torch.tensor(seg), torch.tensor(target), qtypes, sup, word_sup, count_sup))
         length = max(s[0].shape[0] for s in seqs)
         b = len(seqs)
         d = seqs[0][0].shape[1]
@@ -231,19 +256,20 @@ class Batcher:
         positions = torch.zeros(3, b, length, dtype=torch.long)
         segs = torch.full((b, length), -1)
         targets = torch.full((b, length), -100)
-        types, attn_sup, word_attn_sup = [], [], []
-        for i, (emb, pos, seg, tgt, qt, sup, word_sup) in enumerate(seqs):
+        types, supervision = [], Supervision([], [], [])
+        for i, (emb, pos, seg, tgt, qt, sup, word_sup, count_sup) in enumerate(seqs):
             n = emb.shape[0]
             inputs[i, :n], positions[:, i, :n], segs[i, :n], targets[i, :n] = emb, pos, seg, tgt
             types.append(qt + [None] * (length - n))
-            attn_sup += [(i, p, cells) for p, cells in sup]
-            word_attn_sup += [(i, p, words) for p, words in word_sup]
+            supervision.cells += [(i, p, cells) for p, cells in sup]
+            supervision.words += [(i, p, words) for p, words in word_sup]
+            supervision.count += [(i, p, cells) for p, cells in count_sup]
         causal = torch.ones(length, length, dtype=torch.bool).tril()
         same = (segs[:, None, :] == 0) | (segs[:, None, :] == segs[:, :, None])
         mask = causal & same & (segs[:, None, :] >= 0)
         mask |= torch.eye(length, dtype=torch.bool)  # padded rows attend to themselves (no NaN)
         additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))  # eager and sdpa alike
-        return inputs, positions, additive[:, None], targets, types, attn_sup, word_attn_sup
+        return inputs, positions, additive[:, None], targets, types, supervision
 
 
 def visual_tokens(model, processor, images):
@@ -288,6 +314,19 @@ def crops_for_vision(image, scene, cells: int, rng: np.random.Generator):
     return out
 
 
+def dense_loss(model, processor, head: DenseHead, cfg: VLMTrainConfig, first: int, n: int) -> torch.Tensor:
+    """The vision tower's dense loss on training items first .. first + n - 1 (letter-rich scenes, tiled)."""
+    items = [training_item(cfg, first + i, cfg.vision_letter_rate) for i in range(n)]
+    if cfg.vision_crop:
+        rng = np.random.default_rng([cfg.seed, 11, first])
+        images, labels = zip(*(t for it in items for t in crops_for_vision(it[0], it[1], cfg.vision_crop, rng)))
+    else:
+        images = [it[0] for it in items]
+        labels = [dense_labels(it[1], im.height // CELL_PX, im.width // CELL_PX) for it, im in zip(items, images)]
+    feats, _ = visual_tokens(model, processor, list(images))
+    return sum(head(f, lab) for f, lab in zip(feats, labels)) / len(labels)
+
+
 def choose_kept(questions, gh: int, gw: int, gen: torch.Generator, cfg: VLMTrainConfig) -> torch.Tensor:
     """All cells, or the questions' answer cells plus a random share of the rest (ascending)."""
     n = gh * gw
@@ -303,22 +342,91 @@ def choose_kept(questions, gh: int, gw: int, gen: torch.Generator, cfg: VLMTrain
     return keep.nonzero()[:, 0]
 
 
-def attention_loss(attentions, sup, layers) -> torch.Tensor:
-    """Mean over (answer position, supervised layer) of -log(head-0 attention mass on the answer's cells).
+SUPERVISED_SDPA = "arr_coc_supervised_sdpa"
 
-    One gather per layer (indexing entry by entry would backpropagate a full-size
-    attention gradient per entry: measured 60 s per step instead of < 1 s).
+
+class AttentionRecorder:
+    """Head-0 attention rows at chosen query positions, recorded during an sdpa forward.
+
+    The auxiliary loss needs a handful of attention rows (head 0, answer positions)
+    per layer; `output_attentions` would need eager attention, which materialises and
+    backpropagates every head's full L x L matrix (measured: 10.7 of 12 s per step).
+    This records only the rows asked for, from the same rotated queries and keys the
+    sdpa kernel uses, through transformers' public AttentionInterface.
     """
-    rows = torch.cat([torch.full((len(c),), r) for r, _, c in sup])
-    pos = torch.cat([torch.full((len(c),), p) for _, p, c in sup])
-    cells = torch.cat([c for _, _, c in sup])
-    group = torch.cat([torch.full((len(c),), i) for i, (_, _, c) in enumerate(sup)])
+
+    def __init__(self, language_model, heads: dict[int, tuple[int, ...]]):
+        """heads: layer -> the query heads to record in it."""
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(SUPERVISED_SDPA, _supervised_sdpa)
+        self.heads = heads
+        self.rows: tuple[torch.Tensor, torch.Tensor] | None = None  # (batch index [R], query position [R])
+        self.probs: dict[tuple[int, int], torch.Tensor] = {}         # (layer, head) -> [R, L]
+        for layer in heads:
+            language_model.layers[layer].self_attn.arr_coc_recorder = self
+
+    def request(self, rows: torch.Tensor, positions: torch.Tensor) -> None:
+        self.rows, self.probs = (rows, positions), {}
+
+
+def _supervised_sdpa(module, query, key, value, attention_mask, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    recorder = getattr(module, "arr_coc_recorder", None)
+    if recorder is not None and recorder.rows is not None:
+        b, p = recorder.rows
+        for h in recorder.heads[module.layer_idx]:
+            # query [B, H, L, d], key [B, H_kv, L, d]: query head h reads key/value head h // groups.
+            scores = torch.einsum("rd,rld->rl", query[b, h, p], key[b, h // module.num_key_value_groups])
+            scores = scores * module.scaling
+            if attention_mask is not None:
+                mask = attention_mask[b, 0, p]
+                scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+            recorder.probs[(module.layer_idx, h)] = scores.softmax(-1)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def supervised_rows(*sups) -> tuple[torch.Tensor, torch.Tensor, dict[tuple[int, int], int]]:
+    """The distinct (batch row, query position) pairs of attention supervisions, and their index."""
+    pairs = sorted({(r, p) for sup in sups for r, p, _ in sup})
+    index = {pair: i for i, pair in enumerate(pairs)}
+    rows = torch.tensor([r for r, _ in pairs], dtype=torch.long)
+    positions = torch.tensor([p for _, p in pairs], dtype=torch.long)
+    return rows, positions, index
+
+
+def attention_loss(probs: dict[tuple[int, int], torch.Tensor], sup, index, layers, head: int = 0) -> torch.Tensor:
+    """Mean over (query position, layer) of -log(the head's attention mass on the supervised keys).
+
+    probs: (layer, head) -> [R, L] recorded rows; sup: [(batch row, query position, key positions)].
+    """
+    which = torch.cat([torch.full((len(k),), index[(r, p)]) for r, p, k in sup])
+    keys = torch.cat([k for _, _, k in sup])
+    group = torch.cat([torch.full((len(k),), i) for i, (_, _, k) in enumerate(sup)])
     losses = []
     for layer in layers:
-        picked = attentions[layer][rows, 0, pos, cells]  # [sum of cells]
+        picked = probs[(layer, head)][which, keys]
         mass = torch.zeros(len(sup), dtype=picked.dtype).index_add(0, group, picked)
         losses.append(-torch.log(mass.clamp_min(1e-6)))
     return torch.cat(losses).mean()
+
+
+def count_loss(probs: dict[tuple[int, int], torch.Tensor], sup, index, layer: int, head: int, sink: float) -> torch.Tensor:
+    """Cross-entropy of the head's attention row against "`sink` on position 0, 1 on each counted object".
+
+    sup: [(batch row, query position, centre-cell positions)]. A softmax head cannot sum,
+    but with this target its output is (sink * v_0 + sum of n object values) / (sink + n):
+    a monotone function of the count n that the MLP after it can read (0 when n = 0).
+    """
+    which = torch.tensor([index[(r, p)] for r, p, _ in sup])
+    logp = probs[(layer, head)][which].clamp_min(1e-9).log()  # [S, L]
+    target = torch.zeros_like(logp)
+    target[:, 0] = sink
+    for i, (_, _, cells) in enumerate(sup):
+        target[i, cells] = 1.0
+    target = target / target.sum(-1, keepdim=True)
+    return -(target * logp).sum(-1).mean()
 
 
 # ------------------------------------------------------------------ evaluation
@@ -333,7 +441,7 @@ def validate(model, processor, batcher, cfg: VLMTrainConfig, n: int | None = Non
         items = [make_item(cfg.val_seed, "val", i, canvas="random" if i % 3 == 0 else (448, 448)) for i in range(s, min(n, s + bs))]
         feats, grids = visual_tokens(model, processor, [it.image for it in items])
         qs = [[(it.record["question"], it.record["answers"][0], it.record["type"], [])] for it in items]
-        inputs, pos, mask, targets, types, _, _ = batcher.build(feats, grids, qs, [torch.arange(h * w) for h, w in grids])
+        inputs, pos, mask, targets, types, _ = batcher.build(feats, grids, qs, [torch.arange(h * w) for h, w in grids])
         logits = model.lm_head(model.model.language_model(inputs_embeds=inputs, position_ids=pos, attention_mask=mask).last_hidden_state)
         pred = logits.argmax(-1)
         for i in range(len(items)):
@@ -379,9 +487,12 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
 
     torch.manual_seed(cfg.seed)
     model, processor = build_embedded(seed=cfg.seed)
-    # Attention weights are needed for the auxiliary loss: eager attention in the LM while training
-    # (the saved config keeps sdpa; both use the same additive masks).
-    model.model.language_model.set_attn_implementation("eager")
+    # The auxiliary loss reads head-0 attention rows: sdpa plus a recorder while training
+    # (the saved config says plain sdpa; both use the same additive masks).
+    heads = {layer: (0,) for layer in (0, *cfg.attn_layers)}
+    heads[cfg.count_head[0]] = tuple(sorted({*heads.get(cfg.count_head[0], ()), cfg.count_head[1]}))
+    recorder = AttentionRecorder(model.model.language_model, heads)
+    model.model.language_model.set_attn_implementation(SUPERVISED_SDPA)
     model.train()
     head = DenseHead(model, processor.tokenizer, cfg.letter_weight)
     batcher = Batcher(model, processor)
@@ -420,35 +531,31 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
             lr = lr_at(state["step"], total, cfg.lr[k], cfg.warmup)
             for g in opt.param_groups:
                 g["lr"] = lr
-            letter_rate = cfg.vision_letter_rate if stage == "vision" else P_LETTER
-            items = [training_item(cfg, state["item"] + i, letter_rate) for i in range(cfg.images_per_step[k])]
-            state["item"] += len(items)
-            images = [it[0] for it in items]
-            if stage == "vision" and cfg.vision_crop:
-                rng = np.random.default_rng([cfg.seed, 11, state["item"]])
-                images, labels = zip(*(c for it in items for c in crops_for_vision(it[0], it[1], cfg.vision_crop, rng)))
-            elif stage != "language":
-                labels = [dense_labels(it[1], *(im.height // CELL_PX, im.width // CELL_PX)) for it, im in zip(items, images)]
-            with torch.set_grad_enabled(stage != "language"):
-                feats, grids = visual_tokens(model, processor, images)
-            loss_dense = torch.zeros(())
-            if stage != "language":
-                loss_dense = sum(head(f, lab) for f, lab in zip(feats, labels)) / len(labels)
-            loss_answer = torch.zeros(())
-            loss_attn = torch.zeros(())
+            loss_dense = loss_answer = loss_attn = torch.zeros(())
             acc = float("nan")
+            if stage != "language":
+                loss_dense = dense_loss(model, processor, head, cfg, state["item"], cfg.images_per_step[k])
+                state["item"] += cfg.images_per_step[k]
             if stage != "vision":
+                items = [training_item(cfg, state["item"] + i) for i in range(cfg.images_per_step[k])]
+                state["item"] += len(items)
+                with torch.no_grad():  # the LM's gradient never reaches the tower (see the module docstring)
+                    feats, grids = visual_tokens(model, processor, [it[0] for it in items])
                 keep = [choose_kept(it[2], h, w, gen, cfg) for it, (h, w) in zip(items, grids)]
-                inputs, pos, mask, targets, _, sup, word_sup = batcher.build(feats, grids, [it[2] for it in items], keep)
-                out = model.model.language_model(inputs_embeds=inputs, position_ids=pos, attention_mask=mask,
-                                                 output_attentions=cfg.attn_weight > 0)
+                inputs, pos, mask, targets, _, sup = batcher.build(feats, grids, [it[2] for it in items], keep)
+                rows, positions, index = sup.rows()
+                recorder.request(rows, positions)
+                out = model.model.language_model(inputs_embeds=inputs, position_ids=pos, attention_mask=mask)
+                recorder.rows = None
                 sel = targets >= 0
                 logits = model.lm_head(out.last_hidden_state[sel])
                 loss_answer = F.cross_entropy(logits, targets[sel])
-                if cfg.attn_weight > 0 and sup:
-                    loss_attn = attention_loss(out.attentions, sup, cfg.attn_layers)
-                if cfg.attn_weight > 0 and word_sup:
-                    loss_attn = loss_attn + attention_loss(out.attentions, word_sup, (0,))
+                if cfg.attn_weight > 0 and sup.cells:
+                    loss_attn = attention_loss(recorder.probs, sup.cells, index, cfg.attn_layers)
+                if cfg.attn_weight > 0 and sup.words:
+                    loss_attn = loss_attn + attention_loss(recorder.probs, sup.words, index, (0,))
+                if cfg.attn_weight > 0 and sup.count:
+                    loss_attn = loss_attn + count_loss(recorder.probs, sup.count, index, *cfg.count_head, cfg.count_sink)
                 acc = float((logits.argmax(-1) == targets[sel]).float().mean())
             loss = loss_answer + cfg.dense_weight * loss_dense + cfg.attn_weight * loss_attn
             opt.zero_grad(set_to_none=True)

@@ -45,7 +45,7 @@ def test_positions_match_get_rope_index_and_packed_questions_match_single_prompt
         # Positions of a single-question prompt == the model's own get_rope_index.
         q = items[1][2][0]
         n = grids[1][0] * grids[1][1]
-        _, pos, _, _, _, _, _ = batcher.build(feats[1:], grids[1:], [[q]], [torch.arange(n)])
+        _, pos, _, _, _, _ = batcher.build(feats[1:], grids[1:], [[q]], [torch.arange(n)])
         prefix, suffix = batcher.encode(q[0], n)
         ids = torch.tensor([prefix + suffix + [batcher.answer_id(q[1]), batcher.end_id]])
         grid_thw = processor.image_processor(images=[items[1][0]], return_tensors="pt")["image_grid_thw"]
@@ -54,7 +54,8 @@ def test_positions_match_get_rope_index_and_packed_questions_match_single_prompt
         # Four questions packed in one sequence (block mask) give the logits of four separate prompts.
         keep = [torch.arange(h * w)[::3] for h, w in grids]
         qs = [it[2][:4] for it in items]
-        inputs, pos, mask, targets, types, sup, word_sup = batcher.build(feats, grids, qs, keep)
+        inputs, pos, mask, targets, types, supervision = batcher.build(feats, grids, qs, keep)
+        sup, word_sup = supervision.cells, supervision.words
         # Attention supervision points at the answer positions and at the kept answer cells.
         assert sup and all(types[r][p] is not None for r, p, _ in sup)
         assert all(int(c.min()) >= 0 and int(c.max()) < inputs.shape[1] for _, _, c in sup)
@@ -69,7 +70,7 @@ def test_positions_match_get_rope_index_and_packed_questions_match_single_prompt
             at = [j for j, t in enumerate(types[i]) if t is not None]
             assert len(at) == 4 and all(types[i][j] in QUESTION_TYPES for j in at)
             for s, question in enumerate(qs[i]):
-                x, p, m, _, ty, _, _ = batcher.build([feats[i]], [grids[i]], [[question]], [keep[i]])
+                x, p, m, _, ty, _ = batcher.build([feats[i]], [grids[i]], [[question]], [keep[i]])
                 single = model.lm_head(lm(inputs_embeds=x, position_ids=p, attention_mask=m).last_hidden_state)
                 j = [k for k, t in enumerate(ty[0]) if t is not None][0]
                 assert torch.allclose(single[0, j], logits[i, at[s]], atol=1e-5)
@@ -92,3 +93,65 @@ def test_chat_prompt_has_qwen_layout(embedded):
     text = render_prompt(processor, 1, "What color is the star?")
     assert text.endswith("What color is the star?<|im_end|>\n<|im_start|>assistant\n")
     assert "<|vision_start|><|image_pad|><|vision_end|>" in text
+
+
+def test_recorded_attention_rows_equal_eager_attention_weights():
+    from arr_coc.train_vlm import SUPERVISED_SDPA, AttentionRecorder
+
+    model, processor = build_embedded(seed=3)
+    model.eval()
+    lm = model.model.language_model
+    batcher = Batcher(model, processor)
+    cfg = VLMTrainConfig()
+    items = [training_item(cfg, i) for i in range(2)]
+    feats, grids = visual_tokens(model, processor, [it[0] for it in items])
+    keep = [torch.arange(h * w)[::2] for h, w in grids]
+    with torch.no_grad():
+        inputs, pos, mask, _, _, sup = batcher.build(feats, grids, [it[2][:3] for it in items], keep)
+        lm.set_attn_implementation("eager")
+        ref = lm(inputs_embeds=inputs, position_ids=pos, attention_mask=mask, output_attentions=True)
+        recorder = AttentionRecorder(lm, {0: (0,), 2: (0, 4)})
+        lm.set_attn_implementation(SUPERVISED_SDPA)
+        rows, positions, _ = sup.rows()
+        recorder.request(rows, positions)
+        out = lm(inputs_embeds=inputs, position_ids=pos, attention_mask=mask)
+    assert len(rows) == 6 and set(recorder.probs) == {(0, 0), (2, 0), (2, 4)}
+    for layer, head in recorder.probs:
+        expected = ref.attentions[layer][rows, head, positions]
+        assert torch.allclose(recorder.probs[(layer, head)], expected, atol=1e-6)
+    assert torch.allclose(out.last_hidden_state, ref.last_hidden_state, atol=1e-5)  # the forward is plain sdpa
+
+
+def test_count_supervision_marks_one_centre_cell_per_counted_object(embedded):
+    from arr_coc.train_vlm import centre_cells, count_loss
+
+    model, processor = embedded
+    batcher = Batcher(model, processor)
+    cfg = VLMTrainConfig()
+    image, scene, questions = training_item(cfg, 0)
+    gh, gw = image.height // 28, image.width // 28
+    shape = next(o.shape for o in scene.objects)
+    n = sum(o.shape == shape for o in scene.objects)
+    boxes = [o.box for o in scene.objects if o.shape == shape]
+    count_q = (f"How many {shape}s are there?", str(n), "count", boxes)
+    zero = next(s for s in SHAPES if all(o.shape != s for o in scene.objects)) if n < len(scene.objects) else None
+    qs = [count_q] + ([(f"How many {zero}s are there?", "0", "count", [])] if zero else [])
+    feats, grids = visual_tokens(model, processor, [image])
+    _, _, _, _, _, sup = batcher.build(feats, grids, [qs], [torch.arange(gh * gw)])
+    assert len(sup.count) == len(qs)
+    n_text = len(batcher.encode(qs[0][0], 0)[0])
+    assert sorted(int(c) - n_text for c in sup.count[0][2]) == sorted(centre_cells(boxes, gh, gw))
+    assert len(sup.count[0][2]) == n
+    if zero:
+        assert sup.count[1][2].numel() == 0
+    # The loss is minimal (the target's entropy) exactly at the target distribution.
+    _, _, index = sup.rows()
+    L = int(sup.count[0][1]) + 1
+    target = torch.zeros(len(index), L)
+    for r, p, cells in sup.count:
+        target[index[(r, p)], 0] = 5.0
+        target[index[(r, p)], cells] = 1.0
+    target = target / target.sum(-1, keepdim=True).clamp_min(1)
+    uniform = torch.full_like(target, 1.0 / L)
+    at_target = count_loss({(2, 1): target}, sup.count, index, 2, 1, 5.0)
+    assert at_target < count_loss({(2, 1): uniform}, sup.count, index, 2, 1, 5.0)
