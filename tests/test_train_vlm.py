@@ -155,3 +155,25 @@ def test_count_supervision_marks_one_centre_cell_per_counted_object(embedded):
     uniform = torch.full_like(target, 1.0 / L)
     at_target = count_loss({(2, 1): target}, sup.count, index, 2, 1, 5.0)
     assert at_target < count_loss({(2, 1): uniform}, sup.count, index, 2, 1, 5.0)
+
+
+def test_vision_tiles_are_aligned_with_their_labels():
+    import numpy as np
+
+    from arr_coc.data.shapesvqa import COLORS
+    from arr_coc.train_vlm import crops_for_vision
+
+    cfg = VLMTrainConfig()
+    image, scene, _ = training_item(cfg, 3, letter_rate=0.9)
+    tiles = crops_for_vision(image, scene, 8, np.random.default_rng(0))
+    assert len(tiles) >= (image.height // 224) * (image.width // 224)
+    checked = 0
+    for tile, labels in tiles:
+        assert tile.size == (224, 224) and labels["color"].shape == (64,)
+        pixels = np.asarray(tile, dtype=np.int32).reshape(8, 28, 8, 28, 3).transpose(0, 2, 1, 3, 4).reshape(64, -1, 3)
+        for cell in labels["color"].nonzero()[:, 0].tolist():
+            rgb = np.asarray(COLORS[COLOR_NAMES[int(labels["color"][cell]) - 1]])
+            near = (np.abs(pixels[cell] - rgb).max(axis=1) <= 20).mean()
+            assert near > 0.05, f"cell {cell} labelled {COLOR_NAMES[int(labels['color'][cell]) - 1]} has no such pixels"
+            checked += 1
+    assert checked > 10
