@@ -334,6 +334,7 @@ def evaluate(wrapper: Any, records: Sequence[Any], methods: Sequence[str], budge
             "latency_s_median": "per item: processor + vision tower + selection + rewrite + LM prefill; median "
                                 "over batches",
             "coverage": "share of the JSONL boxes' cells kept, mean over items with boxes; null for downscale",
+            "full_coverage": "share of the items with boxes whose box cells were all kept; null for downscale",
             "total_tokens_mean": "visual tokens of the ORIGINAL image (downscale reports its smaller image's "
                                  "tokens as kept)",
             "keep_all": "a budget that keeps every token of every image runs no selector: that row repeats none",
@@ -454,6 +455,8 @@ def _summarise(method: str, budget: float | int, r: _Rows) -> dict[str, Any]:
         "budget": budget,
         "accuracy": _mean(r.correct),
         "coverage": _mean(r.coverage) if method != "downscale" else None,
+        # share of items with boxes whose answer cells were ALL kept
+        "full_coverage": _mean([float(c == 1.0) for c in r.coverage]) if method != "downscale" else None,
         "kept_tokens_mean": kept,
         "total_tokens_mean": total,
         "prefill_flops_mean": _mean(r.prefill_flops),

@@ -71,11 +71,12 @@ def test_eval_end_to_end_writes_results_table_and_plot(split, model_dir, tmp_pat
         elif method != "downscale":
             assert r["kept_tokens_mean"] == resolve_budget(0.1, int(n_tokens))
             assert r["prefill_flops_mean"] < rows[("none", 1.0)]["prefill_flops_mean"]
-            assert 0.0 <= r["coverage"] <= 1.0
+            assert 0.0 <= r["full_coverage"] <= r["coverage"] <= 1.0
         else:
             assert r["coverage"] is None and abs(r["kept_tokens_mean"] - 0.1 * n_tokens) <= 0.2 * 0.1 * n_tokens
     # the oracle keeps the answer's cells first: the ceiling of coverage
     assert rows[("oracle", 0.1)]["coverage"] >= 0.9
+    assert rows[("oracle", 1.0)]["full_coverage"] == 1.0 and rows[("random", 0.1)]["full_coverage"] < 0.5
     assert all(rows[("oracle", 0.1)]["coverage"] >= rows[(m, 0.1)]["coverage"] for m in methods if m != "downscale")
     # FastV and VisionZip pay for their extra work; random and grid pay nothing
     assert rows[("fastv", 0.1)]["selector_flops_mean"] > 0 and rows[("visionzip", 0.1)]["selector_flops_mean"] > 0
