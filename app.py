@@ -78,7 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Qwen2-VL / Qwen2.5-VL / Qwen3-VL hub id or local folder (default: the embedded model "
                         "in checkpoints/shapes-qwen2vl)")
     p.add_argument("--arr-coc", dest="arr_coc", default=None,
-                   help="trained ARR-COC layer folder (default: one under checkpoints/ if present, else untrained)")
+                   help="trained ARR-COC layer folder, or 'untrained' (default: the trained layer shipped under "
+                        "checkpoints/ for the embedded model, else untrained)")
     p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1, ...")
     p.add_argument("--host", default=default_host(),
                    help="interface to listen on (default 127.0.0.1; 0.0.0.0 on a Hugging Face Space or when "
@@ -99,6 +100,7 @@ class Microscope:
     model_name: str
     methods: list[str]               # SELECTORS at start-up, "arr_coc" first
     max_new_tokens: int = 32
+    layer_name: str = "untrained"    # which ARR-COC scorer weights: "trained (<folder>)" or "untrained"
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -132,7 +134,7 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     """
     import torch
 
-    from arr_coc.cli_ask import default_layer_path
+    from arr_coc.cli_ask import resolve_layer
     from arr_coc.embedded import DEFAULT_CHECKPOINT
     from arr_coc.model import SELECTORS, ARRCOCQwen
 
@@ -142,7 +144,8 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     attempts = max(1, retries) if os.path.isdir(path) else 1
     for attempt in range(attempts):
         try:
-            wrapper = ARRCOCQwen.from_pretrained(path, arr_coc=arr_coc or default_layer_path(), device=device)
+            layer_path = resolve_layer(path, arr_coc)
+            wrapper = ARRCOCQwen.from_pretrained(path, arr_coc=layer_path, device=device)
             break
         except Exception:
             if attempt == attempts - 1:
@@ -156,7 +159,9 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     _register_anchor_methods()
     methods = ["arr_coc"] + sorted(m for m in SELECTORS if m != "arr_coc")
     name = "embedded ShapesVQA Qwen2-VL (checkpoints/shapes-qwen2vl)" if model is None else str(model)
-    return Microscope(wrapper=wrapper, model_name=name, methods=methods, max_new_tokens=int(max_new_tokens))
+    layer = f"trained ({os.path.relpath(layer_path)})" if layer_path else "untrained"
+    return Microscope(wrapper=wrapper, model_name=name, methods=methods, max_new_tokens=int(max_new_tokens),
+                      layer_name=layer)
 
 
 # ----------------------------------------------------------------------------- input checks
@@ -490,6 +495,7 @@ def trace_record(scope: Microscope, question: str, info: ImageInfo, method: str,
     """The downloadable trace: request, image handling, both runs, and ARR-COC's maps and decisions."""
     record: dict[str, Any] = {
         "model": scope.model_name,
+        "arr_coc_layer": scope.layer_name,
         "question": question,
         "request": {"arr_coc": arr_on, "method": method, "budget": budget, "adaptive": adaptive},
         "image": {"original_size": list(info.original_size or ()), "used_size": list(info.used_size or ()),
@@ -621,7 +627,7 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY, exampl
             "# ARR-COC microscope\n"
             "Ask a question about an image. The **baseline** VLM reads every visual token; **ARR-COC** keeps only "
             "the tokens its relevance map ranks highest for this question. Both answers come from the same model "
-            f"(`{scope.model_name}`), one instrumented forward pass each."
+            f"(`{scope.model_name}`), one instrumented forward pass each. ARR-COC layer: {scope.layer_name}."
         )
         with gr.Row(equal_height=False):
             with gr.Column(scale=4, min_width=320):

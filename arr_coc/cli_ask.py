@@ -43,6 +43,23 @@ def default_layer_path() -> str | None:
     return None
 
 
+UNTRAINED = "untrained"
+
+
+def resolve_layer(model_path: str, arr_coc: str | None) -> str | None:
+    """The ARR-COC layer a command should load: `arr_coc` if given ("untrained" -> the untrained
+    layer); by default the shipped trained layer, but only for the embedded model it was
+    trained against (its scorers read that model's 192-d embeddings)."""
+    if arr_coc == UNTRAINED:
+        return None
+    if arr_coc:
+        return arr_coc
+    embedded = default_model_path()
+    if embedded and os.path.isdir(model_path) and os.path.samefile(model_path, embedded):
+        return default_layer_path()
+    return None
+
+
 def _budget(text: str) -> float | int:
     """'0.1' -> share 0.1; '64' -> 64 tokens."""
     try:
@@ -64,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", default="arr_coc",
                         help="arr_coc (default), none (baseline, all tokens), or a registered anchor method")
     parser.add_argument("--arr-coc", dest="arr_coc", default=None,
-                        help="trained ARR-COC layer folder (default: the one under checkpoints/, else untrained)")
+                        help="trained ARR-COC layer folder, or 'untrained' (default: the trained layer shipped "
+                             "under checkpoints/ for the embedded model, else untrained)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -86,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from .model import ARRCOCQwen
 
     try:
-        wrapper = ARRCOCQwen.from_pretrained(model_path, arr_coc=args.arr_coc or default_layer_path(),
+        wrapper = ARRCOCQwen.from_pretrained(model_path, arr_coc=resolve_layer(model_path, args.arr_coc),
                                              device=args.device)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -48,3 +48,14 @@ def test_the_default_model_answers_one_question_quickly():
     assert isinstance(answer, str) and answer and "?" not in answer
     assert trace.kept_tokens == 64 and trace.total_tokens == 256
     assert elapsed < 10.0  # the target is < 2 s on an idle 2-core CPU; CI hosts may be busy
+
+
+def test_the_shipped_trained_layer_is_the_default_only_for_the_embedded_model(tmp_path):
+    from arr_coc.cli_ask import UNTRAINED, default_layer_path, resolve_layer
+
+    assert resolve_layer(DEFAULT_CHECKPOINT, UNTRAINED) is None
+    assert resolve_layer(DEFAULT_CHECKPOINT, "some/layer") == "some/layer"
+    # another model's embeddings do not fit the shipped scorers: untrained unless asked
+    assert resolve_layer(str(tmp_path), None) is None
+    assert resolve_layer("Qwen/Qwen2-VL-2B-Instruct", None) is None
+    assert resolve_layer(DEFAULT_CHECKPOINT, None) == default_layer_path()
