@@ -63,6 +63,7 @@ class TrainConfig:
     mask_temperature: tuple[float, float] = (0.5, 0.1)  # stage 2: soft-mask T (in relevance std units), start -> end
     budget_weight: float = 1.0     # stage 2: (soft kept share - budget share)^2 penalty
     budgets: tuple[float, ...] = (0.05, 0.1, 0.25)  # stage 2: budget drawn per step
+    rank_weight: float = 0.0       # stage 2: + this x stage 1's ranking loss (keeps the answer's cells covered)
     val_fraction: float = 0.1
     eval_every: int = 50
 
@@ -296,7 +297,11 @@ def train(cfg: TrainConfig, model_path: str, data: str, init: str | None = None,
             temperature = t0 * (t1 / t0) ** (step / max(1, cfg.steps - 1))
             ans, penalty, share = answer_loss(wrapper, items, maps["relevance"], budget, temperature)
             loss = ans + cfg.budget_weight * penalty
-            rec.update(budget=budget, temperature=temperature, soft_kept_share=share, answer_loss=float(ans))
+            if cfg.rank_weight:
+                rank = ranking_loss(maps["relevance"], maps["valid"], maps["target"], cfg.tau)
+                loss = loss + cfg.rank_weight * rank
+                rec.update(ranking_loss=float(rank.detach()))
+            rec.update(budget=budget, temperature=temperature, soft_kept_share=share, answer_loss=float(ans.detach()))
         opt.zero_grad(set_to_none=True)
         (accelerator.backward(loss) if accelerator is not None else loss.backward())
         grad_norm = float(torch.nn.utils.clip_grad_norm_(layer.parameters(), cfg.grad_clip))
@@ -375,13 +380,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=d.lr)
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--eval-every", type=int, default=d.eval_every)
+    parser.add_argument("--rank-weight", type=float, default=d.rank_weight,
+                        help="stage 2: add this x the stage-1 ranking loss on the boxes (0 = answer loss only)")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--stop-after", type=int, default=None, help="stop at this step (continue later with --resume)")
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(stage=args.stage, out=args.out, seed=args.seed, steps=args.steps, batch_size=args.batch_size,
-                      lr=args.lr, eval_every=args.eval_every)
+                      lr=args.lr, eval_every=args.eval_every, rank_weight=args.rank_weight)
     os.makedirs(cfg.out, exist_ok=True)
     train(cfg, args.model, args.data, init=args.init, resume=args.resume, stop_after=args.stop_after)
     return 0

@@ -86,3 +86,15 @@ def test_checkpoint_round_trips_and_resume_continues_the_same_run(setup, tmp_pat
     b = ARRCOCLayer.from_pretrained(resumed.out).state_dict()
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     assert ARRCOCLayer.from_pretrained(straight.out).config.strict is False  # shipped layers degrade gracefully
+
+
+def test_stage2_can_keep_stage1s_ranking_loss_as_an_auxiliary_term(setup, tmp_path):
+    wrapper, data = setup
+    plain = train(_cfg(tmp_path / "a", stage=2, steps=2), "", data, progress=False, wrapper=wrapper)
+    assert "ranking_loss" not in plain["log"][0]
+    state = train(_cfg(tmp_path / "b", stage=2, steps=2, rank_weight=0.5), "", data, progress=False, wrapper=wrapper)
+    for rec in state["log"]:
+        # loss = answer + budget penalty (>= 0) + 0.5 x ranking
+        assert rec["ranking_loss"] > 0
+        assert rec["loss"] >= rec["answer_loss"] + 0.5 * rec["ranking_loss"] - 1e-5
+        assert rec["loss"] <= rec["answer_loss"] + 0.5 * rec["ranking_loss"] + 1.0
