@@ -164,9 +164,13 @@ def _masked_standardise(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 class ParticipatoryScorer(nn.Module):
     """Participatory knowing: how much each cell couples with the question.
 
-    Learned path: cross-attention logits between cell features (texture channels)
-    and the question's token embeddings, aggregated over tokens by a learnable mix of
-    sum, max and mean. Training-free path (`visual_tokens` given): `embedding_relevance`.
+    Learned path: cross-attention logits between cell features and the question's token
+    embeddings, aggregated over tokens by a learnable mix of sum, max and mean. A cell's
+    features are its texture channels plus, when `visual_tokens` are given, a projection
+    of the VLM's own visual token there: the texture knows colour, the VLM's token also
+    knows shape and letter. That projection starts at zero, so an untrained layer (and a
+    layer trained before it existed) scores exactly as without it.
+    Training-free path (`visual_tokens` given): `embedding_relevance`.
     Output: sigmoid(w_learned * learned + w_embed * embedding), [B, h, w].
     """
 
@@ -176,6 +180,10 @@ class ParticipatoryScorer(nn.Module):
         self.cell_proj = nn.Sequential(nn.Conv2d(c, d, 1), nn.GELU(), nn.Conv2d(d, d, 1))
         self.query_norm = nn.LayerNorm(config.query_dim, elementwise_affine=False)
         self.query_proj = nn.Linear(config.query_dim, d)
+        self.token_norm = nn.LayerNorm(config.query_dim, elementwise_affine=False)
+        self.token_proj = nn.Linear(config.query_dim, d)
+        nn.init.zeros_(self.token_proj.weight)
+        nn.init.zeros_(self.token_proj.bias)
         self.aggregation = nn.Parameter(torch.zeros(3))  # softmax over (sum, max, mean)
         self.learned_weight = nn.Parameter(torch.tensor(float(config.learned_weight)))
         self.embed_weight = nn.Parameter(torch.tensor(float(config.embed_weight)))
@@ -203,6 +211,8 @@ class ParticipatoryScorer(nn.Module):
             query_mask = torch.ones(query.shape[:2], dtype=torch.bool, device=query.device)
         mask = valid[:, None].to(texture.dtype)
         cells = self.cell_proj(texture * mask).flatten(2).transpose(1, 2)  # [B, N, d]
+        if visual_tokens is not None:
+            cells = cells + self.token_proj(self.token_norm(visual_tokens.float()))
         keys = self.query_proj(self.query_norm(query.float()))  # [B, L, d]
         logits = (cells @ keys.transpose(1, 2)) * self.scale  # [B, N, L]
         qm = query_mask[:, None, :].to(logits.dtype)

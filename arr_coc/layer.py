@@ -97,6 +97,9 @@ def _pad_tokens(tokens: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Ten
     return out, mask
 
 
+OPTIONAL_PREFIXES = ("participatory.token_proj.",)  # weights added later, zero-initialised (see from_pretrained)
+
+
 class ARRCOCLayer(nn.Module):
     def __init__(
         self,
@@ -316,7 +319,12 @@ class ARRCOCLayer(nn.Module):
         weights = os.path.join(folder, WEIGHTS_NAME)
         if not os.path.isfile(weights):
             raise FileNotFoundError(f"no {WEIGHTS_NAME} in {folder!s}; save the layer with save_pretrained first")
-        layer.load_state_dict(load_file(weights))
+        missing, unexpected = layer.load_state_dict(load_file(weights), strict=False)
+        # Layers saved before the participatory scorer read the VLM's tokens lack that projection;
+        # at its zero initialisation the layer scores exactly as they did.
+        missing = [k for k in missing if not k.startswith(OPTIONAL_PREFIXES)]
+        if missing or unexpected:
+            raise RuntimeError(f"{weights} does not fit this ARR-COC config: missing {missing}, unexpected {unexpected}")
         return layer
 
 
