@@ -126,7 +126,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=8, help="answer length limit (default: 8)")
     parser.add_argument("--fastv-layer", type=int, default=2, help="FastV's scoring layer K, 1-based (default: 2)")
     parser.add_argument("--arr-coc-weights", default=None,
-                        help="folder of trained ARR-COC weights for arr_coc_trained (skipped without it)")
+                        help="folder of trained ARR-COC weights for arr_coc_trained (default: the layer shipped under "
+                             "checkpoints/ when --model is the embedded model; otherwise skipped without it)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", required=True, help="results JSON path")
     parser.add_argument("--plot", default=None, help="accuracy vs. kept-token share plot (PNG)")
@@ -136,8 +137,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .cli_ask import resolve_layer
     from .data import read_jsonl
 
+    if args.arr_coc_weights is None:
+        args.arr_coc_weights = resolve_layer(args.model, None)  # the shipped trained layer, embedded model only
     try:
         methods, skipped = resolve_methods(args.methods, args.arr_coc_weights)
         records = read_jsonl(args.data)
@@ -157,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, fastv_layer=args.fastv_layer, arr_coc_weights=args.arr_coc_weights,
         progress=not args.quiet,
     )
-    report = {"model": args.model, "data": args.data, **report, "skipped": skipped}
+    report = {"model": args.model, "data": args.data, "arr_coc_weights": args.arr_coc_weights, **report,
+              "skipped": skipped}
     _write_json(report, args.out)
     print(f"wrote {args.out} ({len(report['results'])} rows, {report['n']} items)")
     if args.plot:
@@ -325,7 +330,8 @@ def evaluate(wrapper: Any, records: Sequence[Any], methods: Sequence[str], budge
         bar.close()
     results = [_summarise(method, budget, rows[(method, budget)]) for method, budget in configs]
     return {
-        "n": len(records), "results": results, "methods": list(methods), "budgets": list(budgets),
+        "n": len(records), "ids": [rec.id for rec in records], "results": results,
+        "methods": list(methods), "budgets": list(budgets),
         "seed": seed, "batch_size": batch_size, "fastv_layer": fastv_layer,
         "seconds": round(time.perf_counter() - t_start, 2),
         "notes": {
@@ -466,6 +472,8 @@ def _summarise(method: str, budget: float | int, r: _Rows) -> dict[str, Any]:
         "selector_flops_mean": _mean(r.selector_flops),
         "n": len(r.correct),
         "n_with_boxes": len(r.coverage),
+        # per item, in the report's `ids` order: what paired comparisons between methods need
+        "correct": [int(c) for c in r.correct],
     }
 
 
@@ -511,6 +519,49 @@ def accuracy_table(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def paired_difference(report: dict[str, Any], a: str, b: str, budget: float | int) -> dict[str, float] | None:
+    """Accuracy of method `a` minus method `b` at `budget` on the same items, with a 95% interval.
+
+    Paired over items (both methods answered the same questions), so the interval is much
+    tighter than two independent ones: diff +- 1.96 * sd(d_i) / sqrt(n), d_i = correct_a - correct_b.
+    Also counts the items only `a` got right (`wins`) and only `b` got right (`losses`).
+    """
+    def row(m):
+        return next((r for r in report["results"] if r["method"] == m and r["budget"] == budget), None) or (
+            next((r for r in report["results"] if r["method"] == m and r["budget"] == 1.0), None) if m == "none"
+            else None)
+
+    ra, rb = row(a), row(b)
+    if not ra or not rb or not ra.get("correct") or len(ra["correct"]) != len(rb.get("correct") or []):
+        return None
+    d = [x - y for x, y in zip(ra["correct"], rb["correct"])]
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / max(1, n - 1))
+    half = 1.96 * sd / math.sqrt(n)
+    return {"diff": mean, "low": mean - half, "high": mean + half, "wins": sum(x > 0 for x in d),
+            "losses": sum(x < 0 for x in d), "n": n}
+
+
+def paired_table(report: dict[str, Any], method: str) -> str:
+    """Markdown: `method` minus every other method, per pruned budget (paired 95% intervals)."""
+    budgets = [b for b in report.get("budgets", []) if b != 1.0]
+    others = [m for m in dict.fromkeys(r["method"] for r in report["results"]) if m not in (method, "none")]
+    if not budgets or not others or not any(r["method"] == method for r in report["results"]):
+        return ""
+    lines = [f"Accuracy of `{method}` minus each method on the same items (paired 95% interval; "
+             "items only it / only the other got right):", "",
+             "| vs. | " + " | ".join(_fmt_budget(b) for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
+    for other in others:
+        cells = []
+        for b in budgets:
+            p = paired_difference(report, method, other, b)
+            cells.append("–" if p is None else
+                         f"{p['diff']:+.3f} [{p['low']:+.3f}, {p['high']:+.3f}] {p['wins']}/{p['losses']}")
+        lines.append(f"| {other} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown_table(report: dict[str, Any]) -> str:
     """The README's tables: accuracy by budget, then every measured column."""
     out = [f"Accuracy (coverage of the answer's box cells) on {report['n']} items of `{report.get('data', '')}`, "
@@ -523,6 +574,10 @@ def markdown_table(report: dict[str, Any]) -> str:
             f"{_fmt(r['total_tokens_mean'], 1)} | {_fmt(r['accuracy'])} | {_fmt(r['coverage'], 2)} | "
             f"{_fmt((r['prefill_flops_mean'] or 0) / 1e9, 3)} | {_fmt((r.get('selector_flops_mean') or 0) / 1e9, 3)} | "
             f"{_fmt((r['latency_s_median'] or 0) * 1e3, 1)} |")
+    best = "arr_coc_trained" if any(r["method"] == "arr_coc_trained" for r in report["results"]) else "arr_coc"
+    paired = paired_table(report, best)
+    if paired:
+        out += ["", paired]
     if report.get("skipped"):
         out += ["", "Skipped: " + "; ".join(f"{k} ({v})" for k, v in report["skipped"].items())]
     return "\n".join(out) + "\n"

@@ -18,7 +18,7 @@ import torch
 
 from arr_coc.__main__ import main
 from arr_coc.attending import resolve_budget
-from arr_coc.eval import REQUIRED_KEYS, count_flops, parse_budgets, resolve_methods
+from arr_coc.eval import REQUIRED_KEYS, count_flops, paired_difference, parse_budgets, resolve_methods
 
 EMBEDDED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "shapes-qwen2vl")
 
@@ -84,6 +84,10 @@ def test_eval_end_to_end_writes_results_table_and_plot(split, model_dir, tmp_pat
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
     md = table.read_text()
     assert "| arr_coc |" in md and "| oracle |" in md and "prefill GFLOPs" in md
+    # per-item answers, in the report's item order: paired comparisons between methods
+    assert len(report["ids"]) == 20 and all(len(r["correct"]) == 20 for r in report["results"])
+    assert all(sum(r["correct"]) / 20 == pytest.approx(r["accuracy"]) for r in report["results"])
+    assert "minus each method on the same items" in md and "| oracle | " in md.split("minus each method")[1]
     print(f"eval of 20 items took {seconds:.1f} s")
 
 
@@ -154,3 +158,14 @@ def test_bench_tiny_preset_runs_in_seconds(tmp_path):
     assert full["kv_cache_bytes"] == 2 * tc["num_hidden_layers"] * tc["num_key_value_heads"] * head_dim * \
         full["total_tokens"] * 4
     assert "| 25% |" in md.read_text()
+
+
+def test_paired_difference_counts_items_each_method_alone_got_right():
+    rows = [{"method": "a", "budget": 0.1, "correct": [1, 1, 1, 0, 1, 1, 0, 1]},
+            {"method": "b", "budget": 0.1, "correct": [1, 0, 0, 0, 1, 1, 1, 0]},
+            {"method": "none", "budget": 1.0, "correct": [1, 1, 1, 1, 1, 1, 1, 1]}]
+    p = paired_difference({"results": rows}, "a", "b", 0.1)
+    assert (p["wins"], p["losses"], p["n"]) == (3, 1, 8) and p["diff"] == pytest.approx(2 / 8)
+    assert p["low"] < p["diff"] < p["high"] and p["low"] < 0   # 3 wins to 1 loss in 8 items is not significant
+    assert paired_difference({"results": rows}, "a", "none", 0.1)["diff"] == pytest.approx(-2 / 8)  # none: its 100% row
+    assert paired_difference({"results": rows}, "a", "missing", 0.1) is None
