@@ -584,7 +584,9 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 
 def write_plot(report: dict[str, Any], path: str) -> None:
-    """Accuracy (left) and coverage of the answer's cells (right) vs. kept-token share, every method.
+    """Three panels, one line per method: accuracy and coverage of the answer's cells against the
+    share of visual tokens kept, and accuracy against prefill FLOPs (the method's own work included,
+    as a share of the full-token prefill), where a selector that pays for its choice shows it.
 
     The oracle is drawn as the ceiling (dashed black), all tokens as a dotted line.
     """
@@ -593,13 +595,19 @@ def write_plot(report: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    full = next((r["prefill_flops_mean"] for r in report["results"] if r["method"] == "none"), None) or next(
+        (r["prefill_flops_mean"] for r in report["results"] if r["budget"] == 1.0), None)
     by_method: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in report["results"]:
         if r["accuracy"] is not None and r.get("kept_share") is not None:
-            by_method[r["method"]].append(r)
-    has_coverage = any(r.get("coverage") is not None for rs in by_method.values() for r in rs)
-    fig, axes = plt.subplots(1, 2 if has_coverage else 1, figsize=(13 if has_coverage else 7.5, 4.8), dpi=120,
-                             squeeze=False)
+            flops_share = r["prefill_flops_mean"] / full if full and r.get("prefill_flops_mean") else None
+            by_method[r["method"]].append({**r, "flops_share": flops_share})
+    panels = [("kept_share", "accuracy", "accuracy")]
+    if any(r.get("coverage") is not None for rs in by_method.values() for r in rs):
+        panels.append(("kept_share", "coverage", "coverage of the answer's box cells"))
+    if full:
+        panels.append(("flops_share", "accuracy", "accuracy"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.8), dpi=120, squeeze=False)
     styles = {"oracle": dict(color="black", linestyle="--", linewidth=2.2, marker="^", label="oracle (ceiling)"),
               "arr_coc": dict(color="tab:red", linewidth=2.4, marker="o", label="arr_coc"),
               "arr_coc_trained": dict(color="darkred", linewidth=2.4, marker="o", label="arr_coc_trained")}
@@ -607,11 +615,10 @@ def write_plot(report: dict[str, Any], path: str) -> None:
                "tab:cyan", "tab:gray", "gold", "navy", "teal"]
     colours = {m: palette[i % len(palette)] for i, m in enumerate(m for m in by_method if m not in styles)}
     ticks = sorted({float(b) for b in report.get("budgets", []) if isinstance(b, float)} | {1.0})
-    panels = [("accuracy", "accuracy"), ("coverage", "coverage of the answer's box cells")][: axes.shape[1]]
-    for ax, (key, label) in zip(axes[0], panels):
+    for ax, (xkey, key, label) in zip(axes[0], panels):
         top = 0.0
         for method, rs in by_method.items():
-            rs = sorted((r for r in rs if r.get(key) is not None), key=lambda r: r["kept_share"])
+            rs = sorted((r for r in rs if r.get(key) is not None and r.get(xkey)), key=lambda r: r[xkey])
             if not rs:
                 continue
             top = max([top] + [r[key] for r in rs])
@@ -619,15 +626,19 @@ def write_plot(report: dict[str, Any], path: str) -> None:
                 ax.axhline(rs[0][key], color="grey", linestyle=":", linewidth=1.5, label="none (all tokens)")
                 continue
             style = styles.get(method) or dict(marker=".", linewidth=1.3, label=method, color=colours[method])
-            ax.plot([r["kept_share"] for r in rs], [r[key] for r in rs], **style)
+            ax.plot([r[xkey] for r in rs], [r[key] for r in rs], **style)
         ax.set_xscale("log")
         ax.set_xticks(ticks)
         ax.set_xticklabels([f"{t * 100:g}%" for t in ticks])
         ax.minorticks_off()
         ax.set_ylim(0.0, min(1.02, top + 0.08) if top > 0 else 1.0)
-        ax.set_xlabel("visual tokens kept (share of the original image's tokens)")
+        if xkey == "kept_share":
+            ax.set_xlabel("visual tokens kept (share of the original image's tokens)")
+            ax.set_title(f"{label} vs. visual-token budget ({report['n']} items)", fontsize=10)
+        else:
+            ax.set_xlabel("prefill FLOPs incl. the method's own (share of the full-token prefill)")
+            ax.set_title(f"{label} vs. compute ({report['n']} items)", fontsize=10)
         ax.set_ylabel(label)
-        ax.set_title(f"{label} vs. visual-token budget ({report['n']} items)", fontsize=10)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="best", ncol=2)
     fig.tight_layout()
