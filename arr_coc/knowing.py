@@ -211,7 +211,9 @@ class ParticipatoryScorer(nn.Module):
             query_mask = torch.ones(query.shape[:2], dtype=torch.bool, device=query.device)
         mask = valid[:, None].to(texture.dtype)
         cells = self.cell_proj(texture * mask).flatten(2).transpose(1, 2)  # [B, N, d]
-        if visual_tokens is not None:
+        if visual_tokens is not None and (self.training or self.token_proj.weight.any() or self.token_proj.bias.any()):
+            # Skipped while the projection is still exactly zero (untrained): [N, D] x [D, d] is most of
+            # the layer's FLOPs on a 2B-sized VLM, and adding zero changes nothing.
             cells = cells + self.token_proj(self.token_norm(visual_tokens.float()))
         keys = self.query_proj(self.query_norm(query.float()))  # [B, L, d]
         logits = (cells @ keys.transpose(1, 2)) * self.scale  # [B, N, L]

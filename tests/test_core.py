@@ -314,6 +314,30 @@ def test_weights_survive_save_and_load_bit_exactly(tmp_path):
         ARRCOCLayer.from_pretrained(tmp_path / "nowhere")
 
 
+def test_layers_saved_before_the_token_projection_load_and_score_as_before(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    layer = ARRCOCLayer(ARRCOCConfig().with_query_dim(16)).eval()
+    im = scene(boxes=[((56, 56, 111, 111), (220, 40, 40))])
+    q, vis = [torch.randn(4, 16)], [torch.randn(256, 16)]
+    before = layer([im], [(16, 16)], query_embeds=q, visual_tokens=vis, budget=0.1)
+    layer.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    old = {k: v for k, v in load_file(weights).items() if not k.startswith("participatory.token_proj.")}
+    save_file(old, weights)
+    again = ARRCOCLayer.from_pretrained(tmp_path)
+    after = again([im], [(16, 16)], query_embeds=q, visual_tokens=vis, budget=0.1)
+    assert torch.equal(before.relevance, after.relevance) and torch.equal(before.kept_indices[0], after.kept_indices[0])
+    # A trained projection changes the scores; a file missing anything else is refused with the names.
+    with torch.no_grad():
+        again.participatory.token_proj.weight.normal_()
+    assert not torch.equal(again([im], [(16, 16)], query_embeds=q, visual_tokens=vis).relevance, after.relevance)
+    save_file({k: v for k, v in old.items() if not k.startswith("balancer.")}, weights)
+    with pytest.raises(RuntimeError, match="missing.*balancer"):
+        ARRCOCLayer.from_pretrained(tmp_path)
+
+
 def test_output_item_crops_one_image(layer):
     out = layer([torch.rand(3, 448, 448), torch.rand(3, 336, 560)], [(16, 16), (12, 20)], budget=0.1)
     one = out.item(1)
