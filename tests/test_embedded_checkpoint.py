@@ -59,3 +59,22 @@ def test_the_shipped_trained_layer_is_the_default_only_for_the_embedded_model(tm
     assert resolve_layer(str(tmp_path), None) is None
     assert resolve_layer("Qwen/Qwen2-VL-2B-Instruct", None) is None
     assert resolve_layer(DEFAULT_CHECKPOINT, None) == default_layer_path()
+
+
+def test_eval_of_the_shipped_model_on_20_items_is_fast_and_includes_the_trained_layer(tmp_path):
+    from arr_coc.__main__ import main
+    from arr_coc.cli_ask import default_layer_path
+    from arr_coc.data import write_split
+
+    split = str(write_split(tmp_path / "data", split="test", n=20, seed=11))
+    out = tmp_path / "results.json"
+    start = time.perf_counter()
+    assert main(["eval", "--data", split, "--methods", "none,random,arr_coc,arr_coc_trained", "--budgets", "0.1,1.0",
+                 "--out", str(out), "--quiet"]) == 0
+    assert time.perf_counter() - start < 60
+    report = json.loads(out.read_text())
+    assert report["n"] == 20 and report["arr_coc_weights"] == default_layer_path() is not None
+    rows = {(r["method"], r["budget"]): r for r in report["results"]}
+    assert {("none", 1.0), ("random", 0.1), ("arr_coc", 0.1), ("arr_coc_trained", 0.1)} <= set(rows)
+    assert rows[("arr_coc_trained", 0.1)]["kept_share"] == pytest.approx(0.1, abs=0.02)
+    assert rows[("none", 1.0)]["accuracy"] > 0.5  # the shipped model reads the image (text prior ~0.2)

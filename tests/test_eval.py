@@ -55,9 +55,16 @@ def test_eval_end_to_end_writes_results_table_and_plot(split, model_dir, tmp_pat
     assert code == 0
     report = json.loads(out.read_text())
     assert report["model"] == model_dir and report["data"] == split and report["n"] == 20
-    assert "arr_coc_trained" in report["skipped"] and "--arr-coc-weights" in report["skipped"]["arr_coc_trained"]
     rows = {(r["method"], r["budget"]): r for r in report["results"]}
     methods = ["random", "grid", "downscale", "fastv", "visionzip", "divprune", "cdpruner", "oracle", "arr_coc"]
+    from arr_coc.cli_ask import resolve_layer
+
+    shipped = resolve_layer(model_dir, None)
+    if shipped:  # the embedded model: `all` includes the trained layer shipped for it
+        assert report["arr_coc_weights"] == shipped and "arr_coc_trained" not in report["skipped"]
+        methods.append("arr_coc_trained")
+    else:        # any other model: skipped, with what to pass
+        assert "arr_coc_trained" in report["skipped"] and "--arr-coc-weights" in report["skipped"]["arr_coc_trained"]
     assert set(rows) == {("none", 1.0)} | {(m, b) for m in methods for b in (0.1, 1.0)}
     n_tokens = rows[("none", 1.0)]["total_tokens_mean"]
     for (method, budget), r in rows.items():
