@@ -224,7 +224,7 @@ def health(maps: dict[str, torch.Tensor], grids, grad_norm: float) -> list[str]:
     """Warnings: collapsed scores, exploding gradients, allocations collapsing to one region."""
     warnings = []
     rel, valid = maps["relevance"], maps["valid"]
-    std = float(rel[valid].std()) if valid.sum() > 1 else 0.0
+    std = float(rel[valid].detach().std()) if valid.sum() > 1 else 0.0
     if std < 1e-3:
         warnings.append(f"relevance collapsed (std {std:.2e})")
     if not math.isfinite(grad_norm) or grad_norm > 100:
@@ -307,7 +307,7 @@ def train(cfg: TrainConfig, model_path: str, data: str, init: str | None = None,
         grad_norm = float(torch.nn.utils.clip_grad_norm_(layer.parameters(), cfg.grad_clip))
         opt.step()
         state["step"] += 1
-        rec.update(loss=float(loss), grad_norm=grad_norm, seconds=time.perf_counter() - t_start)
+        rec.update(loss=float(loss.detach()), grad_norm=grad_norm, seconds=time.perf_counter() - t_start)
         for w in health(maps, [f.grid_hw for f in items], grad_norm):
             logger.warning("step %d: %s", step + 1, w)
             state["warnings"].append({"step": step + 1, "warning": w})
