@@ -313,11 +313,11 @@ def train(cfg: TrainConfig, model_path: str, data: str, init: str | None = None,
             state["warnings"].append({"step": step + 1, "warning": w})
         if state["step"] % cfg.eval_every == 0 or state["step"] == cfg.steps:
             rec["val_coverage"] = validate(layer, val_set)
-            bar.write(f"[stage {cfg.stage} step {state['step']}] loss {float(loss):.3f} val coverage "
+            bar.write(f"[stage {cfg.stage} step {state['step']}] loss {float(loss.detach()):.3f} val coverage "
                       + " ".join(f"{b}:{c:.3f}" for b, c in rec["val_coverage"].items()))
             save(layer, opt, state, cfg, state_path)
         state["log"].append(rec)
-        bar.set_postfix(loss=f"{float(loss):.3f}")
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
         bar.update(1)
     bar.close()
     save(layer, opt, state, cfg, state_path)

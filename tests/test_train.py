@@ -70,7 +70,7 @@ def test_stage2_gradients_reach_every_scorer_parameter_and_the_loss_falls(setup,
         loss, penalty, _ = answer_loss(wrapper, batch, batch_scores(layer, batch)["relevance"], 0.25, 0.3)
         (loss + penalty).backward()
         opt.step()
-        losses.append(float(loss + penalty))
+        losses.append(float((loss + penalty).detach()))
     assert all(b < a for a, b in zip(losses, losses[1:])) and losses[0] - losses[-1] > 1e-3, losses
 
 
