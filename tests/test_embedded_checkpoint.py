@@ -57,7 +57,7 @@ def test_the_shipped_trained_layer_is_the_default_only_for_the_embedded_model(tm
     assert resolve_layer(DEFAULT_CHECKPOINT, "some/layer") == "some/layer"
     # another model's embeddings do not fit the shipped scorers: untrained unless asked
     assert resolve_layer(str(tmp_path), None) is None
-    assert resolve_layer("Qwen/Qwen2-VL-2B-Instruct", None) is None
+    assert resolve_layer("some-org/not-a-local-folder", None) is None  # a hub-style id (never downloaded)
     assert resolve_layer(DEFAULT_CHECKPOINT, None) == default_layer_path()
 
 
