@@ -496,6 +496,11 @@ def _fmt(x: float | None, digits: int = 3) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+def _row(by: dict[tuple[str, Any], dict[str, Any]], method: str, budget: float | int) -> dict[str, Any] | None:
+    """The (method, budget) result; `none` runs once, at 1.0, and stands for every budget."""
+    return by.get((method, budget)) or (by.get((method, 1.0)) if method == "none" else None)
+
+
 def accuracy_table(report: dict[str, Any]) -> str:
     """Markdown pivot: one row per method, one column per budget, accuracy (coverage)."""
     budgets = report.get("budgets") or sorted({r["budget"] for r in report["results"]}, key=float)
@@ -509,7 +514,7 @@ def accuracy_table(report: dict[str, Any]) -> str:
     for m in methods:
         cells = []
         for b in cols:
-            r = by.get((m, b)) or (by.get((m, 1.0)) if m == "none" else None)
+            r = _row(by, m, b)
             if r is None or (m == "none" and b != 1.0):
                 cells.append("" if m == "none" else "–")
                 continue
@@ -526,12 +531,8 @@ def paired_difference(report: dict[str, Any], a: str, b: str, budget: float | in
     tighter than two independent ones: diff +- 1.96 * sd(d_i) / sqrt(n), d_i = correct_a - correct_b.
     Also counts the items only `a` got right (`wins`) and only `b` got right (`losses`).
     """
-    def row(m):
-        return next((r for r in report["results"] if r["method"] == m and r["budget"] == budget), None) or (
-            next((r for r in report["results"] if r["method"] == m and r["budget"] == 1.0), None) if m == "none"
-            else None)
-
-    ra, rb = row(a), row(b)
+    by = {(r["method"], r["budget"]): r for r in report["results"]}
+    ra, rb = _row(by, a, budget), _row(by, b, budget)
     if not ra or not rb or not ra.get("correct") or len(ra["correct"]) != len(rb.get("correct") or []):
         return None
     d = [x - y for x, y in zip(ra["correct"], rb["correct"])]
