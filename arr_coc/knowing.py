@@ -168,8 +168,12 @@ class ParticipatoryScorer(nn.Module):
     embeddings, aggregated over tokens by a learnable mix of sum, max and mean. A cell's
     features are its texture channels plus, when `visual_tokens` are given, a projection
     of the VLM's own visual token there: the texture knows colour, the VLM's token also
-    knows shape and letter. That projection starts at zero, so an untrained layer (and a
-    layer trained before it existed) scores exactly as without it.
+    knows shape and letter. Two more terms see what a per-token dot product cannot:
+    `context`, a 3x3 convolution over the cell features (an object's edge cells learn
+    from its centre), and `pair`, a one-hidden-layer MLP on cell + pooled question, which
+    can score a conjunction ("a red star": red AND star) above either half alone.
+    All three start at zero, so an untrained layer (and a layer trained before they
+    existed) scores exactly as without them.
     Training-free path (`visual_tokens` given): `embedding_relevance`.
     Output: sigmoid(w_learned * learned + w_embed * embedding), [B, h, w].
     """
@@ -182,8 +186,12 @@ class ParticipatoryScorer(nn.Module):
         self.query_proj = nn.Linear(config.query_dim, d)
         self.token_norm = nn.LayerNorm(config.query_dim, elementwise_affine=False)
         self.token_proj = nn.Linear(config.query_dim, d)
-        nn.init.zeros_(self.token_proj.weight)
-        nn.init.zeros_(self.token_proj.bias)
+        self.context = nn.Conv2d(d, d, 3, padding=1)
+        self.pair_query = nn.Linear(config.query_dim, d)
+        self.pair_out = nn.Linear(d, 1)
+        for zero in (self.token_proj, self.context, self.pair_out):
+            nn.init.zeros_(zero.weight)
+            nn.init.zeros_(zero.bias)
         self.aggregation = nn.Parameter(torch.zeros(3))  # softmax over (sum, max, mean)
         self.learned_weight = nn.Parameter(torch.tensor(float(config.learned_weight)))
         self.embed_weight = nn.Parameter(torch.tensor(float(config.embed_weight)))
@@ -215,7 +223,10 @@ class ParticipatoryScorer(nn.Module):
             # Skipped while the projection is still exactly zero (untrained): [N, D] x [D, d] is most of
             # the layer's FLOPs on a 2B-sized VLM, and adding zero changes nothing.
             cells = cells + self.token_proj(self.token_norm(visual_tokens.float()))
-        keys = self.query_proj(self.query_norm(query.float()))  # [B, L, d]
+        grid = cells.transpose(1, 2).reshape(b, -1, h, w) * mask  # zero outside the image, as the conv's padding
+        cells = cells + self.context(F.gelu(grid)).flatten(2).transpose(1, 2)
+        query_n = self.query_norm(query.float())
+        keys = self.query_proj(query_n)  # [B, L, d]
         logits = (cells @ keys.transpose(1, 2)) * self.scale  # [B, N, L]
         qm = query_mask[:, None, :].to(logits.dtype)
         n_tok = qm.sum(-1).clamp_min(1.0)
@@ -224,6 +235,8 @@ class ParticipatoryScorer(nn.Module):
         agg_mean = (logits * qm).sum(-1) / n_tok
         mix = torch.softmax(self.aggregation, 0)
         learned = mix[0] * agg_sum + mix[1] * agg_max + mix[2] * agg_mean  # [B, N]
+        pooled = (self.pair_query(query_n) * qm.transpose(1, 2)).sum(1) / n_tok  # [B, d] mean over question tokens
+        learned = learned + self.pair_out(F.gelu(cells + pooled[:, None])).squeeze(-1)
         logit = self.learned_weight * learned
         if visual_tokens is not None:
             logit = logit + self.embed_weight * embedding_relevance(

@@ -97,7 +97,8 @@ def _pad_tokens(tokens: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Ten
     return out, mask
 
 
-OPTIONAL_PREFIXES = ("participatory.token_proj.",)  # weights added later, zero-initialised (see from_pretrained)
+OPTIONAL_PREFIXES = ("participatory.token_proj.", "participatory.context.", "participatory.pair_query.",
+                     "participatory.pair_out.")  # weights added later, zero-initialised (see from_pretrained)
 
 
 class ARRCOCLayer(nn.Module):

@@ -180,16 +180,22 @@ def test_adaptive_mode_in_the_layer_respects_bounds():
         assert resolve_budget(0.1, h * w) <= k <= resolve_budget(0.3, h * w)
 
 
-def test_batch_of_two_sizes_with_their_own_budgets_equals_each_alone(layer):
+@pytest.mark.parametrize("trained", [False, True], ids=["untrained", "trained-participatory"])
+def test_batch_of_two_sizes_with_their_own_budgets_equals_each_alone(layer, trained):
     a = scene(boxes=[((56, 56, 111, 111), (220, 40, 40))])
     b = scene(size=(560, 336), bg=(40, 50, 60), boxes=[((300, 150, 340, 190), (40, 200, 210))])
     g = torch.Generator().manual_seed(0)
     qa, qb = torch.randn(5, 64, generator=g), torch.randn(9, 64, generator=g)
-    both = layer([a, b], [(16, 16), (12, 20)], query_embeds=[qa, qb], budget=[0.1, 9])
+    va, vb = torch.randn(256, 64, generator=g), torch.randn(240, 64, generator=g)
+    if trained:  # the zero-initialised participatory weights (incl. the 3x3 context conv) as after training
+        with torch.no_grad():
+            for module in (layer.participatory.token_proj, layer.participatory.context, layer.participatory.pair_out):
+                module.weight.normal_(0.0, 0.3, generator=g)
+    both = layer([a, b], [(16, 16), (12, 20)], query_embeds=[qa, qb], visual_tokens=[va, vb], budget=[0.1, 9])
     assert both.budgets.tolist() == [26, 9]
     assert both.keep_mask.shape == (2, 16, 20) and both.keep_mask[1, 12:].sum() == 0
-    for i, (im, q, hw, bud) in enumerate([(a, qa, (16, 16), 0.1), (b, qb, (12, 20), 9)]):
-        alone = layer([im], [hw], query_embeds=[q], budget=bud)
+    for i, (im, q, v, hw, bud) in enumerate([(a, qa, va, (16, 16), 0.1), (b, qb, vb, (12, 20), 9)]):
+        alone = layer([im], [hw], query_embeds=[q], visual_tokens=[v], budget=bud)
         h, w = hw
         assert torch.equal(both.kept_indices[i], alone.kept_indices[0])
         assert torch.allclose(both.relevance[i, :h, :w], alone.relevance[0], atol=1e-6)
@@ -220,13 +226,23 @@ def test_gradients_reach_every_learnable_parameter_from_the_relevance_map():
     vis = torch.randn(2, 256, 16, generator=g)
     target = torch.zeros(2, 16, 16)
     target[:, 2:4, 2:4] = 1.0
-    rel = layer.score(tex, valid, query, qmask, vis)["relevance"]
-    loss = torch.nn.functional.binary_cross_entropy(rel.clamp(1e-4, 1 - 1e-4), target)
-    loss.backward()
     params = dict(layer.named_parameters())
     assert len(params) > 10
-    missing = [n for n, p in params.items() if p.grad is None or p.grad.abs().sum() == 0]
-    assert not missing, f"no gradient reaches {missing}"
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    reached = set()
+    # Two steps: a zero-initialised output layer (the pair MLP's) passes no gradient to the layer
+    # before it until its own weights have moved once; everything else is reached on the first.
+    for step in range(2):
+        opt.zero_grad()
+        rel = layer.score(tex, valid, query, qmask, vis)["relevance"]
+        loss = torch.nn.functional.binary_cross_entropy(rel.clamp(1e-4, 1 - 1e-4), target)
+        loss.backward()
+        now = {n for n, p in params.items() if p.grad is not None and p.grad.abs().sum() > 0}
+        if step == 0:
+            assert now >= set(params) - {"participatory.pair_query.weight", "participatory.pair_query.bias"}
+        reached |= now
+        opt.step()
+    assert reached == set(params), f"no gradient reaches {sorted(set(params) - reached)}"
     assert grids  # same grids as the forward path uses
 
 
@@ -314,8 +330,10 @@ def test_weights_survive_save_and_load_bit_exactly(tmp_path):
         ARRCOCLayer.from_pretrained(tmp_path / "nowhere")
 
 
-def test_layers_saved_before_the_token_projection_load_and_score_as_before(tmp_path):
+def test_layers_saved_before_the_later_participatory_weights_load_and_score_as_before(tmp_path):
     from safetensors.torch import load_file, save_file
+
+    from arr_coc.layer import OPTIONAL_PREFIXES
 
     torch.manual_seed(0)
     layer = ARRCOCLayer(ARRCOCConfig().with_query_dim(16)).eval()
@@ -324,15 +342,18 @@ def test_layers_saved_before_the_token_projection_load_and_score_as_before(tmp_p
     before = layer([im], [(16, 16)], query_embeds=q, visual_tokens=vis, budget=0.1)
     layer.save_pretrained(tmp_path)
     weights = tmp_path / "model.safetensors"
-    old = {k: v for k, v in load_file(weights).items() if not k.startswith("participatory.token_proj.")}
+    old = {k: v for k, v in load_file(weights).items() if not k.startswith(OPTIONAL_PREFIXES)}
+    assert len(old) < len(load_file(weights)) - 6  # token_proj, context, pair_query, pair_out: 2 tensors each
     save_file(old, weights)
     again = ARRCOCLayer.from_pretrained(tmp_path)
     after = again([im], [(16, 16)], query_embeds=q, visual_tokens=vis, budget=0.1)
     assert torch.equal(before.relevance, after.relevance) and torch.equal(before.kept_indices[0], after.kept_indices[0])
-    # A trained projection changes the scores; a file missing anything else is refused with the names.
-    with torch.no_grad():
-        again.participatory.token_proj.weight.normal_()
-    assert not torch.equal(again([im], [(16, 16)], query_embeds=q, visual_tokens=vis).relevance, after.relevance)
+    # Each of them, once trained, changes the scores; a file missing anything else is refused with the names.
+    for name in ("token_proj", "context", "pair_out"):
+        fresh = ARRCOCLayer.from_pretrained(tmp_path)
+        with torch.no_grad():
+            getattr(fresh.participatory, name).weight.normal_()
+        assert not torch.equal(fresh([im], [(16, 16)], query_embeds=q, visual_tokens=vis).relevance, after.relevance)
     save_file({k: v for k, v in old.items() if not k.startswith("balancer.")}, weights)
     with pytest.raises(RuntimeError, match="missing.*balancer"):
         ARRCOCLayer.from_pretrained(tmp_path)

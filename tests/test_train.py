@@ -58,8 +58,14 @@ def test_stage2_gradients_reach_every_scorer_parameter_and_the_loss_falls(setup,
     maps = batch_scores(layer, batch)
     loss, penalty, share = answer_loss(wrapper, batch, maps["relevance"], 0.25, 0.3)
     (loss + penalty).backward()
-    missing = [n for n, p in layer.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
-    assert not missing, f"no gradient reaches {missing}"
+    def reached():
+        return {n for n, p in layer.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+
+    # The pair MLP's input projection sits behind a zero-initialised output layer: it is reached
+    # once that layer has moved (checked after the steps below); everything else at once.
+    late = {"participatory.pair_query.weight", "participatory.pair_query.bias"}
+    everything = {n for n, _ in layer.named_parameters()}
+    assert reached() >= everything - late, f"no gradient reaches {sorted(everything - late - reached())}"
     assert 0.1 < share < 0.5  # the soft mask keeps about the budget
     # A few gradient steps on this fixed batch lower its loss (plain SGD: on a random VLM the
     # answer barely depends on the image, and Adam's normalised steps would overshoot that).
@@ -71,6 +77,8 @@ def test_stage2_gradients_reach_every_scorer_parameter_and_the_loss_falls(setup,
         (loss + penalty).backward()
         opt.step()
         losses.append(float((loss + penalty).detach()))
+        late -= reached()
+    assert not late, f"no gradient reaches {sorted(late)}"
     assert all(b < a for a, b in zip(losses, losses[1:])) and losses[0] - losses[-1] > 1e-3, losses
 
 
@@ -98,3 +106,4 @@ def test_stage2_can_keep_stage1s_ranking_loss_as_an_auxiliary_term(setup, tmp_pa
         assert rec["ranking_loss"] > 0
         assert rec["loss"] >= rec["answer_loss"] + 0.5 * rec["ranking_loss"] - 1e-5
         assert rec["loss"] <= rec["answer_loss"] + 0.5 * rec["ranking_loss"] + 1.0
+
