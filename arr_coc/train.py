@@ -240,21 +240,26 @@ def health(maps: dict[str, torch.Tensor], grids, grad_norm: float) -> list[str]:
     return warnings
 
 
-def train(cfg: TrainConfig, model_path: str, data: str, init: str | None = None, resume: bool = False,
+def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | None = None, resume: bool = False,
           progress: bool = True, wrapper=None, stop_after: int | None = None) -> dict:
-    """Run (or resume) one stage; `stop_after` ends this process early at that step (resumable)."""
+    """Run (or resume) one stage; `stop_after` ends this process early at that step (resumable).
+
+    `data` is one JSONL or several; the first `val_fraction` of each file is held out for validation.
+    """
     from tqdm import tqdm
 
     from .model import ARRCOCQwen
 
     torch.manual_seed(cfg.seed)
     wrapper = wrapper or ARRCOCQwen.from_pretrained(model_path)
-    records = [r for r in read_jsonl(data)]
-    if not records:
-        raise ValueError(f"{data} holds no records")
-    n_val = max(1, int(len(records) * cfg.val_fraction))
-    feats = extract_features(wrapper, records, progress=progress)
-    train_set, val_set = feats[n_val:], feats[:n_val]
+    train_set, val_set = [], []
+    for path in [data] if isinstance(data, str) else data:
+        records = list(read_jsonl(path))
+        if not records:
+            raise ValueError(f"{path} holds no records")
+        n_val = max(1, int(len(records) * cfg.val_fraction))
+        feats = extract_features(wrapper, records, progress=progress)
+        train_set, val_set = train_set + feats[n_val:], val_set + feats[:n_val]
     if cfg.stage == 1 and not any(f.target.any() for f in train_set):
         raise ValueError("stage 1 needs boxes in the JSONL records (the answer's pixel boxes); none were found")
 
@@ -273,6 +278,7 @@ def train(cfg: TrainConfig, model_path: str, data: str, init: str | None = None,
         opt.load_state_dict(saved["optimizer"])
         state = saved["state"]
         torch.set_rng_state(saved["rng"])
+    state.update(train_items=len(train_set), val_items=len(val_set))
     accelerator = _maybe_accelerator()
     if accelerator is not None:
         layer, opt = accelerator.prepare(layer, opt)
@@ -368,10 +374,12 @@ def _maybe_accelerator():
 # ---------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from .embedded import DEFAULT_CHECKPOINT
+    from .eval import parse_budgets
 
     d = TrainConfig()
     parser.add_argument("--model", default=DEFAULT_CHECKPOINT, help="VLM folder or hub id (frozen)")
-    parser.add_argument("--data", required=True, help="JSONL with answers and boxes (e.g. from gen-data)")
+    parser.add_argument("--data", required=True, nargs="+",
+                        help="JSONL file(s) with answers and boxes (e.g. from gen-data); 10%% of each is held out")
     parser.add_argument("--stage", type=int, choices=(1, 2), required=True)
     parser.add_argument("--out", default=d.out, help="folder for the trained layer (save_pretrained)")
     parser.add_argument("--init", default=None, help="start from this trained layer folder (e.g. stage 1 output)")
@@ -382,13 +390,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-every", type=int, default=d.eval_every)
     parser.add_argument("--rank-weight", type=float, default=d.rank_weight,
                         help="stage 2: add this x the stage-1 ranking loss on the boxes (0 = answer loss only)")
+    parser.add_argument("--budgets", type=lambda text: tuple(parse_budgets(text)), default=d.budgets,
+                        help="stage 2: comma-separated budgets (shares or counts), one drawn per step "
+                             "(default: 0.05,0.1,0.25)")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--stop-after", type=int, default=None, help="stop at this step (continue later with --resume)")
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(stage=args.stage, out=args.out, seed=args.seed, steps=args.steps, batch_size=args.batch_size,
-                      lr=args.lr, eval_every=args.eval_every, rank_weight=args.rank_weight)
+                      lr=args.lr, eval_every=args.eval_every, rank_weight=args.rank_weight, budgets=args.budgets)
     os.makedirs(cfg.out, exist_ok=True)
     train(cfg, args.model, args.data, init=args.init, resume=args.resume, stop_after=args.stop_after)
     return 0

@@ -107,3 +107,21 @@ def test_stage2_can_keep_stage1s_ranking_loss_as_an_auxiliary_term(setup, tmp_pa
         assert rec["loss"] >= rec["answer_loss"] + 0.5 * rec["ranking_loss"] - 1e-5
         assert rec["loss"] <= rec["answer_loss"] + 0.5 * rec["ranking_loss"] + 1.0
 
+
+def test_stage2_draws_only_the_given_budgets_and_holds_out_part_of_every_data_file(setup, tmp_path):
+    import argparse
+
+    from arr_coc.train import add_arguments
+
+    wrapper, data = setup
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--data", data, data, "--stage", "2", "--budgets", "0.05,0.1"])
+    assert args.data == [data, data] and args.budgets == (0.05, 0.1)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--data", data, "--stage", "2", "--budgets", "0.05,2.5"])  # neither a share nor a count
+
+    state = train(_cfg(tmp_path, stage=2, steps=6, budgets=args.budgets), "", args.data, progress=False, wrapper=wrapper)
+    assert {rec["budget"] for rec in state["log"]} <= {0.05, 0.1}
+    # 16 records per file, val_fraction 0.2: 3 held out of each file, so validation sees 6 items.
+    assert state["val_items"] == 6 and state["train_items"] == 26
