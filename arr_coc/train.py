@@ -73,7 +73,8 @@ class TrainConfig:
 class Features:
     """Fixed per-item inputs of the layer, from the frozen VLM (cached)."""
 
-    image: torch.Tensor          # [3, H, W] the resized image the VLM saw
+    image: torch.Tensor          # [3, H, W] uint8: the resized image the VLM saw (a quarter of float32's memory:
+                                 # 6,000 large-canvas items as float32 overflowed 24 GiB during stage 2)
     grid_hw: tuple[int, int]
     visual_tokens: torch.Tensor  # [h * w, D]
     query: torch.Tensor          # [L, D]
@@ -110,7 +111,8 @@ def extract_features(wrapper, records, progress: bool = True) -> list[Features]:
         boxes = [[b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy] for b in (rec.boxes or [])]
         size = (ctx.images[0].shape[-1], ctx.images[0].shape[-2])  # (W, H) as the VLM saw it
         target = torch.from_numpy(boxes_to_cell_mask(boxes, size, size[0] // w)).reshape(-1).bool()
-        feats.append(Features(ctx.images[0].float(), (h, w), ctx.visual_tokens[0].float(), ctx.query_embeds[0].float(),
+        pixels = (ctx.images[0].float().clamp(0, 1) * 255).round().to(torch.uint8)
+        feats.append(Features(pixels, (h, w), ctx.visual_tokens[0].float(), ctx.query_embeds[0].float(),
                               target, rec.answers[0], rec.question, str(rec.image),
                               inputs["input_ids"], inputs["image_grid_thw"]))
     return feats
@@ -122,7 +124,7 @@ def batch_scores(layer: ARRCOCLayer, items: list[Features]) -> dict[str, torch.T
 
     grids = [f.grid_hw for f in items]
     hm, wm = max(h for h, _ in grids), max(w for _, w in grids)
-    tex = _pad_grid(layer.textures([f.image for f in items], grids), hm, wm)
+    tex = _pad_grid(layer.textures([f.image.float() / 255 for f in items], grids), hm, wm)
     valid = _pad_grid([torch.ones(h, w, dtype=torch.bool) for h, w in grids], hm, wm)
     query, qmask = _pad_tokens([f.query for f in items])
     vis = _pad_grid([f.visual_tokens.T.reshape(-1, h, w) for f, (h, w) in zip(items, grids)], hm, wm)
