@@ -30,12 +30,14 @@ def main(folder: str, out: str) -> None:
         path = os.path.join(folder, f"training_log_stage{stage}.json")
         if os.path.isfile(path):
             with open(path) as f:
-                logs.append((stage, json.load(f)["log"]))
+                run = json.load(f)
+            note = f", validated on {run['val_items']} held-out items" if "val_items" in run else ""
+            logs.append((stage, run["log"], note))
     if not logs:
         raise SystemExit(f"no training_log_stage1.json / training_log_stage2.json in {folder}")
     fig, (ax_cov, ax_loss) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=110)
     offset = 0
-    for stage, log in logs:
+    for stage, log, note in logs:
         vals = [r for r in log if "val_coverage" in r]
         for budget, colour in zip(("0.05", "0.1", "0.25"), ("tab:red", "tab:orange", "tab:green")):
             ax_cov.plot([offset + r["step"] for r in vals], [r["val_coverage"][budget] for r in vals], "-o", ms=3,
@@ -51,11 +53,11 @@ def main(folder: str, out: str) -> None:
                              label="stage 2 ranking term")
         for ax in (ax_cov, ax_loss):
             ax.axvline(offset, color="grey", ls=":", lw=1)
-            ax.text(offset + 3, 0.02, f"stage {stage}", transform=ax.get_xaxis_transform(), fontsize=8, color="grey")
+            ax.text(offset + 3, 0.02, f"stage {stage}{note}", transform=ax.get_xaxis_transform(), fontsize=8, color="grey")
         offset += log[-1]["step"]
     ax_cov.set(xlabel="step", ylabel="share of the answer's cells kept", ylim=(0, 1.02),
                title="validation coverage of the answer's cells (top-k of relevance)")
-    ax_cov.legend(fontsize=8, loc="lower right")
+    ax_cov.legend(fontsize=8, loc="center right")
     ax_loss.set(xlabel="step", ylabel="loss (moving mean of 15 steps)", title="training losses")
     ax_loss.legend(fontsize=8)
     for ax in (ax_cov, ax_loss):
