@@ -199,6 +199,10 @@ class ParticipatoryScorer(nn.Module):
         self.embed_tau = config.embed_tau
         self.scale = 1.0 / math.sqrt(d)
 
+    def _active(self, module: nn.Module) -> bool:
+        """Training, or the module's weights have moved from their zero initialisation."""
+        return self.training or any(bool(p.any()) for p in module.parameters())
+
     def forward(
         self,
         texture: torch.Tensor,
@@ -219,12 +223,14 @@ class ParticipatoryScorer(nn.Module):
             query_mask = torch.ones(query.shape[:2], dtype=torch.bool, device=query.device)
         mask = valid[:, None].to(texture.dtype)
         cells = self.cell_proj(texture * mask).flatten(2).transpose(1, 2)  # [B, N, d]
-        if visual_tokens is not None and (self.training or self.token_proj.weight.any() or self.token_proj.bias.any()):
-            # Skipped while the projection is still exactly zero (untrained): [N, D] x [D, d] is most of
-            # the layer's FLOPs on a 2B-sized VLM, and adding zero changes nothing.
+        # The zero-initialised terms are skipped while they are still exactly zero (untrained): adding
+        # zero changes nothing, and on a 2B-sized VLM they would be most of the layer's FLOPs
+        # ([N, D] x [D, d] for the token projection alone).
+        if visual_tokens is not None and self._active(self.token_proj):
             cells = cells + self.token_proj(self.token_norm(visual_tokens.float()))
-        grid = cells.transpose(1, 2).reshape(b, -1, h, w) * mask  # zero outside the image, as the conv's padding
-        cells = cells + self.context(F.gelu(grid)).flatten(2).transpose(1, 2)
+        if self._active(self.context):
+            grid = cells.transpose(1, 2).reshape(b, -1, h, w) * mask  # zero outside the image, as the conv's padding
+            cells = cells + self.context(F.gelu(grid)).flatten(2).transpose(1, 2)
         query_n = self.query_norm(query.float())
         keys = self.query_proj(query_n)  # [B, L, d]
         logits = (cells @ keys.transpose(1, 2)) * self.scale  # [B, N, L]
@@ -235,8 +241,9 @@ class ParticipatoryScorer(nn.Module):
         agg_mean = (logits * qm).sum(-1) / n_tok
         mix = torch.softmax(self.aggregation, 0)
         learned = mix[0] * agg_sum + mix[1] * agg_max + mix[2] * agg_mean  # [B, N]
-        pooled = (self.pair_query(query_n) * qm.transpose(1, 2)).sum(1) / n_tok  # [B, d] mean over question tokens
-        learned = learned + self.pair_out(F.gelu(cells + pooled[:, None])).squeeze(-1)
+        if self._active(self.pair_out):
+            pooled = (self.pair_query(query_n) * qm.transpose(1, 2)).sum(1) / n_tok  # [B, d] mean over the question
+            learned = learned + self.pair_out(F.gelu(cells + pooled[:, None])).squeeze(-1)
         logit = self.learned_weight * learned
         if visual_tokens is not None:
             logit = logit + self.embed_weight * embedding_relevance(
