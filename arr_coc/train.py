@@ -315,17 +315,18 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
         grad_norm = float(torch.nn.utils.clip_grad_norm_(layer.parameters(), cfg.grad_clip))
         opt.step()
         state["step"] += 1
-        rec.update(loss=float(loss.detach()), grad_norm=grad_norm, seconds=time.perf_counter() - t_start)
+        loss_value = float(loss.detach())
+        rec.update(loss=loss_value, grad_norm=grad_norm, seconds=time.perf_counter() - t_start)
         for w in health(maps, [f.grid_hw for f in items], grad_norm):
             logger.warning("step %d: %s", step + 1, w)
             state["warnings"].append({"step": step + 1, "warning": w})
         if state["step"] % cfg.eval_every == 0 or state["step"] == cfg.steps:
             rec["val_coverage"] = validate(layer, val_set)
-            bar.write(f"[stage {cfg.stage} step {state['step']}] loss {float(loss.detach()):.3f} val coverage "
+            bar.write(f"[stage {cfg.stage} step {state['step']}] loss {loss_value:.3f} val coverage "
                       + " ".join(f"{b}:{c:.3f}" for b, c in rec["val_coverage"].items()))
             save(layer, opt, state, cfg, state_path)
         state["log"].append(rec)
-        bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+        bar.set_postfix(loss=f"{loss_value:.3f}")
         bar.update(1)
     bar.close()
     save(layer, opt, state, cfg, state_path)
