@@ -321,8 +321,8 @@ class ARRCOCLayer(nn.Module):
         if not os.path.isfile(weights):
             raise FileNotFoundError(f"no {WEIGHTS_NAME} in {folder!s}; save the layer with save_pretrained first")
         missing, unexpected = layer.load_state_dict(load_file(weights), strict=False)
-        # Layers saved before the participatory scorer read the VLM's tokens lack that projection;
-        # at its zero initialisation the layer scores exactly as they did.
+        # Layers saved before the participatory scorer gained its token projection, context conv and
+        # pair MLP lack those weights; at their zero initialisation the layer scores exactly as they did.
         missing = [k for k in missing if not k.startswith(OPTIONAL_PREFIXES)]
         if missing or unexpected:
             raise RuntimeError(f"{weights} does not fit this ARR-COC config: missing {missing}, unexpected {unexpected}")
