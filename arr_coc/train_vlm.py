@@ -55,6 +55,7 @@ from .embedded import CELL_PX, DEFAULT_CHECKPOINT, build_embedded
 from .processing import IM_END, IMAGE_TOKEN, render_prompt
 
 STAGES = ("vision", "language", "joint")
+LETTER_TILE_CELLS = 4
 
 
 @dataclass
@@ -80,6 +81,7 @@ class VLMTrainConfig:
     vision_crop: int = 8            # vision stage trains on 8 x 8-cell tiles of its scenes (0 = whole images)
     letter_weight: float = 2.0      # letters are the slowest attribute to learn ...
     vision_letter_rate: float = 0.9  # ... and rare (35% of eligible objects): the vision stage sees more
+    letter_tiles: int = 0           # per step, this many 4 x 4-cell tiles around lettered objects join the dense loss
     full_p: float = 0.35            # chance a sequence keeps every visual token
     val_items: int = 300
     val_seed: int = 99              # validation items: split "val", never the test seed
@@ -281,13 +283,7 @@ def visual_tokens(model, processor, images):
 
 
 def dense_labels(scene, gh: int, gw: int) -> dict[str, torch.Tensor]:
-    lab = cell_labels(scene, CELL_PX, min_cover=0.15)
-    return {
-        "color": torch.from_numpy(lab.color[:gh, :gw].reshape(-1)),
-        "shape": torch.from_numpy(lab.shape[:gh, :gw].reshape(-1)),
-        "letter": torch.from_numpy(lab.letter[:gh, :gw].reshape(-1)),
-        "centre": torch.from_numpy(centre_mask(scene, gh, gw).reshape(-1)),
-    }
+    return {k: torch.from_numpy(np.ascontiguousarray(a[:gh, :gw]).reshape(-1)) for k, a in _label_maps(scene, gh, gw).items()}
 
 
 def crops_for_vision(image, scene, cells: int, rng: np.random.Generator):
@@ -302,27 +298,55 @@ def crops_for_vision(image, scene, cells: int, rng: np.random.Generator):
     gh, gw = image.height // CELL_PX, image.width // CELL_PX
     ch, cw = min(cells, gh), min(cells, gw)
     r_off, c_off = int(rng.integers(0, gh % ch + 1)), int(rng.integers(0, gw % cw + 1))
-    lab = cell_labels(scene, CELL_PX, min_cover=0.15)
-    centre = centre_mask(scene, gh, gw)
+    maps = _label_maps(scene, gh, gw)
+    return [_tile(image, maps, r0, c0, ch, cw)
+            for r0 in range(r_off, gh - ch + 1, ch) for c0 in range(c_off, gw - cw + 1, cw)]
+
+
+def letter_tiles(image, scene, cells: int, rng: np.random.Generator):
+    """One `cells` x `cells` tile around each lettered object (random placement), with dense labels.
+
+    Letters are what the tower learns slowest: in whole scenes or 8 x 8 tiles most cells are
+    background or unlettered, so each step carries few letter cells. A 4 x 4 tile per lettered
+    object costs the tower 1/16 of a 448 px scene and is mostly glyph.
+    """
+    gh, gw = image.height // CELL_PX, image.width // CELL_PX
+    maps = _label_maps(scene, gh, gw)
     out = []
-    for r0 in range(r_off, gh - ch + 1, ch):
-        for c0 in range(c_off, gw - cw + 1, cw):
-            crop = image.crop((c0 * CELL_PX, r0 * CELL_PX, (c0 + cw) * CELL_PX, (r0 + ch) * CELL_PX))
-            window = lambda a: torch.from_numpy(np.ascontiguousarray(a[r0 : r0 + ch, c0 : c0 + cw]).reshape(-1))  # noqa: E731
-            out.append((crop, {"color": window(lab.color), "shape": window(lab.shape),
-                               "letter": window(lab.letter), "centre": window(centre)}))
+    for o in scene.objects:
+        x0, y0, x1, y1 = o.box
+        # First / last cell the box touches (x1, y1 exclusive); every tile placement that holds both.
+        c_lo, c_hi = max(0, int((x1 - 1) // CELL_PX) - cells + 1), min(gw - cells, int(x0 // CELL_PX))
+        r_lo, r_hi = max(0, int((y1 - 1) // CELL_PX) - cells + 1), min(gh - cells, int(y0 // CELL_PX))
+        if o.letter and c_lo <= c_hi and r_lo <= r_hi:
+            r0, c0 = int(rng.integers(r_lo, r_hi + 1)), int(rng.integers(c_lo, c_hi + 1))
+            out.append(_tile(image, maps, r0, c0, cells, cells))
     return out
 
 
+def _label_maps(scene, gh: int, gw: int) -> dict[str, np.ndarray]:
+    lab = cell_labels(scene, CELL_PX, min_cover=0.15)
+    return {"color": lab.color, "shape": lab.shape, "letter": lab.letter, "centre": centre_mask(scene, gh, gw)}
+
+
+def _tile(image, maps: dict[str, np.ndarray], r0: int, c0: int, ch: int, cw: int):
+    crop = image.crop((c0 * CELL_PX, r0 * CELL_PX, (c0 + cw) * CELL_PX, (r0 + ch) * CELL_PX))
+    return crop, {k: torch.from_numpy(np.ascontiguousarray(a[r0 : r0 + ch, c0 : c0 + cw]).reshape(-1)) for k, a in maps.items()}
+
+
 def dense_loss(model, processor, head: DenseHead, cfg: VLMTrainConfig, first: int, n: int) -> torch.Tensor:
-    """The vision tower's dense loss on training items first .. first + n - 1 (letter-rich scenes, tiled)."""
+    """The vision tower's dense loss on training items first .. first + n - 1 (letter-rich scenes, tiled),
+    plus `cfg.letter_tiles` letter-centred tiles cut from the same scenes."""
     items = [training_item(cfg, first + i, cfg.vision_letter_rate) for i in range(n)]
+    rng = np.random.default_rng([cfg.seed, 11, first])
     if cfg.vision_crop:
-        rng = np.random.default_rng([cfg.seed, 11, first])
-        images, labels = zip(*(t for it in items for t in crops_for_vision(it[0], it[1], cfg.vision_crop, rng)))
+        tiles = [t for it in items for t in crops_for_vision(it[0], it[1], cfg.vision_crop, rng)]
     else:
-        images = [it[0] for it in items]
-        labels = [dense_labels(it[1], im.height // CELL_PX, im.width // CELL_PX) for it, im in zip(items, images)]
+        tiles = [(it[0], dense_labels(it[1], it[0].height // CELL_PX, it[0].width // CELL_PX)) for it in items]
+    if cfg.letter_tiles:
+        extra = [t for it in items for t in letter_tiles(it[0], it[1], LETTER_TILE_CELLS, rng)]
+        tiles += [extra[i] for i in rng.permutation(len(extra))[: cfg.letter_tiles]]
+    images, labels = zip(*tiles)
     feats, _ = visual_tokens(model, processor, list(images))
     return sum(head(f, lab) for f, lab in zip(feats, labels)) / len(labels)
 
@@ -499,10 +523,7 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
     state = {"stage": 0, "step": 0, "item": 0, "elapsed": 0.0, "log": []}
     opt_state = None
     if cfg.init and not (resume and os.path.isfile(cfg.state)):
-        saved = torch.load(cfg.init, weights_only=True)  # another run's state: warm-start the weights only
-        model.load_state_dict(saved["model"])
-        head.load_state_dict(saved["head"])
-        state["item"] = saved["progress"]["item"]  # fresh training items, never repeats of that run's
+        state["item"] = warm_start(model, head, cfg.init)
         print(f"initialised from {cfg.init}")
     if resume and os.path.isfile(cfg.state):
         saved = torch.load(cfg.state, weights_only=True)
@@ -588,6 +609,21 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
     return state
 
 
+def warm_start(model, head: DenseHead, init: str) -> int:
+    """Load the weights of another run (its --state file, or a checkpoint folder such as the shipped
+    model, whose dense head starts fresh) and return the first training item not used by that run."""
+    if os.path.isdir(init):
+        # The folder's keys are the saved (hub) layout; the model class maps them on load.
+        loaded = type(model).from_pretrained(init)
+        model.load_state_dict(loaded.state_dict())
+        with open(os.path.join(init, "training_log.json")) as f:
+            return json.load(f)["progress"]["item"]
+    saved = torch.load(init, weights_only=True)
+    model.load_state_dict(saved["model"])
+    head.load_state_dict(saved["head"])
+    return saved["progress"]["item"]  # fresh training items, never repeats of that run's
+
+
 def save(model, processor, head, opt, state: dict, gen: torch.Generator, cfg: VLMTrainConfig) -> None:
     """Checkpoint folder (usable at any time) + resumable training state."""
     os.makedirs(cfg.out, exist_ok=True)
@@ -619,7 +655,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--val-items", type=int, default=d.val_items)
     parser.add_argument("--eval-every", type=int, default=d.eval_every)
     parser.add_argument("--resume", action="store_true", help="continue from --state")
-    parser.add_argument("--init", default=None, help="start from the weights of another run's state file (not its progress)")
+    parser.add_argument("--init", default=None,
+                        help="start from the weights of another run's state file or checkpoint folder (not its progress)")
+    parser.add_argument("--lr", default=",".join(map(str, d.lr)), help="peak learning rate per stage vision,language,joint")
+    parser.add_argument("--letter-tiles", type=int, default=d.letter_tiles,
+                        help="letter-centred 4x4-cell tiles added to each step's dense loss (default: %(default)s)")
     parser.add_argument("--vision-crop", type=int, default=d.vision_crop, help="vision-stage crop in cells (0 = whole images)")
 
 
@@ -629,8 +669,12 @@ def run(args: argparse.Namespace) -> int:
     if len(steps) != 3:
         raise SystemExit("--steps needs three numbers: vision,language,joint")
     images = tuple(int(s) for s in args.images.split(","))
+    lr = tuple(float(s) for s in args.lr.split(","))
+    if len(images) != 3 or len(lr) != 3:
+        raise SystemExit("--images and --lr need three numbers each: vision,language,joint")
     cfg = VLMTrainConfig(out=args.out, state=args.state, seed=args.seed, steps=steps, images_per_step=images,
-                         val_items=args.val_items, init=args.init, vision_crop=args.vision_crop,
+                         val_items=args.val_items, init=args.init, vision_crop=args.vision_crop, lr=lr,
+                         letter_tiles=args.letter_tiles,
                          eval_every=args.eval_every, save_every=min(args.eval_every, VLMTrainConfig.save_every))
     train(cfg, resume=args.resume)
     return 0

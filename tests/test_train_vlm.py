@@ -177,3 +177,33 @@ def test_vision_tiles_are_aligned_with_their_labels():
             assert near > 0.05, f"cell {cell} labelled {COLOR_NAMES[int(labels['color'][cell]) - 1]} has no such pixels"
             checked += 1
     assert checked > 10
+
+
+def test_letter_tiles_hold_one_whole_lettered_object_each():
+    import numpy as np
+
+    from arr_coc.data.shapesvqa import LETTERS
+    from arr_coc.train_vlm import LETTER_TILE_CELLS, letter_tiles
+
+    cfg = VLMTrainConfig()
+    image, scene, _ = training_item(cfg, 3, letter_rate=0.9)
+    lettered = [o for o in scene.objects if o.letter]
+    tiles = letter_tiles(image, scene, LETTER_TILE_CELLS, np.random.default_rng(0))
+    assert len(lettered) >= 3 and len(tiles) == len(lettered)  # every object fits: boxes <= 64 px < 84 px
+    side = LETTER_TILE_CELLS * 28
+    for (tile, labels), obj in zip(tiles, lettered):
+        assert tile.size == (side, side) and labels["letter"].shape == (LETTER_TILE_CELLS**2,)
+        assert int((labels["letter"] == LETTERS.index(obj.letter) + 1).sum()) >= 1
+
+
+def test_warm_start_from_a_checkpoint_folder_loads_every_weight(tmp_path, embedded):
+    from arr_coc.train_vlm import DenseHead, warm_start
+
+    model, processor = embedded
+    model.save_pretrained(tmp_path)
+    (tmp_path / "training_log.json").write_text('{"progress": {"item": 4321}}')
+    fresh, _ = build_embedded(seed=1)
+    assert not torch.equal(fresh.lm_head.weight, model.lm_head.weight)
+    assert warm_start(fresh, DenseHead(fresh, processor.tokenizer), str(tmp_path)) == 4321
+    theirs = model.state_dict()
+    assert all(torch.equal(v, theirs[k]) for k, v in fresh.state_dict().items())
