@@ -32,7 +32,10 @@ def tiles(cfg, first: int, n: int, rng) -> tuple[list, int]:
         image, scene, _ = training_item(cfg, i, letter_rate=0.9)
         i += 1
         lettered = [o for o in scene.objects if o.letter]
-        for obj, (tile, labels) in zip(lettered, letter_tiles(image, scene, LETTER_TILE_CELLS, rng)):
+        cut = letter_tiles(image, scene, LETTER_TILE_CELLS, rng)
+        if len(cut) != len(lettered):  # an object that fits no tile (narrower canvas): pairing would slip
+            continue
+        for obj, (tile, labels) in zip(lettered, cut):
             k = LETTERS.index(obj.letter)
             out.append((tile, labels["letter"] == k + 1, k))
     return out[:n], i
