@@ -74,8 +74,9 @@ class VLMTrainConfig:
     attn_weight: float = 0.5
     attn_layers: tuple[int, ...] = (1, 2, 3)   # head 0 of these LM layers is supervised onto the answer's cells;
                                                 # head 0 of layer 0 onto the question's colour/shape words
-    count_head: tuple[int, int] = (2, 1)       # (layer, head) supervised to spread over counted objects ...
-    count_sink: float = 5.0                    # ... and position 0 with this weight (see count_loss)
+    # (layer, head, sink): each head is supervised to spread over the counted objects and position 0
+    # with weight `sink` (see count_loss); heads with different sinks resolve different ranges of n
+    count_heads: tuple[tuple[int, int, float], ...] = ((2, 1, 5.0),)
     random_canvas_p: float = 0.3    # else the default 448 x 448 canvas
     keep_min: float = 0.05          # visual-token dropout: share of non-answer cells kept ~ U(keep_min, 1)
     vision_crop: int = 8            # vision stage trains on 8 x 8-cell tiles of its scenes (0 = whole images)
@@ -514,7 +515,13 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
     # The auxiliary loss reads head-0 attention rows: sdpa plus a recorder while training
     # (the saved config says plain sdpa; both use the same additive masks).
     heads = {layer: (0,) for layer in (0, *cfg.attn_layers)}
-    heads[cfg.count_head[0]] = tuple(sorted({*heads.get(cfg.count_head[0], ()), cfg.count_head[1]}))
+    text = model.config.text_config
+    for layer, h, sink in cfg.count_heads:
+        if not (0 <= layer < text.num_hidden_layers and 0 <= h < text.num_attention_heads and sink > 0):
+            raise ValueError(f"count head {layer}.{h}:{sink:g} does not fit this LM ({text.num_hidden_layers} "
+                             f"layers x {text.num_attention_heads} heads) or its sink is not > 0")
+    for layer, h, _ in cfg.count_heads:
+        heads[layer] = tuple(sorted({*heads.get(layer, ()), h}))
     recorder = AttentionRecorder(model.model.language_model, heads)
     model.model.language_model.set_attn_implementation(SUPERVISED_SDPA)
     model.train()
@@ -576,7 +583,8 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
                 if cfg.attn_weight > 0 and sup.words:
                     loss_attn = loss_attn + attention_loss(recorder.probs, sup.words, index, (0,))
                 if cfg.attn_weight > 0 and sup.count:
-                    loss_attn = loss_attn + count_loss(recorder.probs, sup.count, index, *cfg.count_head, cfg.count_sink)
+                    for layer, h, sink in cfg.count_heads:
+                        loss_attn = loss_attn + count_loss(recorder.probs, sup.count, index, layer, h, sink)
                 acc = float((logits.argmax(-1) == targets[sel]).float().mean())
             loss = loss_answer + cfg.dense_weight * loss_dense + cfg.attn_weight * loss_attn
             opt.zero_grad(set_to_none=True)
@@ -660,7 +668,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", default=",".join(map(str, d.lr)), help="peak learning rate per stage vision,language,joint")
     parser.add_argument("--letter-tiles", type=int, default=d.letter_tiles,
                         help="letter-centred 4x4-cell tiles added to each step's dense loss (default: %(default)s)")
+    parser.add_argument("--count-heads", default=",".join(f"{l}.{h}:{s:g}" for l, h, s in d.count_heads),
+                        help="attention heads supervised to count, LAYER.HEAD:SINK,... (default: %(default)s)")
     parser.add_argument("--vision-crop", type=int, default=d.vision_crop, help="vision-stage crop in cells (0 = whole images)")
+
+
+def parse_count_heads(text: str) -> tuple[tuple[int, int, float], ...]:
+    """'2.1:5,2.2:1.5' -> ((2, 1, 5.0), (2, 2, 1.5)): LAYER.HEAD:SINK per supervised count head."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            where, sink = part.split(":")
+            layer, head = where.split(".")
+            out.append((int(layer), int(head), float(sink)))
+        except ValueError:
+            raise SystemExit(f"--count-heads wants LAYER.HEAD:SINK items like 2.1:5, got {part!r}")
+    return tuple(out)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -674,7 +697,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--images and --lr need three numbers each: vision,language,joint")
     cfg = VLMTrainConfig(out=args.out, state=args.state, seed=args.seed, steps=steps, images_per_step=images,
                          val_items=args.val_items, init=args.init, vision_crop=args.vision_crop, lr=lr,
-                         letter_tiles=args.letter_tiles,
+                         letter_tiles=args.letter_tiles, count_heads=parse_count_heads(args.count_heads),
                          eval_every=args.eval_every, save_every=min(args.eval_every, VLMTrainConfig.save_every))
     train(cfg, resume=args.resume)
     return 0

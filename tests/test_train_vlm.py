@@ -1,6 +1,8 @@
-"""The embedded model's tokenizer and the training batch builder (no training run here)."""
+"""The embedded model's tokenizer, the training batch builder and one two-step training run."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -207,3 +209,22 @@ def test_warm_start_from_a_checkpoint_folder_loads_every_weight(tmp_path, embedd
     assert warm_start(fresh, DenseHead(fresh, processor.tokenizer), str(tmp_path)) == 4321
     theirs = model.state_dict()
     assert all(torch.equal(v, theirs[k]) for k, v in fresh.state_dict().items())
+
+
+def test_count_heads_parse_are_checked_against_the_lm_and_a_two_step_run_records_them(tmp_path):
+    from arr_coc.train_vlm import parse_count_heads, train
+
+    assert parse_count_heads("2.1:5, 2.2:1.5") == ((2, 1, 5.0), (2, 2, 1.5))
+    with pytest.raises(SystemExit, match="LAYER.HEAD:SINK"):
+        parse_count_heads("2:5")
+    with pytest.raises(ValueError, match="does not fit this LM"):
+        train(VLMTrainConfig(out=str(tmp_path / "bad"), count_heads=((2, 6, 1.0),)), progress=False)
+
+    cfg = VLMTrainConfig(out=str(tmp_path / "ckpt"), state=str(tmp_path / "state.pt"), steps=(0, 0, 2),
+                         images_per_step=(2, 2, 2), questions_per_image=8, val_items=4, eval_every=2,
+                         count_heads=((2, 1, 5.0), (2, 2, 1.5)))
+    state = train(cfg, progress=False)
+    assert state["step"] == 0 and state["stage"] == 3  # all three stages done
+    log = json.loads((tmp_path / "ckpt" / "training_log.json").read_text())
+    assert log["config"]["count_heads"] == [[2, 1, 5.0], [2, 2, 1.5]]
+    assert any("val" in r for r in log["log"])
