@@ -520,7 +520,6 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
         if not (0 <= layer < text.num_hidden_layers and 0 <= h < text.num_attention_heads and sink > 0):
             raise ValueError(f"count head {layer}.{h}:{sink:g} does not fit this LM ({text.num_hidden_layers} "
                              f"layers x {text.num_attention_heads} heads) or its sink is not > 0")
-    for layer, h, _ in cfg.count_heads:
         heads[layer] = tuple(sorted({*heads.get(layer, ()), h}))
     recorder = AttentionRecorder(model.model.language_model, heads)
     model.model.language_model.set_attn_implementation(SUPERVISED_SDPA)

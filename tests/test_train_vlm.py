@@ -211,7 +211,7 @@ def test_warm_start_from_a_checkpoint_folder_loads_every_weight(tmp_path, embedd
     assert all(torch.equal(v, theirs[k]) for k, v in fresh.state_dict().items())
 
 
-def test_count_heads_parse_are_checked_against_the_lm_and_a_two_step_run_records_them(tmp_path):
+def test_count_heads_are_parsed_checked_against_the_lm_and_recorded_by_a_two_step_run(tmp_path):
     from arr_coc.train_vlm import parse_count_heads, train
 
     assert parse_count_heads("2.1:5, 2.2:1.5") == ((2, 1, 5.0), (2, 2, 1.5))
