@@ -222,9 +222,30 @@ def test_count_heads_are_parsed_checked_against_the_lm_and_recorded_by_a_two_ste
 
     cfg = VLMTrainConfig(out=str(tmp_path / "ckpt"), state=str(tmp_path / "state.pt"), steps=(0, 0, 2),
                          images_per_step=(2, 2, 2), questions_per_image=8, val_items=4, eval_every=2,
-                         count_heads=((2, 1, 5.0), (2, 2, 1.5)))
+                         count_heads=((2, 1, 5.0), (2, 2, 1.5)), count_balance=8.0, count_prior_items=20)
     state = train(cfg, progress=False)
     assert state["step"] == 0 and state["stage"] == 3  # all three stages done
     log = json.loads((tmp_path / "ckpt" / "training_log.json").read_text())
-    assert log["config"]["count_heads"] == [[2, 1, 5.0], [2, 2, 1.5]]
+    assert log["config"]["count_heads"] == [[2, 1, 5.0], [2, 2, 1.5]] and log["config"]["count_balance"] == 8.0
     assert any("val" in r for r in log["log"])
+
+
+def test_count_balance_weights_count_answers_to_a_uniform_prior_and_leaves_others_alone(embedded):
+    from collections import Counter
+
+    from arr_coc.train_vlm import count_answer_weights
+
+    model, processor = embedded
+    batcher = Batcher(model, processor)
+    cfg = VLMTrainConfig(count_balance=8.0, count_prior_items=60)
+    weights = count_answer_weights(cfg, batcher, model.config.text_config.vocab_size)
+    tally = Counter(a for i in range(60) for _, a, t, _ in training_item(cfg, i)[2] if t == "count")
+    w = {a: float(weights[batcher.answer_id(a)]) for a in map(str, range(10))}
+    assert w["8"] > w["2"] > 0 and tally["8"] < tally["2"]  # rare large counts weigh more
+    # Weighted, every count answer seen more often than the cap allows for carries the same mass ...
+    mass = {a: tally[a] * w[a] for a in w if tally[a] * 8.0 * 10 > sum(tally.values())}
+    assert max(mass.values()) == pytest.approx(min(mass.values()), rel=1e-5)
+    # ... the mean weight over the training count answers is 1, and no other answer is reweighted.
+    assert sum(tally[a] * w[a] for a in w) / sum(tally.values()) == pytest.approx(1.0, rel=1e-5)
+    others = [i for i in range(len(weights)) if i not in {batcher.answer_id(a) for a in w}]
+    assert torch.all(weights[others] == 1.0)
