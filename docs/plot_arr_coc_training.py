@@ -53,7 +53,8 @@ def main(folder: str, out: str) -> None:
                              label="stage 2 ranking term")
         for ax in (ax_cov, ax_loss):
             ax.axvline(offset, color="grey", ls=":", lw=1)
-            ax.text(offset + 3, 0.02, f"stage {stage}{note}", transform=ax.get_xaxis_transform(), fontsize=8, color="grey")
+        ax_cov.text(offset + 3, 0.02 + 0.06 * (stage - 1), f"stage {stage}{note}",  # the empty bottom of the panel
+                    transform=ax_cov.get_xaxis_transform(), fontsize=8, color="grey")
         offset += log[-1]["step"]
     ax_cov.set(xlabel="step", ylabel="share of the answer's cells kept", ylim=(0, 1.02),
                title="validation coverage of the answer's cells (top-k of relevance)")
