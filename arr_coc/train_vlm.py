@@ -463,8 +463,8 @@ def count_answer_weights(cfg: VLMTrainConfig, batcher: "Batcher", vocab: int) ->
     A training image carries one planned question (count answers uniform over 0-9, as in the
     benchmark) and seven drawn from its scene, whose counts are mostly small: over 300 training
     images, 2 was 21% of the count answers and 8 and 9 were 1.2% each. Trained on that prior the
-    model answers large counts low (the release before count balancing never answered 8 on the test split). The
-    weight of answer n is min(cap, 0.1 / p(n)), with p measured on the first
+    model answers large counts low (the release before count balancing never answered 8 on the
+    test split). The weight of answer n is min(cap, 0.1 / p(n)), with p measured on the first
     `count_prior_items` training images, scaled so that the mean weight over training count
     answers stays 1. Every other answer keeps weight 1.
     """
