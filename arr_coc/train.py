@@ -29,12 +29,13 @@ wraps the layer and optimiser with `Accelerator`.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -115,6 +116,47 @@ def extract_features(wrapper, records, progress: bool = True) -> list[Features]:
         feats.append(Features(pixels, (h, w), ctx.visual_tokens[0].float(), ctx.query_embeds[0].float(),
                               target, rec.answers[0], rec.question, str(rec.image),
                               inputs["input_ids"], inputs["image_grid_thw"]))
+    return feats
+
+
+def features_key(wrapper, path: str, records) -> str:
+    """Content hash of everything a record's features depend on: VLM weights, processor, JSONL, images.
+
+    Hashing every weight costs seconds even for a 2B model, minutes less than re-extracting.
+    """
+    from .processing import image_processor_of
+
+    h = hashlib.sha256()
+    for name, tensor in sorted(wrapper.model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().reshape(-1).contiguous().view(torch.uint8).numpy())
+    processor = wrapper.processor
+    h.update(image_processor_of(processor).to_json_string().encode())
+    h.update(str(getattr(processor, "chat_template", "")).encode())
+    tokenizer = getattr(processor, "tokenizer", None)
+    if tokenizer is not None:
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    with open(path, "rb") as f:
+        h.update(f.read())
+    for rec in records:
+        with open(rec.image, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:20]
+
+
+def load_features(wrapper, path: str, records, cache: str | None, progress: bool = True) -> list[Features]:
+    """`extract_features`, or its copy in the `cache` folder if the same VLM already read the same data."""
+    if not cache:
+        return extract_features(wrapper, records, progress=progress)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    file = os.path.join(cache, f"{stem}-{len(records)}-{features_key(wrapper, path, records)}.pt")
+    if os.path.isfile(file):
+        logger.info("features of %s from %s", path, file)
+        return [Features(**d) for d in torch.load(file, weights_only=True)]
+    feats = extract_features(wrapper, records, progress=progress)
+    os.makedirs(cache, exist_ok=True)
+    torch.save([{k.name: getattr(f, k.name) for k in fields(Features)} for f in feats], file + ".tmp")
+    os.replace(file + ".tmp", file)
     return feats
 
 
@@ -243,10 +285,11 @@ def health(maps: dict[str, torch.Tensor], grids, grad_norm: float) -> list[str]:
 
 
 def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | None = None, resume: bool = False,
-          progress: bool = True, wrapper=None, stop_after: int | None = None) -> dict:
+          progress: bool = True, wrapper=None, stop_after: int | None = None, feature_cache: str | None = None) -> dict:
     """Run (or resume) one stage; `stop_after` ends this process early at that step (resumable).
 
     `data` is one JSONL or several; the first `val_fraction` of each file is held out for validation.
+    `feature_cache`: a folder where the frozen VLM's features are kept between runs (see `load_features`).
     """
     from tqdm import tqdm
 
@@ -260,7 +303,7 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
         if not records:
             raise ValueError(f"{path} holds no records")
         n_val = max(1, int(len(records) * cfg.val_fraction))
-        feats = extract_features(wrapper, records, progress=progress)
+        feats = load_features(wrapper, path, records, feature_cache, progress=progress)
         train_set, val_set = train_set + feats[n_val:], val_set + feats[:n_val]
     if cfg.stage == 1 and not any(f.target.any() for f in train_set):
         raise ValueError("stage 1 needs boxes in the JSONL records (the answer's pixel boxes); none were found")
@@ -396,6 +439,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budgets", type=lambda text: tuple(parse_budgets(text)), default=d.budgets,
                         help="stage 2: comma-separated budgets (shares or counts), one drawn per step "
                              "(default: 0.05,0.1,0.25)")
+    parser.add_argument("--feature-cache", default=None, metavar="DIR",
+                        help="keep the frozen VLM's features of each data file here and reuse them while the VLM, "
+                             "processor, JSONL and images are unchanged (stage-2 variants then skip 2-9 min of "
+                             "extraction; about 0.8 GB per 1,000 items of the embedded model at 448 px)")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--stop-after", type=int, default=None, help="stop at this step (continue later with --resume)")
 
@@ -404,5 +451,6 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(stage=args.stage, out=args.out, seed=args.seed, steps=args.steps, batch_size=args.batch_size,
                       lr=args.lr, eval_every=args.eval_every, rank_weight=args.rank_weight, budgets=args.budgets)
     os.makedirs(cfg.out, exist_ok=True)
-    train(cfg, args.model, args.data, init=args.init, resume=args.resume, stop_after=args.stop_after)
+    train(cfg, args.model, args.data, init=args.init, resume=args.resume, stop_after=args.stop_after,
+          feature_cache=args.feature_cache)
     return 0

@@ -125,3 +125,38 @@ def test_stage2_draws_only_the_given_budgets_and_holds_out_part_of_every_data_fi
     assert {rec["budget"] for rec in state["log"]} <= {0.05, 0.1}
     # 16 records per file, val_fraction 0.2: 3 held out of each file, so validation sees 6 items.
     assert state["val_items"] == 6 and state["train_items"] == 26
+
+
+def test_feature_cache_reuses_the_vlms_features_until_the_vlm_or_data_change(setup, tmp_path, monkeypatch):
+    from arr_coc.train import load_features
+
+    wrapper, data = setup
+    records = list(read_jsonl(data))
+    cache = str(tmp_path / "cache")
+    fresh = load_features(wrapper, data, records, cache, progress=False)
+    (file,) = list((tmp_path / "cache").iterdir())
+
+    def no_vlm(*args, **kwargs):
+        raise AssertionError("the VLM ran although its features were cached")
+
+    with monkeypatch.context() as m:
+        m.setattr(wrapper, "prepare", no_vlm)
+        cached = load_features(wrapper, data, records, cache, progress=False)
+        with pytest.raises(AssertionError, match="features were cached"):
+            load_features(wrapper, data, records[:-1], cache, progress=False)  # other data: extracted anew
+    assert len(cached) == len(fresh)
+    for a, b in zip(fresh, cached):
+        for name in ("image", "visual_tokens", "query", "target", "input_ids", "image_grid_thw"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert (a.grid_hw, a.answer, a.question, a.image_path) == (b.grid_hw, b.answer, b.question, b.image_path)
+
+    # A VLM that changed (one weight nudged) gets its own file; the old one stays.
+    embed = wrapper.model.get_input_embeddings().weight
+    with torch.no_grad():
+        embed[0, 0] += 1.0
+    try:
+        load_features(wrapper, data, records, cache, progress=False)
+    finally:
+        with torch.no_grad():
+            embed[0, 0] -= 1.0
+    assert len(list((tmp_path / "cache").iterdir())) == 2 and file.exists()
