@@ -615,9 +615,10 @@ def write_plot(report: dict[str, Any], path: str) -> None:
     palette = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
                "tab:cyan", "tab:gray", "gold", "navy", "teal"]
     colours = {m: palette[i % len(palette)] for i, m in enumerate(m for m in by_method if m not in styles)}
-    ticks = sorted({float(b) for b in report.get("budgets", []) if isinstance(b, float)} | {1.0})
+    ticks = sorted({float(b) for b in report.get("budgets", []) if isinstance(b, float)}
+                   | {0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0})
     for ax, (xkey, key, label) in zip(axes[0], panels):
-        top = 0.0
+        top, xs = 0.0, []
         for method, rs in by_method.items():
             rs = sorted((r for r in rs if r.get(key) is not None and r.get(xkey)), key=lambda r: r[xkey])
             if not rs:
@@ -626,11 +627,16 @@ def write_plot(report: dict[str, Any], path: str) -> None:
             if method == "none":
                 ax.axhline(rs[0][key], color="grey", linestyle=":", linewidth=1.5, label="none (all tokens)")
                 continue
+            xs += [r[xkey] for r in rs]
             style = styles.get(method) or dict(marker=".", linewidth=1.3, label=method, color=colours[method])
             ax.plot([r[xkey] for r in rs], [r[key] for r in rs], **style)
         ax.set_xscale("log")
-        ax.set_xticks(ticks)
-        ax.set_xticklabels([f"{t * 100:g}%" for t in ticks])
+        # The axis spans the points drawn (not always up to 100%: a 5% / 10% run would leave most of it empty).
+        lo, hi = (min(xs) / 1.25, min(1.05, max(xs) * 1.25)) if xs else (0.01, 1.05)
+        shown = [t for t in ticks if lo <= t <= hi]
+        ax.set_xlim(lo, hi)
+        ax.set_xticks(shown)
+        ax.set_xticklabels([f"{t * 100:g}%" for t in shown])
         ax.minorticks_off()
         ax.set_ylim(0.0, min(1.02, top + 0.08) if top > 0 else 1.0)
         if xkey == "kept_share":
