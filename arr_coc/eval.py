@@ -227,6 +227,8 @@ class _Rows:
     """Per-item measurements of one (method, budget)."""
 
     correct: list[float] = dataclasses.field(default_factory=list)
+    answers: list[str] = dataclasses.field(default_factory=list)
+    item_coverage: list[float | None] = dataclasses.field(default_factory=list)  # None: no boxes (or downscale)
     types: list[str] = dataclasses.field(default_factory=list)
     kept: list[int] = dataclasses.field(default_factory=list)
     total: list[int] = dataclasses.field(default_factory=list)
@@ -406,6 +408,8 @@ def _run_one(wrapper, batch, images, questions, inputs, build_s, method, budget,
     unit = downscale.pixel_unit(ip)
     for b, (rec, tr) in enumerate(zip(batch, traces)):
         rows.correct.append(score(answers[b].strip(), rec.answers))
+        rows.answers.append(answers[b].strip())
+        rows.item_coverage.append(None)
         rows.types.append(rec.type or "other")
         rows.kept.append(int(tr.kept_tokens))
         rows.total.append(int(original[b]))
@@ -422,6 +426,7 @@ def _run_one(wrapper, batch, images, questions, inputs, build_s, method, budget,
             if cells:
                 kept = set(int(i) for i in tr.kept_indices[0].tolist())
                 rows.coverage.append(len(kept & cells) / len(cells))
+                rows.item_coverage[-1] = rows.coverage[-1]
     return rows
 
 
@@ -474,6 +479,8 @@ def _summarise(method: str, budget: float | int, r: _Rows) -> dict[str, Any]:
         "n_with_boxes": len(r.coverage),
         # per item, in the report's `ids` order: what paired comparisons between methods need
         "correct": [int(c) for c in r.correct],
+        "answers": list(r.answers),              # what the VLM generated (stripped), as scored
+        "item_coverage": list(r.item_coverage),  # share of the item's box cells kept; null without boxes
     }
 
 

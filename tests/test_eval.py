@@ -94,6 +94,15 @@ def test_eval_end_to_end_writes_results_table_and_plot(split, model_dir, tmp_pat
     # per-item answers, in the report's item order: paired comparisons between methods
     assert len(report["ids"]) == 20 and all(len(r["correct"]) == 20 for r in report["results"])
     assert all(sum(r["correct"]) / 20 == pytest.approx(r["accuracy"]) for r in report["results"])
+    # Per item: what the VLM said and how much of the answer's cells it kept, enough to see why an item failed.
+    from arr_coc.data import read_jsonl, score
+
+    records = list(read_jsonl(split))[:20]
+    for r in report["results"]:
+        assert [score(a, rec.answers) for a, rec in zip(r["answers"], records)] == r["correct"]
+        covered = [c for c in r["item_coverage"] if c is not None]
+        if r["coverage"] is not None:
+            assert len(covered) == r["n_with_boxes"] and sum(covered) / len(covered) == pytest.approx(r["coverage"])
     assert "minus each method on the same items" in md and "| oracle | " in md.split("minus each method")[1]
     print(f"eval of 20 items took {seconds:.1f} s")
 
