@@ -228,11 +228,10 @@ class _Rows:
 
     correct: list[float] = dataclasses.field(default_factory=list)
     answers: list[str] = dataclasses.field(default_factory=list)
-    item_coverage: list[float | None] = dataclasses.field(default_factory=list)  # None: no boxes (or downscale)
+    coverage: list[float | None] = dataclasses.field(default_factory=list)  # per item; None: no boxes (or downscale)
     types: list[str] = dataclasses.field(default_factory=list)
     kept: list[int] = dataclasses.field(default_factory=list)
     total: list[int] = dataclasses.field(default_factory=list)
-    coverage: list[float] = dataclasses.field(default_factory=list)
     prefill_flops: list[int] = dataclasses.field(default_factory=list)
     selector_flops: list[float] = dataclasses.field(default_factory=list)
     latency: list[float] = dataclasses.field(default_factory=list)   # per item, one entry per batch
@@ -409,7 +408,7 @@ def _run_one(wrapper, batch, images, questions, inputs, build_s, method, budget,
     for b, (rec, tr) in enumerate(zip(batch, traces)):
         rows.correct.append(score(answers[b].strip(), rec.answers))
         rows.answers.append(answers[b].strip())
-        rows.item_coverage.append(None)
+        rows.coverage.append(None)
         rows.types.append(rec.type or "other")
         rows.kept.append(int(tr.kept_tokens))
         rows.total.append(int(original[b]))
@@ -425,8 +424,7 @@ def _run_one(wrapper, batch, images, questions, inputs, build_s, method, budget,
                      for c in box}
             if cells:
                 kept = set(int(i) for i in tr.kept_indices[0].tolist())
-                rows.coverage.append(len(kept & cells) / len(cells))
-                rows.item_coverage[-1] = rows.coverage[-1]
+                rows.coverage[-1] = len(kept & cells) / len(cells)
     return rows
 
 
@@ -461,13 +459,14 @@ def _summarise(method: str, budget: float | int, r: _Rows) -> dict[str, Any]:
     for t, c in zip(r.types, r.correct):
         by_type[t].append(c)
     kept, total = _mean(r.kept), _mean(r.total)
+    covered = [c for c in r.coverage if c is not None]  # the items with boxes
     return {
         "method": method,
         "budget": budget,
         "accuracy": _mean(r.correct),
-        "coverage": _mean(r.coverage) if method != "downscale" else None,
+        "coverage": _mean(covered) if method != "downscale" else None,
         # share of items with boxes whose answer cells were ALL kept
-        "full_coverage": _mean([float(c == 1.0) for c in r.coverage]) if method != "downscale" else None,
+        "full_coverage": _mean([float(c == 1.0) for c in covered]) if method != "downscale" else None,
         "kept_tokens_mean": kept,
         "total_tokens_mean": total,
         "prefill_flops_mean": _mean(r.prefill_flops),
@@ -476,11 +475,11 @@ def _summarise(method: str, budget: float | int, r: _Rows) -> dict[str, Any]:
         "kept_share": kept / total if kept is not None and total else None,
         "selector_flops_mean": _mean(r.selector_flops),
         "n": len(r.correct),
-        "n_with_boxes": len(r.coverage),
+        "n_with_boxes": len(covered),
         # per item, in the report's `ids` order: what paired comparisons between methods need
         "correct": [int(c) for c in r.correct],
         "answers": list(r.answers),              # what the VLM generated (stripped), as scored
-        "item_coverage": list(r.item_coverage),  # share of the item's box cells kept; null without boxes
+        "item_coverage": list(r.coverage),  # share of the item's box cells kept; null without boxes
     }
 
 
