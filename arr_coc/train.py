@@ -65,6 +65,7 @@ class TrainConfig:
     budget_weight: float = 1.0     # stage 2: (soft kept share - budget share)^2 penalty
     budgets: tuple[float, ...] = (0.05, 0.1, 0.25)  # stage 2: budget drawn per step
     rank_weight: float = 0.0       # stage 2: + this x stage 1's ranking loss (keeps the answer's cells covered)
+    attn_dim: int | None = None    # participatory width of a fresh layer (None: the config's default); not with `init`
     val_fraction: float = 0.1
     eval_every: int = 50
 
@@ -296,6 +297,8 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
 
     from .model import ARRCOCQwen
 
+    if init and cfg.attn_dim is not None:  # before minutes of feature extraction
+        raise ValueError(f"attn_dim sets the width of a fresh layer; {init} already has its own (drop --attn-dim)")
     torch.manual_seed(cfg.seed)
     wrapper = wrapper or ARRCOCQwen.from_pretrained(model_path)
     train_set, val_set = [], []
@@ -312,7 +315,8 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
     if init:
         layer = ARRCOCLayer.from_pretrained(init)
     else:
-        layer = ARRCOCLayer(ARRCOCConfig(strict=True).with_query_dim(wrapper.text_hidden_size))
+        config = ARRCOCConfig(strict=True).with_query_dim(wrapper.text_hidden_size)
+        layer = ARRCOCLayer(config.replace(knowing={"attn_dim": cfg.attn_dim}) if cfg.attn_dim else config)
     layer.config.strict = True  # training must see errors, not silently keep all tokens
     layer.train()
     opt = torch.optim.AdamW(layer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -444,13 +448,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep the frozen VLM's features of each data file here and reuse them while the VLM, "
                              "processor, JSONL and images are unchanged (stage-2 variants then skip 2-9 min of "
                              "extraction; about 0.8 GB per 1,000 items of the embedded model at 448 px)")
+    parser.add_argument("--attn-dim", type=int, default=None,
+                        help="width of a fresh layer's participatory scorer (default: knowing.attn_dim, 32); "
+                             "not with --init")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--stop-after", type=int, default=None, help="stop at this step (continue later with --resume)")
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(stage=args.stage, out=args.out, seed=args.seed, steps=args.steps, batch_size=args.batch_size,
-                      lr=args.lr, eval_every=args.eval_every, rank_weight=args.rank_weight, budgets=args.budgets)
+                      lr=args.lr, eval_every=args.eval_every, rank_weight=args.rank_weight, budgets=args.budgets,
+                      attn_dim=args.attn_dim)
     os.makedirs(cfg.out, exist_ok=True)
     train(cfg, args.model, args.data, init=args.init, resume=args.resume, stop_after=args.stop_after,
           feature_cache=args.feature_cache)

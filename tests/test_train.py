@@ -96,6 +96,18 @@ def test_checkpoint_round_trips_and_resume_continues_the_same_run(setup, tmp_pat
     assert ARRCOCLayer.from_pretrained(straight.out).config.strict is False  # shipped layers degrade gracefully
 
 
+def test_a_fresh_layer_takes_attn_dim_and_a_warm_start_refuses_it(setup, tmp_path):
+    wrapper, data = setup
+    train(_cfg(tmp_path / "a", stage=1, steps=1), "", data, progress=False, wrapper=wrapper)
+    assert ARRCOCLayer.from_pretrained(str(tmp_path / "a" / "layer")).config.knowing.attn_dim == 32  # the default
+    train(_cfg(tmp_path / "b", stage=1, steps=1, attn_dim=16), "", data, progress=False, wrapper=wrapper)
+    narrow = ARRCOCLayer.from_pretrained(str(tmp_path / "b" / "layer"))
+    assert narrow.config.knowing.attn_dim == 16 and narrow.participatory.query_proj.out_features == 16
+    with pytest.raises(ValueError, match="drop --attn-dim"):
+        train(_cfg(tmp_path / "c", stage=2, steps=1, attn_dim=16), "", data, init=str(tmp_path / "b" / "layer"),
+              progress=False, wrapper=wrapper)
+
+
 def test_stage2_can_keep_stage1s_ranking_loss_as_an_auxiliary_term(setup, tmp_path):
     wrapper, data = setup
     plain = train(_cfg(tmp_path / "a", stage=2, steps=2), "", data, progress=False, wrapper=wrapper)
