@@ -5,9 +5,11 @@
     python -m arr_coc train ... --stage 2 --init checkpoints/arr-coc-shapes --out checkpoints/arr-coc-shapes
 
 Stage 1, relevance supervision: the JSONL boxes rasterised onto the merged-token grid
-are the target; the loss is a listwise ranking loss on the continuous relevance map
-(softmax over the image's cells, cross-entropy against a uniform distribution over the
-answer's cells), never on the discrete selection. The VLM only supplies fixed features
+are the target, each box spreading a weight of 1 over its cells by the share of its area
+in each (`boxes_to_cell_shares`: an object's centre cell, the token that carries most of
+it, outranks its edge cells, and every counted instance weighs the same); the loss is a
+listwise ranking loss on the continuous relevance map (softmax over the image's cells,
+cross-entropy against those shares), never on the discrete selection. The VLM only supplies fixed features
 (visual tokens, question embeddings), computed once per item and cached.
 
 Stage 2, end-to-end: the frozen VLM reads the WHOLE prompt, and each visual token j is
@@ -42,7 +44,7 @@ import torch.nn.functional as F
 
 from .attending import resolve_budget
 from .config import ARRCOCConfig
-from .data import boxes_to_cell_mask, read_jsonl
+from .data import boxes_to_cell_shares, read_jsonl
 from .layer import ARRCOCLayer
 
 logger = logging.getLogger(__name__)
@@ -80,7 +82,7 @@ class Features:
     grid_hw: tuple[int, int]
     visual_tokens: torch.Tensor  # [h * w, D]
     query: torch.Tensor          # [L, D]
-    target: torch.Tensor         # [h * w] bool: the answer's cells
+    target: torch.Tensor         # [h * w] float: share of the answer's boxes in each cell (each box sums to 1)
     answer: str
     question: str
     image_path: str
@@ -108,16 +110,20 @@ def extract_features(wrapper, records, progress: bool = True) -> list[Features]:
         wrapper.prepare(inputs, method=capture)
         ctx = captured[0]
         h, w = ctx.grid_hw[0]
-        # Boxes are in original pixels; the processor may have resized the image.
-        sx, sy = ctx.images[0].shape[-1] / image.size[0], ctx.images[0].shape[-2] / image.size[1]
-        boxes = [[b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy] for b in (rec.boxes or [])]
-        size = (ctx.images[0].shape[-1], ctx.images[0].shape[-2])  # (W, H) as the VLM saw it
-        target = torch.from_numpy(boxes_to_cell_mask(boxes, size, size[0] // w)).reshape(-1).bool()
+        target = answer_target(rec.boxes, image.size, tuple(ctx.images[0].shape[-2:]), (h, w))
         pixels = (ctx.images[0].float().clamp(0, 1) * 255).round().to(torch.uint8)
         feats.append(Features(pixels, (h, w), ctx.visual_tokens[0].float(), ctx.query_embeds[0].float(),
                               target, rec.answers[0], rec.question, str(rec.image),
                               inputs["input_ids"], inputs["image_grid_thw"]))
     return feats
+
+
+def answer_target(boxes, original_wh: tuple[int, int], image_hw: tuple[int, int], grid_hw: tuple[int, int]):
+    """[h * w] float: the answer's boxes (original pixels) as cell shares on the grid of the resized image."""
+    (w0, h0), (hs, ws), (h, w) = original_wh, image_hw, grid_hw
+    sx, sy = ws / w0, hs / h0  # the processor may have resized the image
+    scaled = [[b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy] for b in (boxes or [])]
+    return torch.from_numpy(boxes_to_cell_shares(scaled, (ws, hs), ws // w)).reshape(-1).float()
 
 
 def features_key(wrapper, path: str, records) -> str:
@@ -153,8 +159,16 @@ def load_features(wrapper, path: str, records, cache: str | None, progress: bool
     stem = os.path.splitext(os.path.basename(path))[0]
     file = os.path.join(cache, f"{stem}-{len(records)}-{features_key(wrapper, path, records)}.pt")
     if os.path.isfile(file):
+        from PIL import Image
+
         logger.info("features of %s from %s", path, file)
-        return [Features(**d) for d in torch.load(file, weights_only=True)]
+        feats = [Features(**d) for d in torch.load(file, weights_only=True)]
+        # The VLM's features are the cache's business, the targets the code's: they are cheap to
+        # recompute, and a cache written before their definition changed must not train the old one.
+        for rec, f in zip(records, feats):
+            with Image.open(rec.image) as image:  # reads the header only
+                f.target = answer_target(rec.boxes, image.size, tuple(f.image.shape[-2:]), f.grid_hw)
+        return feats
     feats = extract_features(wrapper, records, progress=progress)
     os.makedirs(cache, exist_ok=True)
     torch.save([{k.name: getattr(f, k.name) for k in fields(Features)} for f in feats], file + ".tmp")
@@ -179,9 +193,10 @@ def batch_scores(layer: ARRCOCLayer, items: list[Features]) -> dict[str, torch.T
 
 
 def ranking_loss(relevance: torch.Tensor, valid: torch.Tensor, target: torch.Tensor, tau: float) -> torch.Tensor:
-    """Listwise: -mean over answer cells of log softmax(relevance / tau) over the image's cells.
+    """Listwise: cross-entropy of softmax(relevance / tau) over the image's cells against the target shares.
 
-    relevance, valid, target: [B, h, w]. Items without answer cells are skipped.
+    relevance, valid, target: [B, h, w] (target: weights >= 0, normalised per item here). Items
+    without answer cells are skipped.
     """
     logits = (relevance / tau).masked_fill(~valid, -1e4).flatten(1)
     logp = torch.log_softmax(logits, dim=-1)
@@ -194,7 +209,7 @@ def ranking_loss(relevance: torch.Tensor, valid: torch.Tensor, target: torch.Ten
 
 
 def coverage(relevance: torch.Tensor, valid: torch.Tensor, target: torch.Tensor, grids, budget: float) -> float:
-    """Mean share of answer cells inside the top-k (k from the budget), over items with answer cells."""
+    """Mean share of the answer's target weight (its boxes' area) inside the top-k, over items with answer cells."""
     from .attending import topk_indices
 
     out = []

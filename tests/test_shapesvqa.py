@@ -23,6 +23,7 @@ from arr_coc.data import (
     SceneObject,
     ask,
     boxes_to_cell_mask,
+    boxes_to_cell_shares,
     cell_labels,
     generate_scene,
     item_rng,
@@ -301,6 +302,18 @@ def test_boxes_to_cell_mask():
     assert mask.tolist() == [[False, True, True, False], [False] * 4, [False] * 4]
     assert not boxes_to_cell_mask([], (112, 84), 28).any()
     assert boxes_to_cell_mask([[0, 0, 1, 1]], (100, 100), 32).shape == (4, 4)  # partial cells count
+
+
+def test_boxes_to_cell_shares_spread_each_box_by_area():
+    # a 28 x 28 box straddling two cells, a 14 x 14 box inside one cell, on a 3 x 2 grid of 28 px cells
+    shares = boxes_to_cell_shares([[14, 0, 42, 28], [56, 28, 70, 42]], (84, 56), 28)
+    assert shares.dtype == np.float32 and shares.shape == (2, 3)
+    assert shares.tolist() == [[0.5, 0.5, 0.0], [0.0, 0.0, 1.0]]  # every box weighs 1, whatever its size
+    # the centre cell of an object outweighs its edge cells; the mask is exactly the cells with a share
+    shares = boxes_to_cell_shares([[20, 20, 64, 64]], (84, 84), 28)
+    assert shares[1, 1] > shares[0, 1] > shares[0, 0] > 0 and abs(shares.sum() - 1) < 1e-6
+    assert (boxes_to_cell_mask([[20, 20, 64, 64]], (84, 84), 28) == (shares > 0)).all()
+    assert boxes_to_cell_shares([[70, 0, 98, 28]], (84, 28), 28).tolist() == [[0.0, 0.0, 0.5]]  # half outside
 
 
 def test_cell_labels_follow_the_objects():

@@ -162,6 +162,15 @@ def test_feature_cache_reuses_the_vlms_features_until_the_vlm_or_data_change(set
             assert torch.equal(getattr(a, name), getattr(b, name)), name
         assert (a.grid_hw, a.answer, a.question, a.image_path) == (b.grid_hw, b.answer, b.question, b.image_path)
 
+    # Targets are the code's, not the cache's: a cache holding other ones (older code) is corrected on load.
+    stale = torch.load(file, weights_only=True)
+    for d in stale:
+        d["target"] = torch.zeros_like(d["target"], dtype=torch.bool)
+    torch.save(stale, file)
+    reloaded = load_features(wrapper, data, records, cache, progress=False)
+    assert all(torch.equal(a.target, b.target) for a, b in zip(fresh, reloaded))
+    assert sum(float(f.target.sum()) for f in fresh) == pytest.approx(sum(len(r.boxes or []) for r in records), abs=0.01)
+
     # A VLM that changed (one weight nudged) gets its own file; the old one stays.
     embed = wrapper.model.get_input_embeddings().weight
     original = embed[0, 0].item()

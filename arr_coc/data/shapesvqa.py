@@ -529,22 +529,33 @@ def cell_labels(scene: Scene, cell_px: int = CELL_PX, min_cover: float = 0.0) ->
     )
 
 
-def boxes_to_cell_mask(boxes: Sequence[Sequence[float]], image_size: Size, cell_px: int = CELL_PX) -> np.ndarray:
-    """bool [h, w]: cells (of ``cell_px``) that share area with any box.
+def boxes_to_cell_shares(boxes: Sequence[Sequence[float]], image_size: Size, cell_px: int = CELL_PX) -> np.ndarray:
+    """float32 [h, w]: how much of each box's area falls in each cell (of ``cell_px``), summed over boxes.
 
-    ``image_size`` is (width, height); h = ceil(H / cell_px), w = ceil(W / cell_px).
-    Boxes are (x0, y0, x1, y1) px with x1/y1 exclusive; touching a cell's edge
-    does not count, empty boxes are ignored.
+    Every box spreads a weight of 1 over the cells it overlaps (less if it reaches past the
+    image), so an object's centre cell outweighs its edge cells and every counted instance
+    weighs the same whatever its size. ``image_size`` is (width, height); h = ceil(H /
+    cell_px), w = ceil(W / cell_px). Boxes are (x0, y0, x1, y1) px with x1/y1 exclusive;
+    empty boxes are ignored.
     """
     gh, gw = _grid_hw(image_size, cell_px)
-    mask = np.zeros((gh, gw), dtype=bool)
+    shares = np.zeros((gh, gw), dtype=np.float32)
+    edges_x, edges_y = np.arange(gw + 1) * cell_px, np.arange(gh + 1) * cell_px
     for x0, y0, x1, y1 in boxes:
         if x1 <= x0 or y1 <= y0:
             continue
-        c0, r0 = max(0, math.floor(x0 / cell_px)), max(0, math.floor(y0 / cell_px))
-        c1, r1 = min(gw, math.ceil(x1 / cell_px)), min(gh, math.ceil(y1 / cell_px))
-        mask[r0:r1, c0:c1] = True
-    return mask
+        ix = np.clip(np.minimum(x1, edges_x[1:]) - np.maximum(x0, edges_x[:-1]), 0, None)
+        iy = np.clip(np.minimum(y1, edges_y[1:]) - np.maximum(y0, edges_y[:-1]), 0, None)
+        shares += (np.outer(iy, ix) / ((x1 - x0) * (y1 - y0))).astype(np.float32)
+    return shares
+
+
+def boxes_to_cell_mask(boxes: Sequence[Sequence[float]], image_size: Size, cell_px: int = CELL_PX) -> np.ndarray:
+    """bool [h, w]: cells (of ``cell_px``) that share area with any box (`boxes_to_cell_shares` > 0).
+
+    Touching a cell's edge does not count.
+    """
+    return boxes_to_cell_shares(boxes, image_size, cell_px) > 0
 
 
 # ---------------------------------------------------------------------------
