@@ -56,8 +56,8 @@ def main(folder: str, out: str) -> None:
         ax_cov.text(offset + 3, 0.02 + 0.06 * (stage - 1), f"stage {stage}{note}",  # the empty bottom of the panel
                     transform=ax_cov.get_xaxis_transform(), fontsize=8, color="grey")
         offset += log[-1]["step"]
-    ax_cov.set(xlabel="step", ylabel="share of the answer's cells kept", ylim=(0, 1.02),
-               title="validation coverage of the answer's cells (top-k of relevance)")
+    ax_cov.set(xlabel="step", ylabel="share of the answer's box area kept", ylim=(0, 1.02),
+               title="validation coverage of the answer's area (top-k of relevance)")
     ax_cov.legend(fontsize=8, loc="center right")
     ax_loss.set(xlabel="step", ylabel="loss (moving mean of 15 steps)", title="training losses")
     ax_loss.legend(fontsize=8)

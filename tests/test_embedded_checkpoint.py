@@ -84,5 +84,5 @@ def test_eval_of_the_shipped_model_on_20_items_is_fast_and_includes_the_trained_
     assert {("none", 1.0), ("random", 0.1), ("arr_coc", 0.1), ("arr_coc_trained", 0.1)} <= set(rows)
     assert rows[("arr_coc_trained", 0.1)]["kept_share"] == pytest.approx(0.1, abs=0.02)
     assert rows[("none", 1.0)]["accuracy"] > 0.5  # the shipped model reads the image (text prior ~0.2)
-    # the shipped scorers were trained for this: 0.91 vs 0.65 of the answer's cells at 10% on 2,000 items
+    # the shipped scorers were trained for this: 0.89 vs 0.65 of the answer's cells at 10% on 2,000 items
     assert rows[("arr_coc_trained", 0.1)]["coverage"] > rows[("arr_coc", 0.1)]["coverage"] + 0.1
