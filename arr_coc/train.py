@@ -9,8 +9,9 @@ are the target, each box spreading a weight of 1 over its cells by the share of 
 in each (`boxes_to_cell_shares`: an object's centre cell, the token that carries most of
 it, outranks its edge cells, and every counted instance weighs the same); the loss is a
 listwise ranking loss on the continuous relevance map (softmax over the image's cells,
-cross-entropy against those shares), never on the discrete selection. The VLM only supplies fixed features
-(visual tokens, question embeddings), computed once per item and cached.
+cross-entropy against those shares), never on the discrete selection. The VLM only
+supplies fixed features (visual tokens, question embeddings), computed once per item and
+cached.
 
 Stage 2, end-to-end: the frozen VLM reads the WHOLE prompt, and each visual token j is
 softly masked out of attention with an additive bias log m_j, m_j = sigmoid((r_j - t) / T),
