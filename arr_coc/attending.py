@@ -3,10 +3,12 @@
 Pure functions over one image (testable with no model), and `TokenAllocator`, a
 thin parameter-free module that applies them to a padded batch (timm's
 patch_dropout pattern). The seeds' rule: learn continuous scores, let top-k
-select. Budgets are fixed (a share or a count) or adaptive: more tokens when
-relevance is spread out (high entropy), fewer when it is concentrated. A
-low-structure image (the seeds' "semantic void") gets systematic grid coverage
-instead of top-k over noise.
+select. Budgets are fixed (a share or a count), at most the budget on average (a trained
+layer scales each image's budget by how many cells its relevance points at, calibrated on
+its training data to average 1, and raises it no further than those cells need), or
+adaptive: more tokens when relevance is spread out (high entropy), fewer when it is
+concentrated. A low-structure image (the seeds' "semantic void") gets systematic grid
+coverage instead of top-k over noise.
 
 Kept indices are raster indices into the image's merged-token grid, ascending,
 so the kept tokens keep the VLM's reading order.
@@ -59,6 +61,52 @@ def adaptive_budget(relevance: torch.Tensor, min_ratio: float, max_ratio: float)
     ratio = min_ratio + (max_ratio - min_ratio) * spread
     lo, hi = resolve_budget(float(min_ratio), n), resolve_budget(float(max_ratio), n)
     return max(lo, min(hi, resolve_budget(ratio, n)))
+
+
+def relevant_cells(relevance: torch.Tensor, tau: float) -> float:
+    """How many cells the map points at: the perplexity of softmax(relevance [N] / tau), in [1, N].
+
+    Stage 1 trains softmax(relevance / its tau) to spread like the answer's area over the cells,
+    so one object reads a few cells and "How many stars?" over eight stars a few dozen.
+    """
+    logp = torch.log_softmax(relevance.detach().double().reshape(-1) / tau, dim=0)
+    return float(torch.exp(-(logp.exp() * logp).sum()))
+
+
+def spread_scale(cells: float, reference: float, low: float, high: float) -> float:
+    """The factor an image's budget is multiplied by: cells / reference, clipped to [low, high]."""
+    return min(high, max(low, cells / reference))
+
+
+def spread_count(k: int, cells: float, cfg: AttendingConfig) -> int:
+    """An image's budget of k tokens scaled by `spread_scale`, raised to at most spread_per_cell x cells.
+
+    The cap: a question about eight stars needs their cells, not twice the budget; tokens
+    beyond them add other objects to what the VLM counts.
+    """
+    scaled = round(k * spread_scale(cells, cfg.spread_reference, cfg.spread_min, cfg.spread_max))
+    if scaled > k:
+        scaled = max(k, min(scaled, round(cfg.spread_per_cell * cells)))
+    return max(1, scaled)
+
+
+def calibrate_spread(cells: Sequence[float], low: float, high: float) -> float:
+    """The reference for which `spread_scale` averages 1 over `cells` (the relevant cells of a data set).
+
+    The mean scale does not grow with the reference, so bisection (in log space) finds it.
+    """
+    if not cells:
+        raise ValueError("calibrate_spread needs the relevant-cell counts of at least one image")
+    if not low <= 1.0 <= high:
+        raise ValueError(f"need low <= 1 <= high for a scale that can average 1, got [{low}, {high}]")
+    lo, hi = min(cells) / high / 2, max(cells) / low * 2  # mean scale is `high` at lo, `low` at hi
+    for _ in range(100):
+        mid = math.sqrt(lo * hi)
+        if sum(spread_scale(c, mid, low, high) for c in cells) / len(cells) > 1.0:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(lo * hi)
 
 
 def is_void(structure: torch.Tensor, threshold: float) -> bool:
@@ -143,11 +191,14 @@ class TokenAllocator(nn.Module):
         keep_mask = torch.zeros(b, hm, wm, dtype=torch.bool, device=relevance.device)
         for i, (h, w) in enumerate(grid_hw):
             rel = relevance[i, :h, :w].reshape(-1).detach().float()
+            void = is_void(structure[i, :h, :w].reshape(-1).detach().float(), cfg.void_threshold)
             if budgets[i] is None:
                 k = adaptive_budget(rel, cfg.min_ratio, cfg.max_ratio)
             else:
                 k = resolve_budget(budgets[i], h * w)
-            if is_void(structure[i, :h, :w].reshape(-1).detach().float(), cfg.void_threshold):
+                if cfg.spread_tau > 0 and not void:
+                    k = resolve_budget(spread_count(k, relevant_cells(rel, cfg.spread_tau), cfg), h * w)
+            if void:
                 idx, why = grid_indices(h, w, k), "grid"
             else:
                 idx, why = topk_indices(rel, k), None

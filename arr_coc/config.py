@@ -105,9 +105,24 @@ class AttendingConfig:
     min_ratio: float = 0.05        # adaptive bounds, as shares of the image's tokens
     max_ratio: float = 0.5
     void_threshold: float = 0.06   # relevance spread (max - median) below this -> grid fallback
+    # Budget that follows the question (spread_tau 0: off, every image keeps exactly its budget).
+    # An image's budget is scaled by the number of cells the layer finds relevant, the perplexity
+    # of softmax(relevance / spread_tau), over spread_reference (training sets it so the scale
+    # averages 1 over its items: the budget becomes a mean), clipped to [spread_min, spread_max];
+    # it is raised to at most spread_per_cell tokens per relevant cell (more only adds distractors).
+    spread_tau: float = 0.0
+    spread_reference: float = 1.0
+    spread_min: float = 0.6
+    spread_max: float = 2.0
+    spread_per_cell: float = 2.0
 
     def __post_init__(self) -> None:
         check_budget(self.budget, "attending.budget")
+        _check(self.spread_tau >= 0.0, "attending.spread_tau must be >= 0 (0 keeps every image's budget exact)")
+        _check(self.spread_reference > 0.0, "attending.spread_reference must be > 0")
+        _check(0.0 < self.spread_min <= 1.0 <= self.spread_max,
+               "need 0 < attending.spread_min <= 1 <= spread_max (the scale of an image's budget)")
+        _check(self.spread_per_cell > 0.0, "attending.spread_per_cell must be > 0")
         _check(self.mode in ("fixed", "adaptive"), f"attending.mode must be 'fixed' or 'adaptive', got {self.mode!r}")
         _check(0.0 < self.min_ratio <= self.max_ratio <= 1.0, "need 0 < attending.min_ratio <= max_ratio <= 1")
         _check(self.void_threshold >= 0.0, "attending.void_threshold must be >= 0 (0 disables the grid fallback)")

@@ -10,7 +10,8 @@ import torch
 from PIL import Image, ImageDraw
 
 from arr_coc import ARRCOCConfig, ARRCOCLayer, ARRCOCOutput, channel_names, generate_texture_array
-from arr_coc.attending import adaptive_budget, grid_indices, resolve_budget, topk_indices
+from arr_coc.attending import (TokenAllocator, adaptive_budget, calibrate_spread, grid_indices, relevant_cells,
+                               resolve_budget, spread_count, spread_scale, topk_indices)
 
 CELL = 28
 
@@ -169,6 +170,55 @@ def test_adaptive_budget_stays_in_bounds_and_grows_with_spread():
     lo, hi = adaptive_budget(peaked, 0.05, 0.5), adaptive_budget(spread, 0.05, 0.5)
     assert resolve_budget(0.05, n) <= lo < hi <= resolve_budget(0.5, n)
     assert lo == 13 and hi == 128
+
+
+def _blobs(n_objects: int, h: int = 16, w: int = 16) -> torch.Tensor:
+    """A relevance map with n_objects 2 x 2 bright blobs on a dim background: [h, w]."""
+    rel = torch.full((h, w), 0.1)
+    for j in range(n_objects):
+        y, x = 1 + 4 * (j // 4), 1 + 4 * (j % 4)
+        rel[y : y + 2, x : x + 2] = 0.9
+    return rel
+
+
+def test_relevant_cells_counts_what_the_map_points_at():
+    assert relevant_cells(_blobs(1).flatten(), 0.02) == pytest.approx(4, rel=0.01)   # one object, four cells
+    assert relevant_cells(_blobs(8).flatten(), 0.02) == pytest.approx(32, rel=0.01)  # eight objects
+    assert relevant_cells(torch.zeros(256), 0.02) == pytest.approx(256)               # nothing stands out
+
+
+def test_spread_budgets_follow_the_map_and_keep_the_budget_on_average():
+    maps = [_blobs(n) for n in (1, 1, 2, 8)]
+    cells = [relevant_cells(m.flatten(), 0.02) for m in maps]
+    ref = calibrate_spread(cells, 0.6, 2.0)
+    assert sum(spread_scale(c, ref, 0.6, 2.0) for c in cells) / len(cells) == pytest.approx(1.0, abs=1e-6)
+
+    def kept(cfg):
+        out = TokenAllocator(ARRCOCConfig().replace(attending=cfg).attending)(torch.stack(maps), [(16, 16)] * 4, 20)
+        return out.budgets.tolist()
+
+    exact = kept({})
+    spread = kept({"spread_tau": 0.02, "spread_reference": ref})
+    assert exact == [20, 20, 20, 20]                      # off by default: every image keeps its budget
+    assert spread[0] == spread[1] < 20 < spread[3] <= 40  # one object: fewer; eight: more, at most twice
+    assert abs(sum(spread) / 4 - 20) <= 0.5               # the same tokens in all (up to rounding)
+
+
+def test_a_budget_is_raised_no_further_than_the_relevant_cells_need():
+    cfg = ARRCOCConfig().replace(attending={"spread_tau": 0.02, "spread_reference": 5.0}).attending
+    assert spread_count(20, 15.0, cfg) == 30  # x2 would be 40: two tokens per relevant cell are enough
+    assert spread_count(20, 4.0, cfg) == 16   # x0.8: fewer cells than the reference, fewer tokens
+    assert spread_count(20, 1.0, cfg) == 12   # x0.6 at least
+    assert spread_count(20, 9.0, cfg) == 20   # the cap never takes a budget below itself (x1.8 -> 36, cap 18)
+
+
+def test_calibrate_spread_says_what_it_needs():
+    with pytest.raises(ValueError, match="at least one image"):
+        calibrate_spread([], 0.6, 2.0)
+    with pytest.raises(ValueError, match="low <= 1 <= high"):
+        calibrate_spread([3.0, 5.0], 1.2, 2.0)
+    with pytest.raises(ValueError, match="spread_min"):
+        ARRCOCConfig().replace(attending={"spread_min": 1.5})
 
 
 def test_adaptive_mode_in_the_layer_respects_bounds():
