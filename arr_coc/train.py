@@ -22,6 +22,13 @@ for T > 0 the answer's cross-entropy has a true gradient into every token's rele
 Chosen over straight-through top-k (biased, its forward is blind to near-threshold tokens)
 and REINFORCE (unbiased but needs many samples per item, too slow on a 2-core CPU).
 
+At the end of a stage the layer's budgets are made to follow the question
+(`calibrate_budget_spread`): an image keeps its budget times the number of cells its
+relevance points at (the perplexity of softmax(relevance / 0.02)) over a reference set on
+the training items so that the factor averages 1, clipped to [0.6, 2]. A budget is then
+the mean over questions like the training ones: "How many stars?" over eight stars gets
+twice the tokens, "What color is the cross?" 0.6 times.
+
 Both stages: AdamW, warm-up + cosine, gradient clipping at 1.0, seeded, tqdm, periodic
 validation of answer-cell coverage at fixed budgets, health checks (collapsed scores,
 exploding gradients, allocations collapsing to one region), a JSON log, resumable.
@@ -43,7 +50,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from .attending import resolve_budget
+from .attending import calibrate_spread, relevant_cells, resolve_budget
 from .config import ARRCOCConfig
 from .data import boxes_to_cell_shares, read_jsonl
 from .layer import ARRCOCLayer
@@ -69,6 +76,7 @@ class TrainConfig:
     budgets: tuple[float, ...] = (0.05, 0.1, 0.25)  # stage 2: budget drawn per step
     rank_weight: float = 0.0       # stage 2: + this x stage 1's ranking loss (keeps the answer's cells covered)
     attn_dim: int | None = None    # participatory width of a fresh layer (None: the config's default); not with `init`
+    spread_tau: float = 0.02       # budget scaled by the relevant cells at this softmax T, averaging 1 (0: exact budgets)
     val_fraction: float = 0.1
     eval_every: int = 50
 
@@ -393,8 +401,36 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
         bar.set_postfix(loss=f"{loss_value:.3f}")
         bar.update(1)
     bar.close()
+    if state["step"] >= cfg.steps:
+        calibrate_budget_spread(getattr(layer, "module", layer), train_set, cfg.spread_tau)
     save(layer, opt, state, cfg, state_path)
     return state
+
+
+@torch.no_grad()
+def calibrate_budget_spread(layer: ARRCOCLayer, items: list[Features], tau: float) -> None:
+    """Let the trained layer's budgets follow the question: scale = relevant cells / reference, averaging 1.
+
+    The reference is set on `items` (the stage's training items) so that a budget stays the
+    mean number of tokens kept over data like them; tau 0 turns the scaling off (exact budgets).
+    """
+    attending = layer.config.attending
+    attending.spread_tau = tau
+    if tau <= 0:
+        return
+    was = layer.training
+    layer.eval()
+    cells = []
+    for s in range(0, len(items), 32):
+        chunk = items[s : s + 32]
+        maps = batch_scores(layer, chunk)
+        for i, f in enumerate(chunk):
+            h, w = f.grid_hw
+            cells.append(relevant_cells(maps["relevance"][i, :h, :w], tau))
+    layer.train(was)
+    attending.spread_reference = calibrate_spread(cells, attending.spread_min, attending.spread_max)
+    logger.info("budget spread: relevant cells (softmax T %s) median %.1f, reference %.2f", tau,
+                sorted(cells)[len(cells) // 2], attending.spread_reference)
 
 
 @torch.no_grad()
@@ -467,6 +503,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attn-dim", type=int, default=None,
                         help="width of a fresh layer's participatory scorer (default: knowing.attn_dim, 32); "
                              "not with --init")
+    parser.add_argument("--spread-tau", type=float, default=d.spread_tau,
+                        help="the saved layer scales each image's budget by the cells its relevance points at "
+                             "(perplexity of softmax(relevance / T)), calibrated on the training items to average "
+                             "1, so a budget is the mean kept; 0 keeps every image's budget exact (default: 0.02)")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--stop-after", type=int, default=None, help="stop at this step (continue later with --resume)")
 
@@ -474,7 +514,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(stage=args.stage, out=args.out, seed=args.seed, steps=args.steps, batch_size=args.batch_size,
                       lr=args.lr, eval_every=args.eval_every, rank_weight=args.rank_weight, budgets=args.budgets,
-                      attn_dim=args.attn_dim)
+                      attn_dim=args.attn_dim, spread_tau=args.spread_tau)
     os.makedirs(cfg.out, exist_ok=True)
     train(cfg, args.model, args.data, init=args.init, resume=args.resume, stop_after=args.stop_after,
           feature_cache=args.feature_cache)

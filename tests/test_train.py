@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from arr_coc.data import write_split
+from arr_coc.attending import resolve_budget
 from arr_coc.layer import ARRCOCLayer
 from arr_coc.model import ARRCOCQwen
 from arr_coc.train import TrainConfig, answer_loss, batch_scores, extract_features, ranking_loss, train
@@ -94,6 +95,35 @@ def test_checkpoint_round_trips_and_resume_continues_the_same_run(setup, tmp_pat
     b = ARRCOCLayer.from_pretrained(resumed.out).state_dict()
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     assert ARRCOCLayer.from_pretrained(straight.out).config.strict is False  # shipped layers degrade gracefully
+
+
+def test_a_trained_layers_budget_follows_the_question_and_holds_on_average(setup, tmp_path):
+    wrapper, data = setup
+    records = list(read_jsonl(data))[3:]  # the 13 items the stage trained on (the first 20% are held out)
+    spread, exact = tmp_path / "spread", tmp_path / "exact"
+    train(_cfg(spread, stage=1, steps=6), "", data, progress=False, wrapper=wrapper)
+    train(_cfg(exact, stage=1, steps=6, spread_tau=0.0), "", data, progress=False, wrapper=wrapper)
+
+    def kept(folder, **attending):
+        layer = ARRCOCLayer.from_pretrained(str(folder / "layer"))
+        for name, value in attending.items():
+            setattr(layer.config.attending, name, value)
+        w = ARRCOCQwen(wrapper.model, wrapper.processor, arr_coc=layer)
+        out = []
+        for rec in records:
+            _, traces = w.prepare(w.build_inputs([[rec.load_image()]], [rec.question]), budget=0.25)
+            out.append(traces[0].kept_tokens)
+        return out
+
+    budget = resolve_budget(0.25, 12 * 12)  # 336 px canvas: a 12 x 12 grid of merged tokens
+    assert kept(exact) == [budget] * len(records)
+    scaled = kept(spread, spread_per_cell=1e9)  # the scale alone, no cap
+    assert len(set(scaled)) > 1, scaled                                  # images keep different numbers of tokens
+    assert abs(sum(scaled) / len(scaled) - budget) <= 1.0, scaled        # ... and the budget on average
+    assert min(scaled) >= round(0.6 * budget) and max(scaled) <= 2 * budget
+    capped = kept(spread)                                                # as saved: raised at most to 2 per cell
+    assert all(c <= s for c, s in zip(capped, scaled)) and sum(capped) / len(capped) <= budget + 0.5, capped
+    assert ARRCOCLayer.from_pretrained(str(spread / "layer")).config.attending.spread_tau == 0.02
 
 
 def test_a_fresh_layer_takes_attn_dim_and_a_warm_start_refuses_it(setup, tmp_path):
