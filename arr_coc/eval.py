@@ -508,7 +508,11 @@ def _row(by: dict[tuple[str, Any], dict[str, Any]], method: str, budget: float |
 
 
 def accuracy_table(report: dict[str, Any]) -> str:
-    """Markdown pivot: one row per method, one column per budget, accuracy (coverage)."""
+    """Markdown pivot: one row per method, one column per budget, accuracy (coverage).
+
+    Where a row kept a mean share of tokens more than 3% away from its budget (the trained
+    layer, whose budget follows the question; downscale's rounded image sizes), the cell says so.
+    """
     budgets = report.get("budgets") or sorted({r["budget"] for r in report["results"]}, key=float)
     cols = list(budgets)
     if 1.0 not in cols and any(r["budget"] == 1.0 for r in report["results"]):
@@ -524,8 +528,11 @@ def accuracy_table(report: dict[str, Any]) -> str:
             if r is None or (m == "none" and b != 1.0):
                 cells.append("" if m == "none" else "–")
                 continue
-            cov = f" ({_fmt(r['coverage'], 2)})" if r.get("coverage") is not None else ""
-            cells.append(_fmt(r["accuracy"]) + cov)
+            notes = [_fmt(r["coverage"], 2)] if r.get("coverage") is not None else []
+            kept = r.get("kept_share")
+            if isinstance(b, float) and b < 1.0 and kept is not None and abs(kept - b) > 0.03 * b:
+                notes.append(f"{100 * kept:.1f}% kept")  # a budget met on average, or downscale's rounding
+            cells.append(_fmt(r["accuracy"]) + (f" ({'; '.join(notes)})" if notes else ""))
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -185,3 +185,13 @@ def test_paired_difference_counts_items_each_method_alone_got_right():
     assert p["low"] < p["diff"] < p["high"] and p["low"] < 0   # 3 wins to 1 loss in 8 items is not significant
     assert paired_difference({"results": rows}, "a", "none", 0.1)["diff"] == pytest.approx(-2 / 8)  # none: its 100% row
     assert paired_difference({"results": rows}, "a", "missing", 0.1) is None
+
+
+def test_the_table_says_when_a_row_kept_another_share_than_its_budget():
+    from arr_coc.eval import accuracy_table
+
+    rows = [{"method": "fastv", "budget": 0.05, "accuracy": 0.78, "coverage": 0.5, "kept_share": 13 / 256},
+            {"method": "arr_coc_trained", "budget": 0.05, "accuracy": 0.81, "coverage": 0.8, "kept_share": 12 / 256}]
+    lines = accuracy_table({"budgets": [0.05], "results": rows}).splitlines()
+    assert lines[2] == "| fastv | 0.780 (0.50) |"                      # 5.08%: the budget, rounded to tokens
+    assert lines[3] == "| arr_coc_trained | 0.810 (0.80; 4.7% kept) |"  # a budget met on average
