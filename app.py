@@ -465,6 +465,15 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if a and b and math.isfinite(a) and math.isfinite(b) and b > 0 else "-"
 
 
+def _kept_per_budget(t: Any) -> str:
+    """1.00x, or how the trained layer scaled this question's budget (more cells relevant, more tokens)."""
+    from arr_coc.attending import resolve_budget
+
+    if isinstance(t.budget, bool) or not isinstance(t.budget, (int, float)) or not t.total_tokens:
+        return "-"  # adaptive: no budget to compare with
+    return f"{t.kept_tokens / resolve_budget(t.budget, t.total_tokens):.2f}x"
+
+
 def stats_rows(base: Run, arr: Run | None) -> list[list[str]]:
     b = base.trace
     a = arr.trace if arr is not None else None
@@ -475,6 +484,7 @@ def stats_rows(base: Run, arr: Run | None) -> list[list[str]]:
         ["visual tokens (total)", str(b.total_tokens), col(lambda t: str(t.total_tokens))],
         ["visual tokens (kept)", str(b.kept_tokens),
          col(lambda t: f"{t.kept_tokens} ({100 * t.kept_ratio:.0f}%)")],
+        ["kept / budget", "-", col(_kept_per_budget)],
         ["prompt tokens", str(b.prompt_tokens), col(lambda t: str(t.prompt_tokens))],
         ["vision tower (ms)", _ms(b.vision_s), col(lambda t: _ms(t.vision_s))],
         ["selection (ms)", _ms(b.select_s), col(lambda t: _ms(t.select_s))],
@@ -642,7 +652,9 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY, exampl
                     adaptive = gr.Checkbox(value=False, label="adaptive budget", elem_id="adaptive",
                                            info="ARR-COC picks 5-50% from how spread its relevance is")
                 budget = gr.Slider(MIN_BUDGET, 1.0, value=DEFAULT_BUDGET, step=0.01, elem_id="budget",
-                                   label="budget: share of visual tokens kept")
+                                   label="budget: share of visual tokens kept",
+                                   info="the trained layer keeps it on average: more for a question about many "
+                                        "objects, fewer for one about one")
                 method = gr.Dropdown(choices=scope.methods, value="arr_coc", label="method (pruned column)",
                                      elem_id="method",
                                      info="arr_coc, or an anchor registered in arr_coc.model.SELECTORS")
