@@ -243,6 +243,11 @@ def test_batch_of_two_sizes_with_their_own_budgets_equals_each_alone(layer, trai
                 module.weight.normal_(0.0, 0.3, generator=g)
     both = layer([a, b], [(16, 16), (12, 20)], query_embeds=[qa, qb], visual_tokens=[va, vb], budget=[0.1, 9])
     assert both.budgets.tolist() == [26, 9]
+    if trained:  # a budget that follows the question: each image's own relevance decides, whatever its batch
+        layer.config.attending.spread_tau = 0.02
+        layer.config.attending.spread_reference = 3.0
+        both = layer([a, b], [(16, 16), (12, 20)], query_embeds=[qa, qb], visual_tokens=[va, vb], budget=[0.1, 9])
+        assert both.budgets.tolist() != [26, 9]
     assert both.keep_mask.shape == (2, 16, 20) and both.keep_mask[1, 12:].sum() == 0
     for i, (im, q, v, hw, bud) in enumerate([(a, qa, va, (16, 16), 0.1), (b, qb, vb, (12, 20), 9)]):
         alone = layer([im], [hw], query_embeds=[q], visual_tokens=[v], budget=bud)
