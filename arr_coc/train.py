@@ -402,22 +402,26 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
         bar.update(1)
     bar.close()
     if state["step"] >= cfg.steps:
-        calibrate_budget_spread(getattr(layer, "module", layer), train_set, cfg.spread_tau)
+        state["budget_spread"] = calibrate_budget_spread(getattr(layer, "module", layer), train_set, cfg.spread_tau)
+        if progress and cfg.spread_tau > 0:
+            tqdm.write("budget follows the question: relevant cells (median {median_cells:.1f}) / reference "
+                       "{reference:.2f}, clipped to [{low}, {high}]".format(**state["budget_spread"]))
     save(layer, opt, state, cfg, state_path)
     return state
 
 
 @torch.no_grad()
-def calibrate_budget_spread(layer: ARRCOCLayer, items: list[Features], tau: float) -> None:
+def calibrate_budget_spread(layer: ARRCOCLayer, items: list[Features], tau: float) -> dict:
     """Let the trained layer's budgets follow the question: scale = relevant cells / reference, averaging 1.
 
     The reference is set on `items` (the stage's training items) so that a budget stays the
     mean number of tokens kept over data like them; tau 0 turns the scaling off (exact budgets).
+    Returns what was set, for the training log.
     """
     attending = layer.config.attending
     attending.spread_tau = tau
     if tau <= 0:
-        return
+        return {"tau": 0.0}
     was = layer.training
     layer.eval()
     cells = []
@@ -429,8 +433,8 @@ def calibrate_budget_spread(layer: ARRCOCLayer, items: list[Features], tau: floa
             cells.append(relevant_cells(maps["relevance"][i, :h, :w], tau))
     layer.train(was)
     attending.spread_reference = calibrate_spread(cells, attending.spread_min, attending.spread_max)
-    logger.info("budget spread: relevant cells (softmax T %s) median %.1f, reference %.2f", tau,
-                sorted(cells)[len(cells) // 2], attending.spread_reference)
+    return {"tau": tau, "reference": attending.spread_reference, "median_cells": sorted(cells)[len(cells) // 2],
+            "low": attending.spread_min, "high": attending.spread_max, "items": len(cells)}
 
 
 @torch.no_grad()

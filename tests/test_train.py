@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -123,7 +125,9 @@ def test_a_trained_layers_budget_follows_the_question_and_holds_on_average(setup
     assert min(scaled) >= round(0.6 * budget) and max(scaled) <= 2 * budget
     capped = kept(spread)                                                # as saved: raised at most to 2 per cell
     assert all(c <= s for c, s in zip(capped, scaled)) and sum(capped) / len(capped) <= budget + 0.5, capped
-    assert ARRCOCLayer.from_pretrained(str(spread / "layer")).config.attending.spread_tau == 0.02
+    saved = ARRCOCLayer.from_pretrained(str(spread / "layer")).config.attending
+    log = json.loads((spread / "layer" / "training_log_stage1.json").read_text())["budget_spread"]
+    assert saved.spread_tau == log["tau"] == 0.02 and saved.spread_reference == pytest.approx(log["reference"])
 
 
 def test_a_fresh_layer_takes_attn_dim_and_a_warm_start_refuses_it(setup, tmp_path):
