@@ -141,6 +141,7 @@ def test_ask_gives_both_answers_stats_and_pictures(scope, good_image):
     total, kept = int(rows["visual tokens (total)"][0]), rows["visual tokens (kept)"][1]
     assert int(rows["visual tokens (kept)"][0]) == total
     assert int(kept.split()[0]) == round(0.25 * total)
+    assert rows["kept / budget"] == ["-", "1.00x"]  # this layer keeps its budget exactly
     assert rows["prefill speedup"][1].endswith("x")
     h, w = r.record["arr_coc"]["grid_hw"][0]
     assert Image.open(r.heatmap).size == (w * scope.cell_px, h * scope.cell_px)
@@ -428,3 +429,11 @@ def test_embedded_model_round_trip_and_load(embedded_server, tmp_path):
     print("\nLOAD TEST", json.dumps(figures))
     (Path(os.environ.get("ARR_COC_LOADTEST_OUT", tmp_path)) / "loadtest.json").write_text(json.dumps(figures, indent=1))
     assert rss_after <= 1.10 * rss_first, figures
+
+
+def test_kept_per_budget_shows_how_the_layer_scaled_the_budget():
+    from types import SimpleNamespace
+
+    assert app._kept_per_budget(SimpleNamespace(budget=0.25, total_tokens=256, kept_tokens=40)) == "0.62x"
+    assert app._kept_per_budget(SimpleNamespace(budget=13, total_tokens=256, kept_tokens=26)) == "2.00x"
+    assert app._kept_per_budget(SimpleNamespace(budget="adaptive", total_tokens=256, kept_tokens=40)) == "-"
