@@ -25,9 +25,10 @@ and REINFORCE (unbiased but needs many samples per item, too slow on a 2-core CP
 At the end of a stage the layer's budgets are made to follow the question
 (`calibrate_budget_spread`): an image keeps its budget times the number of cells its
 relevance points at (the perplexity of softmax(relevance / 0.02)) over a reference set on
-the training items so that the factor averages 1, clipped to [0.6, 2]. A budget is then
-the mean over questions like the training ones: "How many stars?" over eight stars gets
-twice the tokens, "What color is the cross?" 0.6 times.
+the training items so that the factor averages 1, clipped to [0.6, 2], and raised to at
+most 2 tokens per relevant cell. A budget is then at most the mean over questions like the
+training ones: "How many stars?" over eight stars gets up to twice the tokens, "What color
+is the cross?" down to 0.6 times.
 
 Both stages: AdamW, warm-up + cosine, gradient clipping at 1.0, seeded, tqdm, periodic
 validation of answer-cell coverage at fixed budgets, health checks (collapsed scores,
@@ -510,7 +511,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spread-tau", type=float, default=d.spread_tau,
                         help="the saved layer scales each image's budget by the cells its relevance points at "
                              "(perplexity of softmax(relevance / T)), calibrated on the training items to average "
-                             "1, so a budget is the mean kept; 0 keeps every image's budget exact (default: 0.02)")
+                             "1 and raised to at most 2 tokens per such cell, so the tokens kept average at most the "
+                             "budget; 0 keeps every image's budget exact (default: 0.02)")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--stop-after", type=int, default=None, help="stop at this step (continue later with --resume)")
 
