@@ -18,6 +18,7 @@ import torch
 
 from arr_coc.__main__ import main
 from arr_coc.attending import resolve_budget
+from arr_coc.layer import ARRCOCLayer
 from arr_coc.eval import REQUIRED_KEYS, count_flops, paired_difference, parse_budgets, resolve_methods
 
 EMBEDDED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "shapes-qwen2vl")
@@ -60,6 +61,7 @@ def test_eval_end_to_end_writes_results_table_and_plot(split, model_dir, tmp_pat
     from arr_coc.cli_ask import resolve_layer
 
     shipped = resolve_layer(model_dir, None)
+    spreads = bool(shipped) and ARRCOCLayer.from_pretrained(shipped).config.attending.spread_tau > 0
     if shipped:  # the embedded model: `all` includes the trained layer shipped for it
         assert report["arr_coc_weights"] == shipped and "arr_coc_trained" not in report["skipped"]
         methods.append("arr_coc_trained")
@@ -76,7 +78,11 @@ def test_eval_end_to_end_writes_results_table_and_plot(split, model_dir, tmp_pat
         if budget == 1.0:                                         # keeps everything: identical to none
             assert r["kept_tokens_mean"] == n_tokens and r["accuracy"] == rows[("none", 1.0)]["accuracy"]
         elif method != "downscale":
-            assert r["kept_tokens_mean"] == resolve_budget(0.1, int(n_tokens))
+            k = resolve_budget(0.1, int(n_tokens))
+            if method == "arr_coc_trained" and spreads:  # the shipped layer's budget follows the question
+                assert round(0.6 * k) <= r["kept_tokens_mean"] <= k, r["kept_tokens_mean"]
+            else:
+                assert r["kept_tokens_mean"] == k
             assert r["prefill_flops_mean"] < rows[("none", 1.0)]["prefill_flops_mean"]
             assert 0.0 <= r["full_coverage"] <= r["coverage"] <= 1.0
         else:
