@@ -108,8 +108,9 @@ class AttendingConfig:
     # Budget that follows the question (spread_tau 0: off, every image keeps exactly its budget).
     # An image's budget is scaled by the number of cells the layer finds relevant, the perplexity
     # of softmax(relevance / spread_tau), over spread_reference (training sets it so the scale
-    # averages 1 over its items: the budget becomes a mean), clipped to [spread_min, spread_max];
-    # it is raised to at most spread_per_cell tokens per relevant cell (more only adds distractors).
+    # averages 1 over its items), clipped to [spread_min, spread_max]; it is raised to at most
+    # spread_per_cell tokens per relevant cell (more only adds distractors), so the tokens kept
+    # average at most the budget.
     spread_tau: float = 0.0
     spread_reference: float = 1.0
     spread_min: float = 0.6

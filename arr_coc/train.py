@@ -415,8 +415,9 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
 def calibrate_budget_spread(layer: ARRCOCLayer, items: list[Features], tau: float) -> dict:
     """Let the trained layer's budgets follow the question: scale = relevant cells / reference, averaging 1.
 
-    The reference is set on `items` (the stage's training items) so that a budget stays the
-    mean number of tokens kept over data like them; tau 0 turns the scaling off (exact budgets).
+    The reference is set on `items` (the stage's training items) so that the scale averages 1
+    there: over data like them the tokens kept average at most the budget (the per-cell cap
+    only lowers counts). tau 0 turns the scaling off (exact budgets).
     Returns what was set, for the training log.
     """
     attending = layer.config.attending
