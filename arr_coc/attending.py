@@ -23,17 +23,8 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 
-from .config import AttendingConfig, Budget, check_budget
-
-
-def resolve_budget(budget: Budget, n_tokens: int) -> int:
-    """A share in (0, 1] or a count -> a token count in [1, n_tokens] (shares round half up)."""
-    check_budget(budget)
-    if isinstance(budget, float):
-        k = int(math.floor(budget * n_tokens + 0.5))
-    else:
-        k = int(budget)
-    return max(1, min(n_tokens, k))
+from .budget import Budget, resolve_count
+from .config import AttendingConfig
 
 
 def normalised_entropy(relevance: torch.Tensor) -> float:
@@ -59,8 +50,8 @@ def adaptive_budget(relevance: torch.Tensor, min_ratio: float, max_ratio: float)
     n = relevance.numel()
     spread = min(1.0, max(0.0, (normalised_entropy(relevance) - 0.5) / 0.5)) ** 2
     ratio = min_ratio + (max_ratio - min_ratio) * spread
-    lo, hi = resolve_budget(float(min_ratio), n), resolve_budget(float(max_ratio), n)
-    return max(lo, min(hi, resolve_budget(ratio, n)))
+    lo, hi = resolve_count(float(min_ratio), n), resolve_count(float(max_ratio), n)
+    return max(lo, min(hi, resolve_count(ratio, n)))
 
 
 def relevant_cells(relevance: torch.Tensor, tau: float) -> float:
@@ -195,9 +186,9 @@ class TokenAllocator(nn.Module):
             if budgets[i] is None:
                 k = adaptive_budget(rel, cfg.min_ratio, cfg.max_ratio)
             else:
-                k = resolve_budget(budgets[i], h * w)
+                k = resolve_count(budgets[i], h * w)
                 if cfg.spread_tau > 0 and not void:
-                    k = resolve_budget(spread_count(k, relevant_cells(rel, cfg.spread_tau), cfg), h * w)
+                    k = resolve_count(spread_count(k, relevant_cells(rel, cfg.spread_tau), cfg), h * w)
             if void:
                 idx, why = grid_indices(h, w, k), "grid"
             else:

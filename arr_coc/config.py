@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
-Budget = Union[int, float]
+from .budget import DEFAULT_BUDGET, Budget, check_budget
 
 TEXTURE_GROUPS = ("rgb", "position", "sobel", "saliency", "clusters", "highpass")
 
@@ -21,16 +21,6 @@ TEXTURE_GROUPS = ("rgb", "position", "sobel", "saliency", "clusters", "highpass"
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
-
-
-def check_budget(budget: Budget, name: str = "budget") -> None:
-    """A budget is a share of the tokens in (0, 1] (float) or a token count >= 1 (int)."""
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)):
-        raise TypeError(f"{name} must be a float share in (0, 1] or an int count >= 1, got {budget!r}")
-    if isinstance(budget, float):
-        _check(0.0 < budget <= 1.0, f"{name}={budget} as a share must lie in (0, 1]; pass an int for a token count")
-    else:
-        _check(budget >= 1, f"{name}={budget} as a token count must be >= 1")
 
 
 @dataclass
@@ -100,7 +90,7 @@ class BalancingConfig:
 class AttendingConfig:
     """Token allocation: how many tokens each image keeps and which."""
 
-    budget: Budget = 0.25          # fixed mode: share in (0, 1] or token count
+    budget: Budget = DEFAULT_BUDGET  # fixed mode: share in (0, 1] or token count (arr_coc.budget)
     mode: str = "fixed"            # "fixed" | "adaptive"
     min_ratio: float = 0.05        # adaptive bounds, as shares of the image's tokens
     max_ratio: float = 0.5

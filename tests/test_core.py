@@ -11,7 +11,8 @@ from PIL import Image, ImageDraw
 
 from arr_coc import ARRCOCConfig, ARRCOCLayer, ARRCOCOutput, channel_names, generate_texture_array
 from arr_coc.attending import (TokenAllocator, adaptive_budget, calibrate_spread, grid_indices, relevant_cells,
-                               resolve_budget, spread_count, spread_scale, topk_indices)
+                               spread_count, spread_scale, topk_indices)
+from arr_coc.budget import resolve_count
 
 CELL = 28
 
@@ -81,7 +82,7 @@ def test_bright_square_wins_information_perspectival_and_a_5_percent_budget(laye
     assert int(out.perspectival[0].flatten().argmax()) in cells_of(box, 16)
     assert int(out.information[0].flatten().argmax()) in near
     kept = set(out.kept_indices[0].tolist())
-    assert len(kept) == resolve_budget(0.05, 256) == 13
+    assert len(kept) == resolve_count(0.05, 256) == 13
     assert kept <= near and out.fallback == [None]
 
 
@@ -138,13 +139,19 @@ def test_near_uniform_image_falls_back_to_grid_coverage(layer):
 @pytest.mark.parametrize("budget,n,expected", [(0.25, 256, 64), (0.05, 256, 13), (1.0, 256, 256), (1e-6, 256, 1),
                                                (10, 256, 10), (1000, 256, 256), (1, 1, 1)])
 def test_resolve_budget_exact_counts(budget, n, expected):
-    assert resolve_budget(budget, n) == expected
+    assert resolve_count(budget, n) == expected
 
 
-@pytest.mark.parametrize("bad", [0.0, 1.5, -3, 0, True, "0.1", None])
+@pytest.mark.parametrize("bad", [0.0, 1.5, -3, 0, True, "0.1", float("nan"), float("inf")])
 def test_bad_budgets_say_what_is_allowed(bad):
     with pytest.raises((ValueError, TypeError), match="budget"):
-        resolve_budget(bad, 10)
+        resolve_count(bad, 10)
+
+
+def test_no_budget_means_the_one_default():
+    from arr_coc.budget import DEFAULT_BUDGET
+
+    assert resolve_count(None, 256) == resolve_count(DEFAULT_BUDGET, 256) == 64
 
 
 def test_topk_breaks_ties_by_raster_order_and_returns_ascending():
@@ -168,7 +175,7 @@ def test_adaptive_budget_stays_in_bounds_and_grows_with_spread():
     peaked[:3] = 1.0
     spread = torch.ones(n)
     lo, hi = adaptive_budget(peaked, 0.05, 0.5), adaptive_budget(spread, 0.05, 0.5)
-    assert resolve_budget(0.05, n) <= lo < hi <= resolve_budget(0.5, n)
+    assert resolve_count(0.05, n) <= lo < hi <= resolve_count(0.5, n)
     assert lo == 13 and hi == 128
 
 
@@ -227,7 +234,7 @@ def test_adaptive_mode_in_the_layer_respects_bounds():
     ims = [scene(boxes=[((56, 56, 111, 111), (220, 40, 40))]), scene(size=(336, 336), noise=30, seed=1)]
     out = layer(ims, [(16, 16), (12, 12)])
     for k, (h, w) in zip(out.budgets.tolist(), out.grid_hw):
-        assert resolve_budget(0.1, h * w) <= k <= resolve_budget(0.3, h * w)
+        assert resolve_count(0.1, h * w) <= k <= resolve_count(0.3, h * w)
 
 
 @pytest.mark.parametrize("trained", [False, True], ids=["untrained", "trained-participatory"])

@@ -1,0 +1,115 @@
+"""The visual-token budget: one type, one parser, one default, one rule for counting.
+
+How a budget is written, everywhere (Python API, `ask`, `eval`, `train`, `bench`, the app):
+
+- a **share** of an image's visual tokens in (0, 1]: a Python float (`0.1`, `1.0`), or a string
+  with a decimal point or a percent sign (`"0.1"`, `"1.0"`, `"10%"`);
+- a **count** of visual tokens >= 1: a Python int (`64`), or a whole number in a string (`"64"`),
+  optionally followed by `tok` (`"64tok"`).
+
+The string `"1"` is refused as ambiguous (every token, or one token?): write `1.0` / `100%` for
+every token, `1tok` for one. A count larger than an image's tokens keeps them all; a share keeps
+round-half-up(share * n) tokens, at least one.
+
+How a budget is met (`BudgetMode`), chosen per call:
+
+- `"exact"`: every image keeps exactly its budget;
+- `"mean"`: a trained layer scales each image's budget by how many cells its relevance points
+  at (calibrated on its training data to average 1 and capped), so the budget holds **at most,
+  on average** over data like its training data, not per image. Only a layer whose config has a
+  calibrated spread (`attending.spread_tau > 0`) can do this;
+- `None`: the layer's own default (`"mean"` for such a trained layer, `"exact"` otherwise).
+
+Selectors other than ARR-COC always keep exact budgets.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from typing import Literal, Sequence, Union
+
+Budget = Union[int, float]
+# One budget for all images; or one entry per question: a budget, or a list with one per image.
+BudgetSpec = Union[Budget, Sequence[Union[Budget, Sequence[Budget], None]], None]
+BudgetMode = Literal["exact", "mean"]
+
+BUDGET_MODES: tuple[str, ...] = ("exact", "mean")
+DEFAULT_BUDGET: float = 0.25
+HOW_TO_WRITE = "write a share like 0.1, 1.0 or 10%, or a token count like 64 (or 64tok)"
+
+_COUNT = re.compile(r"^(\d+)\s*(tok|tokens?)?$")
+
+
+class BudgetError(ValueError):
+    """A budget that is not a share in (0, 1] or a token count >= 1; the message says how to write one."""
+
+
+def check_budget(budget: object, name: str = "budget") -> Budget:
+    """A Python budget as given (int count >= 1 or float share in (0, 1]), checked; else BudgetError."""
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
+        raise BudgetError(f"{name}={budget!r} is not a budget; {HOW_TO_WRITE}")
+    if isinstance(budget, numbers.Integral):
+        if budget < 1:
+            raise BudgetError(f"{name}={budget} as a token count must be >= 1; {HOW_TO_WRITE}")
+        return int(budget)
+    value = float(budget)
+    if not math.isfinite(value) or not 0.0 < value <= 1.0:
+        raise BudgetError(f"{name}={budget} as a share must lie in (0, 1] (pass an int for a token count); "
+                          f"{HOW_TO_WRITE}")
+    return value
+
+
+def parse_budget(value: object, name: str = "budget") -> Budget:
+    """The one parser: a string as written on a command line or in a form, or a Python number.
+
+    "0.1" / "10%" / "1.0" -> share; "64" / "64tok" -> count; "1" -> BudgetError (ambiguous).
+    """
+    if not isinstance(value, str):
+        return check_budget(value, name)
+    text = value.strip().lower()
+    match = _COUNT.match(text)
+    if match:
+        if match.group(1) == "1" and not match.group(2):
+            raise BudgetError(f"{name} '1' is ambiguous: write 1.0 or 100% to keep every token, "
+                              "or 1tok to keep one token")
+        return check_budget(int(match.group(1)), name)
+    try:
+        share = float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
+    except ValueError:
+        raise BudgetError(f"{name} {value!r} is not a budget; {HOW_TO_WRITE}") from None
+    return check_budget(share, name)
+
+
+def parse_budgets(text: str, name: str = "budgets") -> list[Budget]:
+    """'0.05,0.1,64' -> [0.05, 0.1, 64], each through `parse_budget`."""
+    out = [parse_budget(part, name) for part in str(text).split(",") if part.strip()]
+    if not out:
+        raise BudgetError(f"give at least one budget, e.g. 0.1,0.25; {HOW_TO_WRITE}")
+    return out
+
+
+def check_mode(mode: object) -> BudgetMode | None:
+    """None (the layer's default), "exact" or "mean"; anything else is a BudgetError."""
+    if mode is None or mode in BUDGET_MODES:
+        return mode  # type: ignore[return-value]
+    raise BudgetError(f"budget mode {mode!r} is not one of {list(BUDGET_MODES)} "
+                      "(or None for the layer's default)")
+
+
+def resolve_count(budget: Budget | None, n_tokens: int) -> int:
+    """Tokens to keep out of n_tokens: shares round half up, counts are capped at n_tokens, at least 1.
+
+    None means DEFAULT_BUDGET.
+    """
+    budget = check_budget(DEFAULT_BUDGET if budget is None else budget)
+    k = int(math.floor(budget * n_tokens + 0.5)) if isinstance(budget, float) else budget
+    return max(1, min(n_tokens, k))
+
+
+def budget_label(budget: Budget | None) -> str:
+    """How a budget is printed in tables and file names: 0.1 -> '0.1', 64 -> '64tok'."""
+    if budget is None:
+        return "default"
+    return f"{budget}tok" if isinstance(budget, int) else f"{budget:g}"
