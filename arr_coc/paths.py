@@ -1,0 +1,43 @@
+"""Where the shipped checkpoints are, and which ARR-COC layer goes with which VLM.
+
+The one owner of these paths: the CLI, the app, the evaluation and the training import them
+from here. `checkpoints/` sits next to the `arr_coc` package, wherever a command runs from.
+"""
+
+from __future__ import annotations
+
+import os
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECKPOINTS = os.path.join(REPO_ROOT, "checkpoints")
+EMBEDDED_MODEL = os.path.join(CHECKPOINTS, "shapes-qwen2vl")    # the embedded Qwen2-VL-architecture VLM
+SHIPPED_LAYER = os.path.join(CHECKPOINTS, "arr-coc-shapes")     # ARR-COC trained against EMBEDDED_MODEL
+
+UNTRAINED = "untrained"   # the value of --arr-coc that asks for the untrained layer
+
+
+def default_model_path() -> str | None:
+    """The embedded VLM, if this checkout ships it."""
+    return EMBEDDED_MODEL if os.path.isfile(os.path.join(EMBEDDED_MODEL, "config.json")) else None
+
+
+def default_layer_path() -> str | None:
+    """The trained ARR-COC layer shipped with the embedded VLM, if this checkout has it."""
+    return SHIPPED_LAYER if os.path.isfile(os.path.join(SHIPPED_LAYER, "model.safetensors")) else None
+
+
+def is_embedded_model(model: str | os.PathLike | None) -> bool:
+    """True when `model` names the shipped embedded VLM folder (a hub id or another folder: False)."""
+    embedded = default_model_path()
+    return bool(model and embedded and os.path.isdir(model) and os.path.samefile(model, embedded))
+
+
+def resolve_layer(model: str | os.PathLike, arr_coc: str | None) -> str | None:
+    """The ARR-COC layer to load for `model`: `arr_coc` if given ("untrained" -> None, the untrained
+    layer); by default the shipped trained layer, but only for the embedded model it was trained
+    against (its scorers read that model's 192-d embeddings); None otherwise."""
+    if arr_coc == UNTRAINED:
+        return None
+    if arr_coc:
+        return arr_coc
+    return default_layer_path() if is_embedded_model(model) else None
