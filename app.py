@@ -134,7 +134,7 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     """
     import torch
 
-    from arr_coc.cli_ask import resolve_layer
+    from arr_coc.paths import resolve_layer
     from arr_coc.embedded import DEFAULT_CHECKPOINT
     from arr_coc.model import SELECTORS, ARRCOCQwen
 
@@ -467,11 +467,11 @@ def _ratio(a: float, b: float) -> str:
 
 def _kept_per_budget(t: Any) -> str:
     """1.00x, or how the trained layer scaled this question's budget (more cells relevant, more tokens)."""
-    from arr_coc.attending import resolve_budget
+    from arr_coc.budget import resolve_count
 
     if isinstance(t.budget, bool) or not isinstance(t.budget, (int, float)) or not t.total_tokens:
         return "-"  # adaptive: no budget to compare with
-    return f"{t.kept_tokens / resolve_budget(t.budget, t.total_tokens):.2f}x"
+    return f"{t.kept_tokens / resolve_count(t.budget, t.total_tokens):.2f}x"
 
 
 def stats_rows(base: Run, arr: Run | None) -> list[list[str]]:

@@ -4,19 +4,46 @@
     layer = ARRCOCLayer(ARRCOCConfig().with_query_dim(1536))
     out = layer(images, grid_hw, query_embeds=..., visual_tokens=..., budget=0.25)
     out.kept_indices   # per image, raster indices of the visual tokens to keep
+
+    from arr_coc import ARRCOCQwen
+    vlm = ARRCOCQwen.from_pretrained("checkpoints/shapes-qwen2vl")
+    answer, trace = vlm.generate(image, "What color is the star?", budget=0.1)
+
+Every name is imported on first use, so `import arr_coc` (and the command line's help) loads
+neither torch nor transformers.
 """
 
-from .config import ARRCOCConfig
-from .layer import ARRCOCLayer, ARRCOCOutput
-from .texture import channel_names, generate_texture_array
+from __future__ import annotations
 
-__all__ = ["ARRCOCConfig", "ARRCOCLayer", "ARRCOCOutput", "channel_names", "generate_texture_array"]
+import importlib
+from typing import TYPE_CHECKING
+
+# public name -> module that owns it
+_EXPORTS = {
+    "ARRCOCConfig": "arr_coc.config",
+    "ARRCOCLayer": "arr_coc.layer",
+    "ARRCOCOutput": "arr_coc.layer",
+    "channel_names": "arr_coc.texture",
+    "generate_texture_array": "arr_coc.texture",
+    "ARRCOCQwen": "arr_coc.model",
+    "Trace": "arr_coc.model",
+    "Budget": "arr_coc.budget",
+    "BudgetError": "arr_coc.budget",
+    "DEFAULT_BUDGET": "arr_coc.budget",
+    "parse_budget": "arr_coc.budget",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from .budget import DEFAULT_BUDGET, Budget, BudgetError, parse_budget
+    from .config import ARRCOCConfig
+    from .layer import ARRCOCLayer, ARRCOCOutput
+    from .model import ARRCOCQwen, Trace
+    from .texture import channel_names, generate_texture_array
 
 
 def __getattr__(name: str):
-    # The VLM wrapper pulls in transformers; import it only when asked for.
-    if name in ("ARRCOCQwen", "Trace"):
-        from . import model
-
-        return getattr(model, name)
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'arr_coc' has no attribute {name!r}")

@@ -137,7 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli_ask import resolve_layer
+    from .paths import resolve_layer
     from .data import read_jsonl
 
     if args.arr_coc_weights is None:
@@ -429,9 +429,9 @@ def _run_one(wrapper, batch, images, questions, inputs, build_s, method, budget,
 
 
 def _count(budget: float | int, n: int) -> int:
-    from .attending import resolve_budget
+    from .budget import resolve_count
 
-    return resolve_budget(budget, n)
+    return resolve_count(budget, n)
 
 
 def _row_inputs(pruned: Any, b: int) -> Any:

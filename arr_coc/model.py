@@ -39,7 +39,8 @@ from typing import Any, Callable, Sequence, Union
 
 import torch
 
-from .attending import grid_indices, resolve_budget
+from .attending import grid_indices
+from .budget import resolve_count as _resolve_count
 from .processing import (
     IM_END, VISION_END, image_processor_of, load_processor, render_prompt, unpatchify_images,
 )
@@ -245,7 +246,7 @@ class PrefillOutput:
 
 def resolve_count(budget: Budget | None, n: int, default: Budget = DEFAULT_BUDGET) -> int:
     """Tokens to keep out of n, with the allocator's rule (shares round half up, at least 1)."""
-    return resolve_budget(default if budget is None else budget, n)
+    return _resolve_count(default if budget is None else budget, n)
 
 
 def _select_none(ctx: SelectionContext) -> Selection:

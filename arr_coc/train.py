@@ -51,7 +51,8 @@ from dataclasses import asdict, dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from .attending import calibrate_spread, relevant_cells, resolve_budget
+from .attending import calibrate_spread, relevant_cells
+from .budget import resolve_count
 from .config import ARRCOCConfig
 from .data import boxes_to_cell_shares, read_jsonl
 from .layer import ARRCOCLayer
@@ -227,7 +228,7 @@ def coverage(relevance: torch.Tensor, valid: torch.Tensor, target: torch.Tensor,
         t = target[i, :h, :w].reshape(-1)
         if not t.any():
             continue
-        kept = topk_indices(relevance[i, :h, :w].reshape(-1), resolve_budget(budget, h * w))
+        kept = topk_indices(relevance[i, :h, :w].reshape(-1), resolve_count(budget, h * w))
         out.append(float(t[kept].float().sum() / t.float().sum()))
     return sum(out) / max(1, len(out))
 
@@ -268,7 +269,7 @@ def answer_loss(wrapper, items: list[Features], relevance: torch.Tensor, budget:
             embeds = model.get_input_embeddings()(full)
             embeds[full == wrapper.image_token_id] = f.visual_tokens.to(embeds.dtype)
         h, w = f.grid_hw
-        m = soft_keep(relevance[i, :h, :w].reshape(-1), resolve_budget(budget, h * w), temperature)
+        m = soft_keep(relevance[i, :h, :w].reshape(-1), resolve_count(budget, h * w), temperature)
         s = full.shape[1]
         bias = torch.zeros(s)
         bias = bias.index_put((torch.nonzero(full[0] == wrapper.image_token_id)[:, 0],), torch.log(m.clamp_min(1e-6)))
@@ -278,7 +279,7 @@ def answer_loss(wrapper, items: list[Features], relevance: torch.Tensor, budget:
         n_ans = len(answer_ids)
         logits = model.lm_head(hidden[0, -n_ans - 1 : -1])
         losses.append(F.cross_entropy(logits.float(), torch.tensor(answer_ids)))
-        shares.append((m.mean() - resolve_budget(budget, h * w) / (h * w)) ** 2)
+        shares.append((m.mean() - resolve_count(budget, h * w) / (h * w)) ** 2)
         kept_share.append(float(m.detach().mean()))
     return torch.stack(losses).mean(), torch.stack(shares).mean(), sum(kept_share) / len(kept_share)
 
@@ -302,7 +303,7 @@ def health(maps: dict[str, torch.Tensor], grids, grad_norm: float) -> list[str]:
         warnings.append(f"exploding gradient (norm {grad_norm:.1f})")
     spreads = []
     for i, (h, w) in enumerate(grids):
-        k = resolve_budget(0.1, h * w)
+        k = resolve_count(0.1, h * w)
         idx = torch.topk(rel[i, :h, :w].reshape(-1).detach(), k).indices
         ys, xs = (idx // w).float() / max(1, h - 1), (idx % w).float() / max(1, w - 1)
         spreads.append(float(ys.std() + xs.std()) if k > 1 else 1.0)

@@ -57,7 +57,7 @@ def test_the_default_model_loads_and_answers_one_question_in_under_2_s():
 
 
 def test_the_shipped_trained_layer_is_the_default_only_for_the_embedded_model(tmp_path):
-    from arr_coc.cli_ask import UNTRAINED, default_layer_path, resolve_layer
+    from arr_coc.paths import UNTRAINED, default_layer_path, resolve_layer
 
     assert resolve_layer(DEFAULT_CHECKPOINT, UNTRAINED) is None
     assert resolve_layer(DEFAULT_CHECKPOINT, "some/layer") == "some/layer"
@@ -69,7 +69,7 @@ def test_the_shipped_trained_layer_is_the_default_only_for_the_embedded_model(tm
 
 def test_eval_of_the_shipped_model_on_20_items_is_fast_and_includes_the_trained_layer(tmp_path):
     from arr_coc.__main__ import main
-    from arr_coc.cli_ask import default_layer_path
+    from arr_coc.paths import default_layer_path
     from arr_coc.data import write_split
 
     split = str(write_split(tmp_path / "data", split="test", n=20, seed=11))
@@ -90,7 +90,7 @@ def test_eval_of_the_shipped_model_on_20_items_is_fast_and_includes_the_trained_
 
 
 def test_the_shipped_layer_gives_count_questions_more_tokens_than_one_object_questions(tmp_path):
-    from arr_coc.cli_ask import default_layer_path
+    from arr_coc.paths import default_layer_path
     from arr_coc.data import read_jsonl, write_split
     from arr_coc.model import ARRCOCQwen
 

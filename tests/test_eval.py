@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from arr_coc.__main__ import main
-from arr_coc.attending import resolve_budget
+from arr_coc.budget import resolve_count
 from arr_coc.layer import ARRCOCLayer
 from arr_coc.eval import REQUIRED_KEYS, count_flops, paired_difference, parse_budgets, resolve_methods
 
@@ -58,7 +58,7 @@ def test_eval_end_to_end_writes_results_table_and_plot(split, model_dir, tmp_pat
     assert report["model"] == model_dir and report["data"] == split and report["n"] == 20
     rows = {(r["method"], r["budget"]): r for r in report["results"]}
     methods = ["random", "grid", "downscale", "fastv", "visionzip", "divprune", "cdpruner", "oracle", "arr_coc"]
-    from arr_coc.cli_ask import resolve_layer
+    from arr_coc.paths import resolve_layer
 
     shipped = resolve_layer(model_dir, None)
     spreads = bool(shipped) and ARRCOCLayer.from_pretrained(shipped).config.attending.spread_tau > 0
@@ -78,7 +78,7 @@ def test_eval_end_to_end_writes_results_table_and_plot(split, model_dir, tmp_pat
         if budget == 1.0:                                         # keeps everything: identical to none
             assert r["kept_tokens_mean"] == n_tokens and r["accuracy"] == rows[("none", 1.0)]["accuracy"]
         elif method != "downscale":
-            k = resolve_budget(0.1, int(n_tokens))
+            k = resolve_count(0.1, int(n_tokens))
             if method == "arr_coc_trained" and spreads:  # the shipped layer's budget follows the question
                 assert round(0.6 * k) <= r["kept_tokens_mean"] <= k, r["kept_tokens_mean"]
             else:
@@ -170,7 +170,7 @@ def test_bench_tiny_preset_runs_in_seconds(tmp_path):
             "arr_coc_s_median", "arr_coc_flops", "overhead_share", "speedup_vs_ideal"}
     for r in report["results"]:
         assert keys <= set(r)
-    assert pruned["visual_tokens"] == resolve_budget(0.25, full["visual_tokens"])
+    assert pruned["visual_tokens"] == resolve_count(0.25, full["visual_tokens"])
     assert pruned["prefill_flops"] < full["prefill_flops"] and pruned["kv_cache_bytes"] < full["kv_cache_bytes"]
     assert pruned["arr_coc_s_median"] > 0 and pruned["arr_coc_flops"] > 0 and pruned["overhead_share"] > 0
     assert full["speedup_vs_ideal"] == 1.0 and pruned["speedup_vs_ideal"] > 0

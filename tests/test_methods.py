@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from arr_coc import methods
-from arr_coc.attending import resolve_budget, topk_indices
+from arr_coc.attending import topk_indices
+from arr_coc.budget import resolve_count
 from arr_coc.methods import cdpruner, divprune, downscale, fastv, oracle, random_sampling, visionzip
 from arr_coc.model import SELECTORS, ARRCOCQwen
 
@@ -61,7 +62,7 @@ def test_every_selector_returns_exactly_the_budget_ascending_unique(tiny_vlm, ma
         assert len(kept) == len(ctx), name
         for k, (h, w_), count in zip(kept, ctx.grid_hw, ctx.counts):
             k = torch.as_tensor(k)
-            assert count == resolve_budget(budget, h * w_)
+            assert count == resolve_count(budget, h * w_)
             assert k.numel() == count, f"{name} kept {k.numel()} tokens for a budget of {count}"
             assert torch.equal(k, k.sort().values), f"{name} indices are not ascending"
             assert k.unique().numel() == k.numel(), f"{name} repeats an index"
@@ -84,7 +85,7 @@ def test_methods_prune_through_generate_on_every_family(tiny_vlm, make_image, me
                                      method=method, max_new_tokens=2)
         for tr in traces:
             assert tr.error is None and tr.fallback == [None], (family, tr.error)
-            assert tr.kept_tokens == resolve_budget(0.25, tr.total_tokens) < tr.total_tokens
+            assert tr.kept_tokens == resolve_count(0.25, tr.total_tokens) < tr.total_tokens
 
 
 # ----------------------------------------------------------------------------- DivPrune
@@ -290,7 +291,7 @@ def test_downscale_yields_about_the_budgeted_token_count(grid, budget):
     small, (hh, ww) = downscale.downscale_image(image, grid, budget, ip)
     _, gh, gw = ip(images=[small], return_tensors="pt")["image_grid_thw"][0].tolist()
     got = (gh // 2) * (gw // 2)
-    k = resolve_budget(budget, h * w)
+    k = resolve_count(budget, h * w)
     assert got == hh * ww, "the processor must not resize the downscaled image again"
     assert abs(got - k) <= max(2, 0.15 * k), f"{got} tokens for a budget of {k}"
     assert abs((hh / ww) / (h / w) - 1) < 0.35, "aspect ratio kept"

@@ -17,7 +17,7 @@ import logging
 import pytest
 import torch
 
-from arr_coc.attending import resolve_budget
+from arr_coc.budget import resolve_count
 from arr_coc.model import ARRCOCQwen, PrunedInputs, Selection, register_selector, SELECTORS
 from arr_coc.processing import ImageOnlyQwenProcessor, unpatchify_images
 
@@ -106,7 +106,7 @@ def test_pruned_prefill_equals_masked_reference(tiny_vlm, make_image, family, at
     inputs = _two_image_prompt(w, make_image)  # one question, two images, each its own budget
     out = w.forward_pruned(method="random", budget=[[0.25, 0.5]], **inputs)
     n = out.traces[0].total_per_image
-    assert out.traces[0].kept_per_image == [resolve_budget(0.25, n[0]), resolve_budget(0.5, n[1])]
+    assert out.traces[0].kept_per_image == [resolve_count(0.25, n[0]), resolve_count(0.5, n[1])]
     pads = (out.pruned.input_ids == w.image_token_id).sum().item()
     assert pads == sum(out.traces[0].kept_per_image)  # exactly K image pads per image
     ref = masked_reference_logits(w, inputs, out.pruned)
@@ -309,7 +309,7 @@ def test_budget_forms_and_selector_registry(tiny_vlm, make_image):
     a, b, c = make_image(120, 150, 0), make_image(90, 200, 1), make_image(64, 64, 2)
     # int count, per-row, per-image-within-row
     _, tr = w.generate([[a, b], c], [Q, Q2], budget=[[3, 0.5], 2], method="grid", max_new_tokens=1)
-    assert tr[0].kept_per_image == [3, resolve_budget(0.5, tr[0].total_per_image[1])] and tr[1].kept_per_image == [2]
+    assert tr[0].kept_per_image == [3, resolve_count(0.5, tr[0].total_per_image[1])] and tr[1].kept_per_image == [2]
     with pytest.raises(ValueError, match="one per question"):
         w.generate([a, b], [Q, Q2], budget=[0.1, 0.2, 0.3], method="grid", max_new_tokens=1)
     with pytest.raises(ValueError, match="registered"):
@@ -348,7 +348,7 @@ def test_from_pretrained_offline_folder(tiny_vlm, make_image, family, tmp_path, 
 
 
 def test_cli_ask_json(tiny_vlm, make_image, tmp_path, capsys):
-    from arr_coc import cli_ask
+    from arr_coc.cli import ask as cli_ask
 
     model, processor = tiny_vlm("qwen2_vl")
     folder = tmp_path / "model"
@@ -392,4 +392,4 @@ def test_selectors_see_question_embeddings_texture_image_and_tokens(tiny_vlm, ma
         h, ww = ctx.grid_hw[i]
         assert ctx.images[i].shape == (3, h * unit, ww * unit)
         assert ctx.visual_tokens[i].shape == (h * ww, embed.weight.shape[1])
-        assert ctx.counts[i] == resolve_budget(0.25, h * ww)
+        assert ctx.counts[i] == resolve_count(0.25, h * ww)

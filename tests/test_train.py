@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from arr_coc.data import write_split
-from arr_coc.attending import resolve_budget
+from arr_coc.budget import resolve_count
 from arr_coc.layer import ARRCOCLayer
 from arr_coc.model import ARRCOCQwen
 from arr_coc.train import TrainConfig, answer_loss, batch_scores, extract_features, ranking_loss, train
@@ -117,7 +117,7 @@ def test_a_trained_layers_budget_follows_the_question_and_holds_on_average(setup
             out.append(traces[0].kept_tokens)
         return out
 
-    budget = resolve_budget(0.25, 12 * 12)  # 336 px canvas: a 12 x 12 grid of merged tokens
+    budget = resolve_count(0.25, 12 * 12)  # 336 px canvas: a 12 x 12 grid of merged tokens
     assert kept(exact) == [budget] * len(records)
     scaled = kept(spread, spread_per_cell=1e9)  # the scale alone, no cap
     assert len(set(scaled)) > 1, scaled                                  # images keep different numbers of tokens

@@ -5,7 +5,7 @@
 
 writes DIR/images/<split>-NNNNNN.png and DIR/<split>.jsonl (format: see
 arr_coc/data/jsonl.py). The output depends only on (split, n, seed, canvas,
-hard-rate), never on --workers. ``arr_coc/__main__.py`` wires this in by calling
+hard-rate), never on --workers. ``arr_coc.cli`` wires this in by calling
 ``add_arguments`` on the subcommand's parser and ``run`` with the parsed args.
 """
 
@@ -17,7 +17,7 @@ import time
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the gen-data options to ``parser`` (a subcommand parser)."""
-    from .shapesvqa import DEFAULT_HARD_RATE
+    from arr_coc.data.shapesvqa import DEFAULT_HARD_RATE
 
     parser.add_argument("--out", required=True, help="output folder (created if missing)")
     parser.add_argument("--split", default="test", help="split name; prefixes ids and file names (default: test)")
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     """
     import sys
 
-    from .shapesvqa import DEFAULT_HARD_RATE, write_split
+    from arr_coc.data.shapesvqa import DEFAULT_HARD_RATE, write_split
 
     hard_rate = getattr(args, "hard_rate", None)
     start = time.perf_counter()

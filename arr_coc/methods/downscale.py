@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..attending import resolve_budget
+from ..budget import resolve_count
 
 
 def pixel_unit(image_processor: Any) -> int:
@@ -72,7 +72,7 @@ def downscale_image(image: Any, grid_hw: tuple[int, int], budget: float | int, i
     from PIL import Image
 
     h, w = grid_hw
-    k = resolve_budget(budget, h * w)
+    k = resolve_count(budget, h * w)
     hh, ww = downscale_grid(h, w, k, min_tokens(image_processor))
     if (hh, ww) == (h, w):
         return image, (h, w)

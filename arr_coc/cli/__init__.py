@@ -1,0 +1,45 @@
+"""Command line: `python -m arr_coc <command> ...`. argparse only; the library never imports this package.
+
+Each command is a module here with `add_arguments(parser)` and `run(args) -> int`; only the module
+of the command being run is imported (so `gen-data --help` loads neither torch nor transformers),
+and each module imports the library inside `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "ask": ("arr_coc.cli.ask", "answer one question about one image, baseline or pruned"),
+    "gen-data": ("arr_coc.cli.gen_data", "generate a ShapesVQA split (PNGs + JSONL)"),
+    "train": ("arr_coc.cli.train", "train ARR-COC's scorers against a frozen VLM (stage 1 or 2)"),
+    "train-vlm": ("arr_coc.cli.train_vlm", "train the embedded Qwen2-VL-architecture model on ShapesVQA"),
+    "eval": ("arr_coc.cli.eval", "accuracy vs. visual-token budget: ARR-COC beside the anchor methods"),
+    "bench": ("arr_coc.cli.bench", "prefill cost per budget on a Qwen2-VL-2B-shaped model (random weights)"),
+}
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The first argument that is not an option: the command (argparse validates it)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m arr_coc", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="command")
+    chosen = _command_of(argv)
+    module = None
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
+    args = parser.parse_args(argv)
+    if args.command is None or module is None:
+        parser.print_help()
+        return 2
+    return int(module.run(args) or 0)

@@ -1,0 +1,2 @@
+"""Placeholder: dispatches to the module not yet split."""
+from arr_coc.train_vlm import add_arguments, run  # noqa: F401
