@@ -25,8 +25,8 @@ _EXPORTS = {
     "ARRCOCOutput": "arr_coc.layer",
     "channel_names": "arr_coc.texture",
     "generate_texture_array": "arr_coc.texture",
-    "ARRCOCQwen": "arr_coc.model",
-    "Trace": "arr_coc.model",
+    "ARRCOCQwen": "arr_coc.qwen",
+    "Trace": "arr_coc.qwen",
     "Budget": "arr_coc.budget",
     "BudgetError": "arr_coc.budget",
     "DEFAULT_BUDGET": "arr_coc.budget",
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from .budget import DEFAULT_BUDGET, Budget, BudgetError, parse_budget
     from .config import ARRCOCConfig
     from .layer import ARRCOCLayer, ARRCOCOutput
-    from .model import ARRCOCQwen, Trace
+    from .qwen import ARRCOCQwen, Trace
     from .texture import channel_names, generate_texture_array
 
 

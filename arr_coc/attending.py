@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 
-from .budget import Budget, resolve_count
+from .budget import Budget, BudgetError, BudgetMode, check_mode, resolve_count
 from .config import AttendingConfig
 
 
@@ -165,29 +165,43 @@ class TokenAllocator(nn.Module):
         super().__init__()
         self.config = config
 
+    def default_mode(self) -> BudgetMode:
+        """How budgets are met when the caller does not say: "mean" for a layer with a calibrated spread."""
+        return "mean" if self.config.spread_tau > 0 else "exact"
+
     def forward(
         self,
         relevance: torch.Tensor,
         grid_hw: Sequence[tuple[int, int]],
-        budget: Budget | Sequence[Budget] | None = None,
+        budget: Budget | Sequence[Budget | None] | None = None,
         structure: torch.Tensor | None = None,
+        budget_mode: BudgetMode | None = None,
     ) -> Allocation:
         """relevance [B, Hm, Wm] (image i valid in its top-left h_i x w_i); structure: same shape,
-        the bottom-up map used to detect low-structure images (defaults to relevance)."""
+        the bottom-up map used to detect low-structure images (defaults to relevance).
+
+        budget: one for all images or one per image; None (or a None entry) means this layer's
+        default: its configured budget, or adaptive when the config's mode is "adaptive".
+        budget_mode: "exact" | "mean" | "adaptive" | None (`default_mode`), see arr_coc.budget.
+        """
         cfg = self.config
+        mode = check_mode(budget_mode) or self.default_mode()
+        if mode == "mean" and cfg.spread_tau <= 0:
+            raise BudgetError("budget_mode='mean' needs a trained layer with a calibrated spread "
+                              "(attending.spread_tau > 0); this layer keeps exact budgets: use 'exact'")
         b, hm, wm = relevance.shape
-        budgets = _per_image(budget if budget is not None else (cfg.budget if cfg.mode == "fixed" else None), b)
+        budgets = _per_image(budget, b)
         structure = relevance if structure is None else structure
         kept, counts, fallback = [], [], []
         keep_mask = torch.zeros(b, hm, wm, dtype=torch.bool, device=relevance.device)
         for i, (h, w) in enumerate(grid_hw):
             rel = relevance[i, :h, :w].reshape(-1).detach().float()
             void = is_void(structure[i, :h, :w].reshape(-1).detach().float(), cfg.void_threshold)
-            if budgets[i] is None:
+            if mode == "adaptive" or (budgets[i] is None and cfg.mode == "adaptive"):
                 k = adaptive_budget(rel, cfg.min_ratio, cfg.max_ratio)
             else:
-                k = resolve_count(budgets[i], h * w)
-                if cfg.spread_tau > 0 and not void:
+                k = resolve_count(cfg.budget if budgets[i] is None else budgets[i], h * w)
+                if mode == "mean" and not void:
                     k = resolve_count(spread_count(k, relevant_cells(rel, cfg.spread_tau), cfg), h * w)
             if void:
                 idx, why = grid_indices(h, w, k), "grid"
@@ -201,7 +215,7 @@ class TokenAllocator(nn.Module):
         return Allocation(kept, keep_mask, torch.tensor(counts, dtype=torch.long), fallback)
 
 
-def _per_image(budget: Budget | Sequence[Budget] | None, b: int) -> list[Budget | None]:
+def _per_image(budget: Budget | Sequence[Budget | None] | None, b: int) -> list[Budget | None]:
     if budget is None or isinstance(budget, (int, float)):
         return [budget] * b
     budget = list(budget)

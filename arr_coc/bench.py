@@ -98,7 +98,7 @@ def build_model(preset: str, layers: int | None = None, dtype: str = "float32", 
     """(model, processor, config summary) of a preset with random weights."""
     import torch
 
-    from .tiny import build_tiny_qwen
+    from .qwen.tiny import build_tiny_qwen
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
@@ -142,15 +142,15 @@ def bench(preset: str = "qwen2-vl-2b", layers: int | None = None, budgets=None, 
     import torch
 
     from .data import make_item
-    from .model import SELECTORS, ARRCOCQwen
-    from . import methods as _methods  # noqa: F401 - registers the anchor selectors
+    from .qwen import ARRCOCQwen
+    from .selection import available_methods, get_selector
 
     spec = PRESETS.get(preset)
     if spec is None:
         raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
-    if method not in SELECTORS or method == "none":
+    if method not in available_methods() or method == "none":
         raise ValueError(f"--method must be a registered selector other than none; choose from "
-                         f"{sorted(m for m in SELECTORS if m != 'none')}")
+                         f"{[m for m in available_methods() if m != 'none']}")
     budgets = list(budgets or [0.05, 0.1, 0.25, 0.5, 1.0])
     if 1.0 not in budgets:
         budgets.append(1.0)
@@ -163,7 +163,7 @@ def bench(preset: str = "qwen2-vl-2b", layers: int | None = None, budgets=None, 
 
     def once(budget):
         """prepare + prefill at one budget -> (pruned, trace, prefill seconds, selector)."""
-        sel = None if budget == 1.0 else _CountedSelector(SELECTORS[method], method)
+        sel = None if budget == 1.0 else _CountedSelector(get_selector(method), method)
         pruned, traces = wrapper.prepare(inputs, budget=None if sel is None else budget, method=sel or "none")
         t0 = time.perf_counter()
         wrapper.prefill(pruned, logits_to_keep=1)

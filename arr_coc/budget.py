@@ -18,7 +18,11 @@ How a budget is met (`BudgetMode`), chosen per call:
   at (calibrated on its training data to average 1 and capped), so the budget holds **at most,
   on average** over data like its training data, not per image. Only a layer whose config has a
   calibrated spread (`attending.spread_tau > 0`) can do this;
-- `None`: the layer's own default (`"mean"` for such a trained layer, `"exact"` otherwise).
+- `"adaptive"`: the ARR-COC layer ignores the budget and picks each image's count from how spread
+  out its relevance is, between `attending.min_ratio` and `max_ratio` of the tokens;
+- `None`: the layer's own default (`"mean"` for such a trained layer, `"exact"` otherwise; an
+  image given no budget at all gets the layer's configured budget, or adaptive when the layer's
+  config says `mode="adaptive"`).
 
 Selectors other than ARR-COC always keep exact budgets.
 """
@@ -33,9 +37,9 @@ from typing import Literal, Sequence, Union
 Budget = Union[int, float]
 # One budget for all images; or one entry per question: a budget, or a list with one per image.
 BudgetSpec = Union[Budget, Sequence[Union[Budget, Sequence[Budget], None]], None]
-BudgetMode = Literal["exact", "mean"]
+BudgetMode = Literal["exact", "mean", "adaptive"]
 
-BUDGET_MODES: tuple[str, ...] = ("exact", "mean")
+BUDGET_MODES: tuple[str, ...] = ("exact", "mean", "adaptive")
 DEFAULT_BUDGET: float = 0.25
 HOW_TO_WRITE = "write a share like 0.1, 1.0 or 10%, or a token count like 64 (or 64tok)"
 
@@ -91,7 +95,7 @@ def parse_budgets(text: str, name: str = "budgets") -> list[Budget]:
 
 
 def check_mode(mode: object) -> BudgetMode | None:
-    """None (the layer's default), "exact" or "mean"; anything else is a BudgetError."""
+    """None (the layer's default), "exact", "mean" or "adaptive"; anything else is a BudgetError."""
     if mode is None or mode in BUDGET_MODES:
         return mode  # type: ignore[return-value]
     raise BudgetError(f"budget mode {mode!r} is not one of {list(BUDGET_MODES)} "

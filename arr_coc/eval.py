@@ -181,10 +181,10 @@ def run(args: argparse.Namespace) -> int:
 def resolve_methods(spec: str, arr_coc_weights: str | None = None) -> tuple[list[str], dict[str, str]]:
     """'all' or 'a,b' -> (methods to run in order, {skipped method: why})."""
     from .methods import METHODS
-    from .model import SELECTORS
+    from .selection import available_methods
 
     names = list(METHODS) if spec.strip() == "all" else [m.strip() for m in spec.split(",") if m.strip()]
-    known = set(METHODS) | set(SELECTORS)
+    known = set(METHODS) | set(available_methods())
     unknown = [m for m in names if m not in known]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; choose from {sorted(known)} or 'all'")
@@ -200,7 +200,7 @@ def resolve_methods(spec: str, arr_coc_weights: str | None = None) -> tuple[list
 
 def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int = 3):
     """ARRCOCQwen.from_pretrained with a clear error; retries a moment later if a checkpoint is mid-save."""
-    from .model import ARRCOCQwen
+    from .qwen import ARRCOCQwen
 
     if os.path.sep in model or model.startswith("."):
         if not os.path.isdir(model):
@@ -358,7 +358,7 @@ def _run_one(wrapper, batch, images, questions, inputs, build_s, method, budget,
 
     from .data import score
     from .methods import downscale, oracle, visionzip
-    from .model import SELECTORS
+    from .selection import get_selector
 
     ip = getattr(wrapper.processor, "image_processor", wrapper.processor)
     merge = int(ip.merge_size)
@@ -388,7 +388,7 @@ def _run_one(wrapper, batch, images, questions, inputs, build_s, method, budget,
             elif method in selectors:
                 fn = selectors[method]
             else:
-                fn = SELECTORS[method]
+                fn = get_selector(method)
             chosen = counted = _CountedSelector(fn, method)
     t1 = time.perf_counter()
     with recorder, torch.no_grad():

@@ -21,7 +21,8 @@ from safetensors.torch import load_file, save_file
 
 from .attending import TokenAllocator
 from .balancing import AdaptiveTensionBalancer
-from .config import ARRCOCConfig, Budget
+from .budget import Budget, BudgetMode
+from .config import ARRCOCConfig
 from .knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
 from .texture import ImageLike, channel_names, generate_texture_array
 
@@ -158,7 +159,8 @@ class ARRCOCLayer(nn.Module):
         grid_hw: Sequence[tuple[int, int]],
         query_embeds: Sequence[torch.Tensor] | torch.Tensor | None = None,
         visual_tokens: Sequence[torch.Tensor] | None = None,
-        budget: Budget | Sequence[Budget] | None = None,
+        budget: Budget | Sequence[Budget | None] | None = None,
+        budget_mode: BudgetMode | None = None,
     ) -> ARRCOCOutput:
         """Score and allocate a batch.
 
@@ -168,7 +170,8 @@ class ARRCOCLayer(nn.Module):
         query_embeds: list of B [L_i, D] question-token embeddings (a [B, L, D] tensor means
             every row is fully valid), or None for question-free scoring.
         visual_tokens: list of B [h_i * w_i, D] merged visual tokens (raster order), or None.
-        budget: None (config), a share in (0, 1], a count, or one of those per image.
+        budget: None (config), a share in (0, 1], a count, or one of those per image (arr_coc.budget).
+        budget_mode: "exact" | "mean" | "adaptive" | None (the layer's default), see arr_coc.budget.
         """
         images = list(images)
         grid_hw = [(int(h), int(w)) for h, w in grid_hw]
@@ -205,7 +208,7 @@ class ARRCOCLayer(nn.Module):
                                                  None if query_embeds is None else [query_embeds[i]],
                                                  None if visual_tokens is None else [visual_tokens[i]],
                                                  budget if budget is None or isinstance(budget, (int, float))
-                                                 else [list(budget)[i]]) for i in range(b)])
+                                                 else [list(budget)[i]], budget_mode) for i in range(b)])
             return self._keep_all(grid_hw, f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=3))
 
         if any(bad):
@@ -218,7 +221,7 @@ class ARRCOCLayer(nn.Module):
         # Bottom-up structure (question-independent) decides whether the image is a "void".
         structure = 0.5 * (maps["information"] + maps["perspectival"]).detach()
         structure = torch.where(torch.isfinite(structure), structure, torch.zeros(()))
-        alloc = self.allocator(relevance, grid_hw, budget, structure)
+        alloc = self.allocator(relevance, grid_hw, budget, structure, budget_mode)
 
         kept, fallback, budgets = list(alloc.kept_indices), list(alloc.fallback), alloc.budgets.clone()
         keep_mask = alloc.keep_mask.clone()

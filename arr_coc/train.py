@@ -143,7 +143,7 @@ def features_key(wrapper, path: str, records) -> str:
     Hashing the weights takes about 0.8 s per GiB on this 2-core CPU (some 4 s for a 2B model in
     bf16), minutes less than re-extracting.
     """
-    from .processing import image_processor_of
+    from .qwen.processing import image_processor_of
 
     h = hashlib.sha256()
     for name, tensor in sorted(wrapper.model.state_dict().items()):
@@ -321,7 +321,7 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
     """
     from tqdm import tqdm
 
-    from .model import ARRCOCQwen
+    from .qwen import ARRCOCQwen
 
     if init and cfg.attn_dim is not None:  # before minutes of feature extraction
         raise ValueError(f"attn_dim sets the width of a fresh layer; {init} already has its own (drop --attn-dim)")

@@ -52,7 +52,7 @@ from .data.shapesvqa import (
     COLOR_NAMES, LETTERS, P_LETTER, QUESTION_TYPES, SHAPES, cell_labels, make_item, questions_for_scene,
 )
 from .embedded import CELL_PX, DEFAULT_CHECKPOINT, build_embedded
-from .processing import IM_END, IMAGE_TOKEN, render_prompt
+from .qwen.processing import IM_END, IMAGE_TOKEN, render_prompt
 
 STAGES = ("vision", "language", "joint")
 LETTER_TILE_CELLS = 4

@@ -1,6 +1,6 @@
 """Shared fixtures: tiny random Qwen2-VL / Qwen2.5-VL / Qwen3-VL models, offline.
 
-The models are built from configs by `arr_coc.tiny.build_tiny_qwen` (nothing is
+The models are built from configs by `arr_coc.qwen.tiny.build_tiny_qwen` (nothing is
 downloaded), once per (family, attention) per session, frozen; tests must treat
 them as read-only.
 """
@@ -35,7 +35,7 @@ def _one_thread():
 
 @functools.lru_cache(maxsize=None)
 def _tiny(family: str, attn: str):
-    from arr_coc.tiny import build_tiny_qwen
+    from arr_coc.qwen.tiny import build_tiny_qwen
 
     return build_tiny_qwen(family, seed=0, attn_implementation=attn)
 

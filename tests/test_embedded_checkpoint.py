@@ -24,7 +24,7 @@ def _claimed_accuracy() -> float:
 
 
 def test_shipped_checkpoint_loads_offline_and_keeps_its_claimed_accuracy():
-    from arr_coc.model import ARRCOCQwen
+    from arr_coc.qwen import ARRCOCQwen
 
     assert os.path.isfile(os.path.join(DEFAULT_CHECKPOINT, "model.safetensors")), "checkpoint missing from checkpoints/"
     assert os.path.getsize(os.path.join(DEFAULT_CHECKPOINT, "model.safetensors")) < 50 * 2**20
@@ -44,7 +44,7 @@ def test_the_default_model_loads_and_answers_one_question_in_under_2_s():
     import transformers.core_model_loading  # noqa: F401  (what from_pretrained imports lazily)
     from transformers import Qwen2VLForConditionalGeneration  # noqa: F401
 
-    from arr_coc.model import ARRCOCQwen
+    from arr_coc.qwen import ARRCOCQwen
 
     start = time.perf_counter()
     wrapper = ARRCOCQwen.from_pretrained(DEFAULT_CHECKPOINT)
@@ -92,7 +92,7 @@ def test_eval_of_the_shipped_model_on_20_items_is_fast_and_includes_the_trained_
 def test_the_shipped_layer_gives_count_questions_more_tokens_than_one_object_questions(tmp_path):
     from arr_coc.paths import default_layer_path
     from arr_coc.data import read_jsonl, write_split
-    from arr_coc.model import ARRCOCQwen
+    from arr_coc.qwen import ARRCOCQwen
 
     wrapper = ARRCOCQwen.from_pretrained(DEFAULT_CHECKPOINT, arr_coc=default_layer_path())
     kept: dict[str, list[int]] = {}

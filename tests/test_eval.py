@@ -37,7 +37,7 @@ def model_dir(tmp_path_factory):
     """The embedded checkpoint, else a tiny random Qwen2-VL saved like one."""
     if os.path.isfile(os.path.join(EMBEDDED, "config.json")):
         return EMBEDDED
-    from arr_coc.tiny import build_tiny_qwen
+    from arr_coc.qwen.tiny import build_tiny_qwen
 
     out = tmp_path_factory.mktemp("tiny-qwen2vl")
     model, processor = build_tiny_qwen("qwen2_vl", seed=0)

@@ -20,7 +20,8 @@ from arr_coc import methods
 from arr_coc.attending import topk_indices
 from arr_coc.budget import resolve_count
 from arr_coc.methods import cdpruner, divprune, downscale, fastv, oracle, random_sampling, visionzip
-from arr_coc.model import SELECTORS, ARRCOCQwen
+from arr_coc.qwen import ARRCOCQwen
+from arr_coc.selection import SELECTORS, get_selector
 
 from conftest import FAMILIES
 
@@ -31,7 +32,7 @@ Q2 = "Is there a red square on the left?"
 def _context(w: ARRCOCQwen, inputs: dict, budget):
     """The SelectionContext the wrapper builds for `inputs` (captured through a spy selector)."""
     seen = []
-    w.prepare(inputs, budget=budget, method=lambda ctx: seen.append(ctx) or SELECTORS["grid"](ctx))
+    w.prepare(inputs, budget=budget, method=lambda ctx: seen.append(ctx) or get_selector("grid")(ctx))
     return seen[0]
 
 
@@ -43,9 +44,9 @@ def _two_rows(w: ARRCOCQwen, make_image) -> dict:
 def _selectors_under_test(ctx) -> dict:
     boxes = [[(10, 10, 60, 50)], [(0, 0, 40, 40)]]
     return {
-        "random": random_sampling.select, "grid": SELECTORS["grid"], "fastv": fastv.select,
+        "random": random_sampling.select, "grid": get_selector("grid"), "fastv": fastv.select,
         "visionzip": visionzip.select, "divprune": divprune.select, "cdpruner": cdpruner.select,
-        "oracle": oracle.make_selector(boxes, [(150, 120), (200, 90)]), "arr_coc": SELECTORS["arr_coc"],
+        "oracle": oracle.make_selector(boxes, [(150, 120), (200, 90)]), "arr_coc": get_selector("arr_coc"),
     }
 
 
@@ -71,10 +72,11 @@ def test_every_selector_returns_exactly_the_budget_ascending_unique(tiny_vlm, ma
 
 def test_method_list_and_registry():
     assert methods.METHODS[0] == "none" and "arr_coc_trained" in methods.METHODS
-    for name in ("fastv", "visionzip", "divprune", "cdpruner", "random", "grid", "arr_coc"):
-        assert name in SELECTORS
+    for name in ("fastv", "visionzip", "divprune", "cdpruner", "random", "grid", "arr_coc", "none"):
+        assert callable(get_selector(name)) and name in SELECTORS   # loaded lazily, then registered
     for name in ("downscale", "oracle", "arr_coc_trained"):  # need more than a context: built per use
-        assert name not in SELECTORS and name in methods.SPECIAL
+        with pytest.raises(ValueError, match="unknown method"):
+            get_selector(name)
 
 
 @pytest.mark.parametrize("method", ["fastv", "visionzip", "divprune", "cdpruner"])
@@ -142,7 +144,7 @@ def test_fastv_keeps_the_tokens_the_last_prompt_token_attends_to_most(tiny_vlm, 
 
 
 def _spans(w, inputs):
-    from arr_coc.model import _image_spans
+    from arr_coc.qwen.rewrite import image_spans as _image_spans
 
     return _image_spans(inputs["input_ids"] == w.image_token_id, inputs["attention_mask"])
 

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from arr_coc.budget import resolve_count
-from arr_coc.model import ARRCOCQwen, PrunedInputs, Selection, register_selector, SELECTORS
-from arr_coc.processing import ImageOnlyQwenProcessor, unpatchify_images
+from arr_coc.qwen import ARRCOCQwen, PrunedInputs
+from arr_coc.selection import SELECTORS, Selection, get_selector, register_selector
+from arr_coc.qwen.processing import ImageOnlyQwenProcessor, unpatchify_images
 
 from conftest import FAMILIES
 
@@ -277,7 +278,7 @@ def test_selector_exception_isolated_to_its_item(tiny_vlm, make_image, family):
     def flaky(ctx):
         if any(h * ww == bad_n for h, ww in ctx.grid_hw):
             raise RuntimeError("selector blew up")
-        return SELECTORS["grid"](ctx)
+        return get_selector("grid")(ctx)
 
     answers, traces = w.generate(images, [Q, Q2], method=flaky, budget=0.25, max_new_tokens=3)
     assert traces[0].kept_tokens < traces[0].total_tokens and traces[0].error is None
@@ -336,7 +337,7 @@ def test_from_pretrained_offline_folder(tiny_vlm, make_image, family, tmp_path, 
     model, processor = tiny_vlm(family)
     model.save_pretrained(tmp_path)
     processor.save_pretrained(str(tmp_path))
-    with caplog.at_level(logging.WARNING, logger="arr_coc.processing"):
+    with caplog.at_level(logging.WARNING, logger="arr_coc.qwen.processing"):
         w = ARRCOCQwen.from_pretrained(str(tmp_path))
     assert w.family == family and not any(p.requires_grad for p in w.model.parameters()) and not w.model.training
     if isinstance(w.processor, ImageOnlyQwenProcessor):  # no torchvision here: the fallback must say so
@@ -378,7 +379,7 @@ def test_selectors_see_question_embeddings_texture_image_and_tokens(tiny_vlm, ma
 
     def capture(ctx):
         seen["ctx"] = ctx
-        return SELECTORS["grid"](ctx)
+        return get_selector("grid")(ctx)
 
     w.generate([[make_image(120, 150, 0), make_image(90, 200, 1)], make_image(64, 64, 2)], [Q, Q2],
                method=capture, budget=0.25, max_new_tokens=1)

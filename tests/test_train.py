@@ -10,7 +10,7 @@ import torch
 from arr_coc.data import write_split
 from arr_coc.budget import resolve_count
 from arr_coc.layer import ARRCOCLayer
-from arr_coc.model import ARRCOCQwen
+from arr_coc.qwen import ARRCOCQwen
 from arr_coc.train import TrainConfig, answer_loss, batch_scores, extract_features, ranking_loss, train
 from arr_coc.data import read_jsonl
 

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         image = Image.open(args.image).convert("RGB")
     except OSError as exc:
         raise SystemExit(f"cannot read image {args.image!r}: {exc}")
-    from arr_coc.model import ARRCOCQwen
+    from arr_coc.qwen import ARRCOCQwen
 
     try:
         wrapper = ARRCOCQwen.from_pretrained(model_path, arr_coc=resolve_layer(model_path, args.arr_coc),

@@ -1,31 +1,59 @@
-"""`arr_coc` and `arr_coc_trained`: the project's own allocator as an entry of the method list.
+"""`arr_coc`, `arr_coc_adaptive` and `arr_coc_trained`: the project's own allocator as methods.
 
-ARR-COC (DESIGN.md; arr_coc/layer.py): texture of the resized image -> three scorers
-(information, perspectival, participatory = the question) -> tension balancing ->
-top-K relevance, with a grid fallback for low-structure images.
+ARR-COC (arr_coc/layer.py, docs/DESIGN.md): texture of the resized image -> three scorers
+(information, perspectival, participatory = the question) -> tension balancing -> top-K
+relevance, with a grid fallback for low-structure images.
 
-- `arr_coc` is the layer as `ARRCOCQwen` builds it (untrained, default config, unless
-  the wrapper was given weights); its selector is registered in `arr_coc.model`.
-- `arr_coc_trained` runs a layer loaded from a folder written by
-  `ARRCOCLayer.save_pretrained` (config.json + model.safetensors) on the SAME VLM,
-  through a second wrapper that shares the model (no copy). It has no default: without
-  weights the evaluation skips it and says so.
+- `arr_coc` runs the wrapper's layer (untrained, default config, unless the wrapper was given
+  weights) with the caller's budgets and budget mode, passed through untouched: the layer
+  decides what a missing budget or mode means (arr_coc.budget).
+- `arr_coc_adaptive` is the same layer with budget_mode="adaptive" for every image.
+- `arr_coc_trained` runs a layer loaded from a folder written by `ARRCOCLayer.save_pretrained`
+  (config.json + model.safetensors) on the SAME VLM, through a second wrapper that shares the
+  model (no copy). It has no default: without weights the evaluation skips it and says so.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ..model import SELECTORS, Selection, SelectionContext
+from ..budget import BudgetMode
+from ..selection import Selection, SelectionContext, Selector, register_selector
 
-select = SELECTORS["arr_coc"]
+if TYPE_CHECKING:
+    from ..qwen.wrapper import ARRCOCQwen
 
 
-def trained_selector(wrapper: Any, weights: str | os.PathLike):
+def run_layer(ctx: SelectionContext, budget_mode: BudgetMode | None) -> Selection:
+    """The wrapper's ARR-COC layer on every image of the context."""
+    budgets = ctx.budgets if any(b is not None for b in ctx.budgets) else None
+    out = ctx.wrapper.arr_coc_layer(
+        [im.float() for im in ctx.images],
+        [tuple(g) for g in ctx.grid_hw],
+        query_embeds=[q.float() for q in ctx.query_embeds],
+        visual_tokens=[v.float() for v in ctx.visual_tokens],
+        budget=budgets,
+        budget_mode=budget_mode,
+    )
+    return Selection(kept=list(out.kept_indices), arr_coc=out, fallback=list(out.fallback), errors=list(out.errors))
+
+
+@register_selector("arr_coc")
+def select(ctx: SelectionContext) -> Selection:
+    return run_layer(ctx, ctx.budget_mode)
+
+
+@register_selector("arr_coc_adaptive")
+def select_adaptive(ctx: SelectionContext) -> Selection:
+    """ARR-COC with the allocator's adaptive budget for every image, whatever the configured mode."""
+    return run_layer(ctx, "adaptive")
+
+
+def trained_selector(wrapper: ARRCOCQwen, weights: str | os.PathLike) -> Selector:
     """A selector running the ARR-COC layer saved in `weights` on `wrapper`'s VLM."""
-    from ..model import ARRCOCQwen
+    from ..qwen.wrapper import ARRCOCQwen
 
     folder = os.fspath(weights)
     if not os.path.isfile(os.path.join(folder, "config.json")) or \
@@ -43,4 +71,4 @@ def trained_selector(wrapper: Any, weights: str | os.PathLike):
     return select_trained
 
 
-__all__ = ["select", "trained_selector"]
+__all__ = ["run_layer", "select", "select_adaptive", "trained_selector"]

@@ -33,7 +33,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..model import Selection, SelectionContext, register_selector
+from ..selection import Selection, SelectionContext, register_selector
 from ._common import check_count
 
 DEFAULT_THETA = 1.0

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..model import Selection, SelectionContext, register_selector
+from ..selection import Selection, SelectionContext, register_selector
 from ._common import check_count
 
 

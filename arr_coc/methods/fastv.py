@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from ..attending import topk_indices
-from ..model import Selection, SelectionContext, register_selector
+from ..selection import Selection, SelectionContext, register_selector
 from ._common import check_count, eager_attention, rows_of
 
 DEFAULT_LAYER = 2

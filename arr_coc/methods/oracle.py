@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 
 from ..attending import grid_indices
-from ..model import Selection, SelectionContext
+from ..selection import Selection, SelectionContext
 from ._common import check_count
 
 Box = Sequence[float]

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attending import topk_indices
-from ..model import Selection, SelectionContext, register_selector
+from ..selection import Selection, SelectionContext, register_selector
 from ._common import check_count
 
 DOMINANT, CONTEXTUAL = 54, 10   # the paper's split of 64 kept tokens

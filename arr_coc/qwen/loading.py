@@ -1,0 +1,100 @@
+"""Loading a Qwen-VL checkpoint (hub id or local folder) and the ARR-COC layer that goes with it.
+
+A local folder loads with `local_files_only=True`, so the embedded model never touches the network
+whatever the environment says; a hub id loads as transformers loads it, and when the hub cannot be
+reached the error says so and what to do. Nothing here sets HF_HUB_OFFLINE for anyone.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Union
+
+import torch
+
+from ..config import ARRCOCConfig
+from ..layer import ARRCOCLayer
+from .processing import load_processor
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+MODEL_CLASSES = {
+    "qwen2_vl": "Qwen2VLForConditionalGeneration",
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
+}
+
+# What `ARRCOCQwen(arr_coc=...)` accepts: a layer, a config, a folder of trained weights, or None (untrained).
+LayerSpec = Union[ARRCOCLayer, ARRCOCConfig, str, os.PathLike, None]
+
+
+class HubUnreachable(OSError):
+    """A hub id could not be fetched (offline, no network, or not on the hub); the message says what to do."""
+
+
+def _hub_error(model_id: str, exc: BaseException) -> HubUnreachable:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    why = "HF_HUB_OFFLINE is set, so the hub was not asked" if offline else "the Hugging Face hub could not be reached"
+    return HubUnreachable(
+        f"could not load {model_id!r}: it is not a local folder and {why} ({first}). Pass a local model "
+        f"folder (--model PATH), or go online{' and unset HF_HUB_OFFLINE' if offline else ''} to download it once "
+        "(it is cached afterwards).")
+
+
+def load_vlm(
+    model_id_or_path: str | os.PathLike, device: str | torch.device = "cpu",
+    dtype: torch.dtype | str | None = None, attn_implementation: str | None = None, **kwargs: Any,
+) -> tuple[PreTrainedModel, Any]:
+    """(model, processor) for any of the three families, from a hub id or a local folder."""
+    import transformers
+    from transformers import AutoConfig
+
+    path = os.fspath(model_id_or_path)
+    local = os.path.isdir(path)
+    if local:
+        kwargs.setdefault("local_files_only", True)
+    try:
+        config = AutoConfig.from_pretrained(path, **({"local_files_only": True} if local else {}))
+    except OSError as exc:
+        if local:
+            raise OSError(f"{path!r} holds no model config.json that transformers can read ({exc})") from exc
+        raise _hub_error(path, exc) from exc
+    family = getattr(config, "model_type", None)
+    if family not in MODEL_CLASSES:
+        raise ValueError(f"{path!r} is a {family!r} model; ARRCOCQwen supports {sorted(MODEL_CLASSES)}")
+    model_cls = getattr(transformers, MODEL_CLASSES[family])
+    if dtype is None:
+        dtype = torch.float32 if torch.device(device).type == "cpu" else "auto"
+    load_kw: dict[str, Any] = {"dtype": dtype}
+    if attn_implementation is not None:
+        load_kw["attn_implementation"] = attn_implementation
+    try:
+        model = model_cls.from_pretrained(path, **load_kw, **kwargs).to(device)
+    except OSError as exc:
+        if local:
+            raise
+        raise _hub_error(path, exc) from exc
+    return model, load_processor(path)
+
+
+def build_layer(spec: LayerSpec, text_hidden_size: int) -> ARRCOCLayer:
+    """The ARR-COC layer for a VLM whose question embeddings are `text_hidden_size` wide."""
+    d = text_hidden_size
+    if spec is None:
+        layer = ARRCOCLayer(ARRCOCConfig().with_query_dim(d))
+    elif isinstance(spec, ARRCOCConfig):
+        layer = ARRCOCLayer(spec if spec.knowing.query_dim == d else spec.with_query_dim(d))
+    elif isinstance(spec, (str, os.PathLike)):
+        layer = ARRCOCLayer.from_pretrained(os.fspath(spec))
+    elif isinstance(spec, ARRCOCLayer):
+        layer = spec
+    else:
+        raise TypeError(f"arr_coc must be an ARRCOCLayer, an ARRCOCConfig, a folder of trained weights or None; "
+                        f"got {type(spec).__name__}")
+    if layer.config.knowing.query_dim != d:
+        raise ValueError(
+            f"the ARR-COC layer expects question embeddings of width {layer.config.knowing.query_dim} but this "
+            f"VLM's text hidden size is {d}; train or build the layer with ARRCOCConfig().with_query_dim({d})")
+    return layer.eval()

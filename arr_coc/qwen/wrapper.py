@@ -1,0 +1,453 @@
+"""ARRCOCQwen: query-aware visual-token pruning inside Qwen-VL `generate()`.
+
+The VLM is pruned by rewriting its inputs (`rewrite.py`), never by hooking the language model
+(an in-forward hook is silently wrong for padded batches):
+
+1. vision tower + merger once (`model.model.get_image_features`): visual tokens V_i [n_i, D]
+   per image in raster order of the merged grid (Qwen3-VL also returns deepstack features,
+   one [n_i, D] per deepstack layer);
+2. a selector (ARR-COC by default; `arr_coc.selection`) picks K_i kept raster indices per image
+   from the texture of the SAME resized image the processor produced (un-patchified from
+   `pixel_values`), the question embeddings (the VLM's own input embeddings) and the visual
+   tokens; the budget and budget mode reach it untouched;
+3. `model.model.get_rope_index` gives the unpruned M-RoPE (t, h, w) positions; `rewrite` keeps
+   each kept token's, drops the unkept pads and left-pads the rows again;
+4. the language model prefills and generates from the pruned inputs.
+
+Kept-all (method="none" or budget 1.0) reproduces the stock forward exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+from ..budget import Budget, BudgetMode, BudgetSpec, check_mode, resolve_count
+from ..layer import ARRCOCLayer
+from ..selection import SelectionContext, Selector, get_selector, selector_name
+from .loading import MODEL_CLASSES, LayerSpec, build_layer, load_vlm
+from .processing import IM_END, VISION_END, image_processor_of, render_prompt, unpatchify_images
+from .rewrite import (PrunedInputs, expand_budgets, image_spans, model_tensors, replacement, rewrite,
+                      validate_kept)
+from .selecting import run_selector, slice_output
+from .trace import PrefillOutput, Trace
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+@dataclass
+class _Unpruned:
+    """One batch before selection: the processor's tensors on the model's device and the full encoding."""
+
+    inputs: dict[str, torch.Tensor]
+    input_ids: torch.Tensor                     # [B, S]
+    attention_mask: torch.Tensor                # [B, S]
+    grid_thw: torch.Tensor                      # [N, 3] patch grid per image
+    pos3: torch.Tensor                          # [3, B, S] unpruned M-RoPE positions
+    spans: list[tuple[int, int, int]]           # (row, start, end) of each image's pads
+    feats: tuple[torch.Tensor, ...]             # merger output per image, [n_i, D]
+    deep: list[tuple[torch.Tensor, ...]] | None  # Qwen3-VL deepstack: per layer, per image [n_i, D]
+    encoder_output_cls: type
+    n_tokens: list[int]
+    item_of_image: list[int]
+    grid_hw: list[tuple[int, int]]
+    vision_s: float
+
+
+class ARRCOCQwen:
+    """A frozen Qwen2-VL / Qwen2.5-VL / Qwen3-VL model that answers with pruned visual tokens.
+
+        wrapper = ARRCOCQwen.from_pretrained("Qwen/Qwen2-VL-2B-Instruct", arr_coc="checkpoints/arr_coc")
+        answer, trace = wrapper.generate(image, "What colour is the circle?", budget=0.1)
+    """
+
+    def __init__(self, model: PreTrainedModel, processor: Any, arr_coc: LayerSpec = None, seed: int = 0):
+        family = getattr(model.config, "model_type", None)
+        if family not in MODEL_CLASSES:
+            raise ValueError(
+                f"ARRCOCQwen wraps {sorted(MODEL_CLASSES)} models; got model_type={family!r}. "
+                "Load a Qwen2-VL, Qwen2.5-VL or Qwen3-VL checkpoint."
+            )
+        self.family = family
+        self.model = model.eval().requires_grad_(False)
+        self.processor = processor
+        self.seed = seed
+        self._arr_coc_spec = arr_coc
+        self._arr_coc_layer: ARRCOCLayer | None = None
+        tok = getattr(processor, "tokenizer", processor)
+        self.tokenizer = tok
+        cfg = model.config
+        self.image_token_id = int(cfg.image_token_id)
+        self.vision_end_id = tok.convert_tokens_to_ids(VISION_END)
+        self.im_end_id = tok.convert_tokens_to_ids(IM_END)
+        self.pad_token_id = (
+            tok.pad_token_id if tok.pad_token_id is not None
+            else model.generation_config.pad_token_id if model.generation_config.pad_token_id is not None
+            else 0
+        )
+        self.merge = int(cfg.vision_config.spatial_merge_size)
+
+    # -- construction ---------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_id_or_path: str | os.PathLike,
+        arr_coc: LayerSpec = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | str | None = None,
+        attn_implementation: str | None = None,
+        **kwargs: Any,
+    ) -> ARRCOCQwen:
+        """Load any of the three families from a hub id or a local folder (see `loading.load_vlm`)."""
+        model, processor = load_vlm(model_id_or_path, device=device, dtype=dtype,
+                                    attn_implementation=attn_implementation, **kwargs)
+        return cls(model, processor, arr_coc=arr_coc)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def text_hidden_size(self) -> int:
+        return int(self.model.get_input_embeddings().weight.shape[-1])
+
+    @property
+    def arr_coc_layer(self) -> ARRCOCLayer:
+        """The ARR-COC layer, built on first use (so "none"/"grid"/"random" need no layer)."""
+        if self._arr_coc_layer is None:
+            self._arr_coc_layer = build_layer(self._arr_coc_spec, self.text_hidden_size)
+        return self._arr_coc_layer
+
+    # -- inputs ----------------------------------------------------------------------
+
+    def build_inputs(self, images: Sequence[Sequence[Any]], questions: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Processor tensors for a batch: images[b] is the list of images of question b (left padding)."""
+        texts = [render_prompt(self.processor, len(ims), q) for ims, q in zip(images, questions)]
+        flat = [im for ims in images for im in ims]
+        kw: dict[str, Any] = {"text": texts, "padding": True, "padding_side": "left", "return_tensors": "pt"}
+        if flat:
+            kw["images"] = flat
+        out = self.processor(**kw)
+        return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+
+    def _question_tokens(self, row_ids: torch.Tensor) -> torch.Tensor:
+        """Question token ids of one unpadded row: text after the last <|vision_end|> up to <|im_end|>.
+
+        Qwen's template puts the images first in the user turn, so this is the question. When
+        nothing is there (question-first prompts), every non-special text token is used.
+        """
+        special = set(getattr(self.tokenizer, "all_special_ids", []) or [])
+        special.update({self.image_token_id, self.vision_end_id, self.im_end_id})
+        ids = row_ids.tolist()
+        ends = [i for i, t in enumerate(ids) if t == self.vision_end_id]
+        seg: list[int] = []
+        if ends:
+            for t in ids[ends[-1] + 1:]:
+                if t == self.im_end_id:
+                    break
+                seg.append(t)
+        seg = [t for t in seg if t not in special]
+        if not seg:
+            seg = [t for t in ids if t not in special] or ids[-1:]
+        return torch.tensor(seg, dtype=torch.long, device=row_ids.device)
+
+    # -- the pruning path ------------------------------------------------------------
+
+    @torch.no_grad()
+    def prepare(
+        self,
+        inputs: dict[str, torch.Tensor],
+        budget: BudgetSpec = None,
+        method: str | Selector = "arr_coc",
+        kept_indices: Sequence[torch.Tensor] | None = None,
+        budget_mode: BudgetMode | None = None,
+        strict: bool = False,
+    ) -> tuple[PrunedInputs, list[Trace]]:
+        """Vision tower once, select, rewrite the inputs. Returns the pruned inputs and per-item traces.
+
+        budget: one budget for every image, or one entry per batch row (a budget, or a list with
+        one budget per image of that row); passed to the selector untouched (arr_coc.budget).
+        budget_mode: "exact" | "mean" | "adaptive" | None, for ARR-COC. kept_indices: explicit
+        LongTensor[K_i] per image (overrides `method`). strict: a failing selector raises
+        (`SelectorFailed`) instead of keeping every token of the items it failed on.
+        """
+        t_start = time.perf_counter()
+        budget_mode = check_mode(budget_mode)
+        batch = self._unpruned(inputs)
+        budgets = expand_budgets(budget, batch.item_of_image, batch.input_ids.shape[0])
+        name = "explicit" if kept_indices is not None and method == "arr_coc" else selector_name(method)
+
+        t0 = time.perf_counter()
+        n = len(batch.feats)
+        fallback: list[str | None] = [None] * n
+        errors: list[str | None] = [None] * n
+        replaced: list[torch.Tensor | None] = [None] * n
+        arr_out = None
+        if kept_indices is not None:
+            kept = [torch.as_tensor(k, dtype=torch.long) for k in kept_indices]
+        elif name == "none":
+            kept = [torch.arange(k) for k in batch.n_tokens]
+        else:
+            fn = get_selector(method) if isinstance(method, str) else method
+            ctx = self._context(batch, budgets, budget_mode)
+            kept, arr_out, fallback, errors, replaced = run_selector(fn, ctx, name, strict=strict)
+        kept, fallback, errors = validate_kept(kept, batch.n_tokens, fallback, errors)
+        select_s = time.perf_counter() - t0
+
+        pruned = rewrite(batch.input_ids, batch.attention_mask, batch.pos3, batch.spans, batch.feats, batch.deep,
+                         kept, batch.encoder_output_cls, batch.item_of_image, batch.grid_hw, self.pad_token_id)
+        if any(r is not None for r in replaced):  # the selector replaced some tokens (Selection.visual_tokens)
+            pruned = pruned.with_features(image_features=[
+                f[k.to(f.device)] if r is None or fb == "keep_all" else replacement(r, f, i)[k.to(f.device)]
+                for i, (f, r, k, fb) in enumerate(zip(batch.feats, replaced, kept, fallback))
+            ])
+        timing = {"vision_s": batch.vision_s, "select_s": select_s, "total_s": time.perf_counter() - t_start}
+        traces = []
+        for b in range(batch.input_ids.shape[0]):
+            imgs = [i for i, r in enumerate(batch.item_of_image) if r == b]
+            asked = [1.0 if name == "none" else budgets[i] for i in imgs] or [None]
+            traces.append(Trace(
+                method=name,
+                budget=asked[0] if len(set(map(repr, asked))) == 1 else asked,
+                budget_mode=budget_mode,
+                kept_tokens=sum(int(kept[i].numel()) for i in imgs),
+                total_tokens=sum(batch.n_tokens[i] for i in imgs),
+                kept_per_image=[int(kept[i].numel()) for i in imgs],
+                total_per_image=[batch.n_tokens[i] for i in imgs],
+                kept_indices=[kept[i].cpu() for i in imgs],
+                grid_hw=[batch.grid_hw[i] for i in imgs],
+                arr_coc=slice_output(arr_out, imgs) if arr_out is not None and imgs else None,
+                fallback=[fallback[i] for i in imgs],
+                error="; ".join(e for e in (errors[i] for i in imgs) if e) or None,
+                prompt_tokens=int(pruned.attention_mask[b].sum()),
+                **timing,
+            ))
+        return pruned, traces
+
+    def _unpruned(self, inputs: dict[str, torch.Tensor]) -> _Unpruned:
+        """Vision tower + merger once, unpruned M-RoPE positions, and where each image's pads are."""
+        if inputs.get("pixel_values_videos") is not None:
+            raise ValueError("the pruning path handles images only; pass videos as frames (images) or "
+                             "call the model's own generate() for video inputs")
+        if inputs.get("pixel_values") is None or inputs.get("image_grid_thw") is None:
+            raise ValueError("no images in the inputs (pixel_values / image_grid_thw missing): nothing to prune; "
+                             "build inputs with images, or call generate() which handles text-only prompts")
+        dev = self.device
+        inputs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        input_ids = inputs["input_ids"]
+        attention_mask = inputs.get("attention_mask")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        mm = inputs.get("mm_token_type_ids")
+        if mm is None:
+            mm = (input_ids == self.image_token_id).long()
+        grid_thw = inputs["image_grid_thw"]
+        core = self.model.model
+
+        t0 = time.perf_counter()
+        enc = core.get_image_features(inputs["pixel_values"], grid_thw, return_dict=True)
+        feats = tuple(enc.pooler_output)                                     # (Tensor[n_i, D], ...)
+        deep = getattr(enc, "deepstack_features", None)
+        deep = [tuple(layer) for layer in deep] if deep is not None else None
+        vision_s = time.perf_counter() - t0
+
+        pos3, _ = core.get_rope_index(                                       # [3, B, S], zeros on padding
+            input_ids, mm_token_type_ids=mm, image_grid_thw=grid_thw, attention_mask=attention_mask
+        )
+        # Runs of image pads, row-major = the processor's image order.
+        spans = image_spans(input_ids == self.image_token_id, attention_mask)
+        n_tokens = [int(f.shape[0]) for f in feats]
+        if len(spans) != len(feats) or any(e - s != n for (_, s, e), n in zip(spans, n_tokens)):
+            raise ValueError(
+                f"the prompts hold image-pad runs of lengths {[e - s for _, s, e in spans]} but the vision tower "
+                f"returned {n_tokens} tokens per image; build inputs with this model's processor "
+                "(one <|image_pad|> run per image, in image order)"
+            )
+        return _Unpruned(
+            inputs=inputs, input_ids=input_ids, attention_mask=attention_mask, grid_thw=grid_thw, pos3=pos3,
+            spans=spans, feats=feats, deep=deep, encoder_output_cls=type(enc), n_tokens=n_tokens,
+            item_of_image=[b for b, _, _ in spans],
+            grid_hw=[(int(h) // self.merge, int(w) // self.merge) for _, h, w in grid_thw.tolist()],
+            vision_s=vision_s,
+        )
+
+    def _context(self, batch: _Unpruned, budgets: list[Budget | None],
+                 budget_mode: BudgetMode | None) -> SelectionContext:
+        images = unpatchify_images(batch.inputs["pixel_values"], batch.grid_thw, image_processor_of(self.processor))
+        embed = self.model.get_input_embeddings()
+        q_rows = {}
+        for b in set(batch.item_of_image):
+            row = batch.input_ids[b][batch.attention_mask[b].bool()]
+            q_rows[b] = embed(self._question_tokens(row))                   # [L_b, D]
+        deep = batch.deep
+        return SelectionContext(
+            wrapper=self, images=images, grid_hw=batch.grid_hw, visual_tokens=list(batch.feats),
+            query_embeds=[q_rows[b] for b in batch.item_of_image], budgets=list(budgets),
+            counts=[resolve_count(bud, h * w) for bud, (h, w) in zip(budgets, batch.grid_hw)],
+            item_of_image=batch.item_of_image, inputs=batch.inputs, image_spans=batch.spans,
+            position_ids=batch.pos3, budget_mode=budget_mode, image_ids=list(range(len(batch.feats))), seed=self.seed,
+            deepstack_features=[[layer[i] for layer in deep] for i in range(len(batch.feats))] if deep is not None
+            else None,
+        )
+
+    # -- running the LM ---------------------------------------------------------------
+
+    @torch.no_grad()
+    def prefill(self, pruned: PrunedInputs, **forward_kwargs: Any) -> Any:
+        """One LM forward over the pruned prompt (what the evaluation counts FLOPs around)."""
+        return self.model(**pruned.model_kwargs(), **forward_kwargs)
+
+    @torch.no_grad()
+    def forward_pruned(
+        self, budget: BudgetSpec = None, method: str | Selector = "arr_coc",
+        kept_indices: Sequence[torch.Tensor] | None = None, budget_mode: BudgetMode | None = None, **inputs: Any,
+    ) -> PrefillOutput:
+        """Prune the processor's tensors and run the prefill: logits [B, S', V] + pruned inputs + traces."""
+        t0 = time.perf_counter()
+        pruned, traces = self.prepare(model_tensors(inputs), budget=budget, method=method, kept_indices=kept_indices,
+                                      budget_mode=budget_mode)
+        t1 = time.perf_counter()
+        out = self.prefill(pruned)
+        t2 = time.perf_counter()
+        for tr in traces:
+            tr.prefill_s = t2 - t1
+            tr.total_s = t2 - t0
+        return PrefillOutput(logits=out.logits, pruned=pruned, traces=traces)
+
+    @torch.no_grad()
+    def generate_pruned(self, pruned: PrunedInputs, **gen_kwargs: Any) -> tuple[torch.Tensor, float]:
+        """model.generate on fresh pruned kwargs (greedy unless told otherwise).
+
+        -> (sequences [B * r, S' + new] as generate returns them on the pruned prompt, prefill seconds).
+        """
+        marks: list[float] = []
+
+        def pre_hook(module, args, kwargs):
+            if len(marks) == 0:
+                marks.append(time.perf_counter())
+
+        def post_hook(module, args, kwargs, output):
+            if len(marks) == 1:
+                marks.append(time.perf_counter())
+
+        # Hooks on this instance only, removed right after: they time the first forward (prefill).
+        h1 = self.model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+        h2 = self.model.register_forward_hook(post_hook, with_kwargs=True)
+        try:
+            kw = {"do_sample": False, "pad_token_id": self.pad_token_id, **gen_kwargs}
+            seqs = self.model.generate(**pruned.model_kwargs(), **kw)
+        finally:
+            h1.remove()
+            h2.remove()
+        prefill_s = marks[1] - marks[0] if len(marks) == 2 else float("nan")
+        return seqs, prefill_s
+
+    def generate(
+        self,
+        images: Any,
+        questions: str | Sequence[str],
+        budget: BudgetSpec = None,
+        method: str | Selector = "arr_coc",
+        max_new_tokens: int = 32,
+        return_trace: bool = True,
+        budget_mode: BudgetMode | None = None,
+        **gen_kwargs: Any,
+    ):
+        """Answer question(s) about image(s) with pruned visual tokens.
+
+        Single item: `generate(image_or_list_of_images, "question")` -> (answer, trace).
+        Batch: `generate([img_or_list, ...], ["q1", ...])` -> (answers, traces).
+        Each image is pruned by its own budget (a share, a count or a string such as "10%",
+        arr_coc.budget); budget_mode chooses how ARR-COC meets it ("exact", "mean", "adaptive";
+        None: the layer's default). With num_return_sequences > 1, an item's answer is a list of
+        strings. return_trace=False returns the answers only.
+        """
+        t0 = time.perf_counter()
+        single = isinstance(questions, str)
+        if single:
+            questions = [questions]
+            images = [images]
+        questions = list(questions)
+        if len(images) != len(questions):
+            raise ValueError(f"got {len(images)} image entries for {len(questions)} questions; pass one per question")
+        item_images = [list(im) if isinstance(im, (list, tuple)) else ([] if im is None else [im]) for im in images]
+        inputs = self.build_inputs(item_images, questions)
+        sequences, new_tokens, traces = self._generate_from_inputs(
+            inputs, budget, method, budget_mode, max_new_tokens=max_new_tokens, **gen_kwargs)
+        r = int(gen_kwargs.get("num_return_sequences", 1))
+        texts = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+        answers: list[Any] = [texts[i * r:(i + 1) * r] if r > 1 else texts[i] for i in range(len(questions))]
+        total = time.perf_counter() - t0
+        for tr in traces:
+            tr.total_s = total
+        if single:
+            return (answers[0], traces[0]) if return_trace else answers[0]
+        return (answers, traces) if return_trace else answers
+
+    def _generate_from_inputs(self, inputs: dict[str, torch.Tensor], budget: BudgetSpec, method: str | Selector,
+                              budget_mode: BudgetMode | None = None,
+                              **gen_kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
+        """-> (sequences as generate returns them on the pruned prompt, new tokens only, traces)."""
+        if inputs.get("pixel_values") is None:  # text-only: nothing to prune
+            kw = {"do_sample": False, "pad_token_id": self.pad_token_id, **gen_kwargs}
+            with torch.no_grad():
+                seqs = self.model.generate(**{k: v.to(self.device) for k, v in inputs.items()}, **kw)
+            S = inputs["input_ids"].shape[1]
+            r = int(gen_kwargs.get("num_return_sequences", 1))
+            traces = [Trace(method=selector_name(method), budget=None, kept_tokens=0, total_tokens=0,
+                            prompt_tokens=int(m.sum()), new_tokens=seqs.shape[1] - S)
+                      for m in inputs.get("attention_mask", torch.ones_like(inputs["input_ids"]))]
+            return seqs, seqs[:, S:], traces[: seqs.shape[0] // r]
+        pruned, traces = self.prepare(inputs, budget=budget, method=method, budget_mode=budget_mode)
+        seqs, prefill_s = self.generate_pruned(pruned, **gen_kwargs)
+        S2 = pruned.input_ids.shape[1]
+        new = seqs[:, S2:]
+        r = int(gen_kwargs.get("num_return_sequences", 1))
+        eos = self.model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+        for b, tr in enumerate(traces):
+            tr.new_tokens = count_new(new[b * r].tolist(), eos, self.pad_token_id)
+            tr.prefill_s = prefill_s
+        return seqs, new, traces
+
+    def model_generate(
+        self,
+        budget: BudgetSpec = None,
+        method: str | Selector = "arr_coc",
+        return_trace: bool = False,
+        budget_mode: BudgetMode | None = None,
+        **kwargs: Any,
+    ):
+        """Drop-in for `model.generate(**processor_outputs, ...)` with pruning.
+
+        Returns sequences laid out as the stock call returns them — the ORIGINAL
+        (unpruned) prompt followed by the new tokens — so `out[:, len(input_ids[0]):]`
+        trimming code keeps working. return_trace=True returns (sequences, traces).
+        """
+        inputs = model_tensors(kwargs)
+        gen_kwargs = {k: v for k, v in kwargs.items() if k not in inputs}
+        t0 = time.perf_counter()
+        _, new, traces = self._generate_from_inputs(inputs, budget, method, budget_mode, **gen_kwargs)
+        r = new.shape[0] // inputs["input_ids"].shape[0]
+        prompt = inputs["input_ids"].to(new.device).repeat_interleave(r, dim=0)
+        sequences = torch.cat([prompt, new], dim=1)
+        for tr in traces:
+            tr.total_s = time.perf_counter() - t0
+        return (sequences, traces) if return_trace else sequences
+
+
+def count_new(row: list[int], eos: set[int], pad: int | None) -> int:
+    """Generated tokens up to and including the first end-of-sequence token (generate pads after it)."""
+    for j, t in enumerate(row):
+        if t in eos:
+            return j + 1
+    n = len(row)
+    while n > 0 and row[n - 1] == pad:
+        n -= 1
+    return n

@@ -1,0 +1,149 @@
+"""Selection: what every selector receives and returns, and the registry of selectors by name.
+
+A selector is `fn(ctx: SelectionContext) -> Selection | list[LongTensor]`: per image, the raster
+indices of the merged visual tokens the language model keeps. The wrapper (`arr_coc.qwen`) builds
+the context, runs the selector and rewrites the inputs; a selector never touches the prompt.
+
+Every built-in method is a module of `arr_coc.methods` that registers its selector when imported.
+`get_selector(name)` imports the module that owns `name` on first use (one lazy loader, here), so
+nothing else needs to import `arr_coc.methods` to make a name resolvable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import zlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Sequence, Union
+
+import torch
+
+from .budget import Budget, BudgetMode
+
+if TYPE_CHECKING:
+    from .layer import ARRCOCOutput
+    from .qwen.wrapper import ARRCOCQwen
+
+
+@dataclass
+class Selection:
+    """A selector's answer for the images of a `SelectionContext`.
+
+    kept: LongTensor[K_i] per image, raster indices into the merged grid (any order; sorted and
+    checked by the caller). fallback / errors: per image, optional.
+    visual_tokens: per image, optional Tensor[n_i, D] replacing the merger output in the same raster
+    layout; the LM then sees visual_tokens[i][kept_i] (e.g. VisionZip's merged contextual tokens).
+    """
+
+    kept: list[torch.Tensor]
+    arr_coc: ARRCOCOutput | None = None
+    fallback: list[str | None] | None = None
+    errors: list[str | None] | None = None
+    visual_tokens: list[torch.Tensor | None] | None = None
+
+
+@dataclass
+class SelectionContext:
+    """Everything a selector may use, for N images (all images of a batch, prompt order).
+
+    images        list[FloatTensor[3, H_i, W_i]] in [0, 1]: the resized image the VLM saw
+    grid_hw       list[(h_i, w_i)] merged-token grid; n_i = h_i * w_i
+    visual_tokens list[Tensor[n_i, D]] merger output (VLM dtype)
+    query_embeds  list[Tensor[L_i, D]] input embeddings of the image's question tokens
+    budgets       list[Budget | None] per image, as the caller gave them (None: the selector's default)
+    budget_mode   None | "exact" | "mean" (arr_coc.budget), as the caller gave it
+    counts        list[int] K_i for exact-count selectors (budget resolved against n_i; None -> default)
+    item_of_image list[int] batch row of each image
+    inputs        the unpruned batch (input_ids, attention_mask, ...), for LM-based selectors
+    image_spans   list[(row, start, end)]: where image i's pads sit in `inputs["input_ids"]`
+    position_ids  LongTensor[3, B, S] unpruned M-RoPE positions
+    """
+
+    wrapper: ARRCOCQwen
+    images: list[torch.Tensor]
+    grid_hw: list[tuple[int, int]]
+    visual_tokens: list[torch.Tensor]
+    query_embeds: list[torch.Tensor]
+    budgets: list[Budget | None]
+    counts: list[int]
+    item_of_image: list[int]
+    inputs: dict[str, torch.Tensor]
+    image_spans: list[tuple[int, int, int]]
+    position_ids: torch.Tensor
+    budget_mode: BudgetMode | None = None
+    image_ids: list[int] = field(default_factory=list)   # batch-global index of each image
+    seed: int = 0
+    deepstack_features: list[list[torch.Tensor]] | None = None  # Qwen3-VL: per image, one [n_i, D] per deepstack layer
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def subset(self, which: Sequence[int]) -> SelectionContext:
+        pick = lambda xs: [xs[i] for i in which]  # noqa: E731
+        return dataclasses.replace(
+            self, images=pick(self.images), grid_hw=pick(self.grid_hw), visual_tokens=pick(self.visual_tokens),
+            query_embeds=pick(self.query_embeds), budgets=pick(self.budgets), counts=pick(self.counts),
+            item_of_image=pick(self.item_of_image), image_spans=pick(self.image_spans),
+            image_ids=pick(self.image_ids),
+            deepstack_features=pick(self.deepstack_features) if self.deepstack_features is not None else None,
+        )
+
+    def generator(self, i: int) -> torch.Generator:
+        """A per-image generator seeded by (seed, image content): the same image draws the same
+        tokens whether it runs alone or in a batch, different images draw different ones."""
+        pixels = (self.images[i].float().clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy().tobytes()
+        return torch.Generator().manual_seed((zlib.crc32(pixels) + 7919 * self.seed) % (2**63))
+
+
+Selector = Callable[[SelectionContext], Union[Selection, Sequence[torch.Tensor]]]
+
+# name -> the arr_coc.methods module that registers it (imported on first use).
+BUILTIN: dict[str, str] = {
+    "none": "arr_coc.methods.none",
+    "random": "arr_coc.methods.random_sampling",
+    "grid": "arr_coc.methods.grid",
+    "arr_coc": "arr_coc.methods.arrcoc",
+    "arr_coc_adaptive": "arr_coc.methods.arrcoc",
+    "fastv": "arr_coc.methods.fastv",
+    "visionzip": "arr_coc.methods.visionzip",
+    "divprune": "arr_coc.methods.divprune",
+    "cdpruner": "arr_coc.methods.cdpruner",
+}
+
+SELECTORS: dict[str, Selector] = {}
+
+
+def register_selector(name: str, fn: Selector | None = None, *, overwrite: bool = False):
+    """Register `fn(ctx: SelectionContext) -> Selection | list[LongTensor]` under `name`.
+
+    Usable as `register_selector("mine", fn)` or as a decorator `@register_selector("mine")`.
+    """
+
+    def add(f: Selector) -> Selector:
+        if name in SELECTORS and not overwrite and SELECTORS[name] is not f:
+            raise ValueError(f"selector {name!r} is already registered; pass overwrite=True to replace it")
+        SELECTORS[name] = f
+        return f
+
+    return add(fn) if fn is not None else add
+
+
+def available_methods() -> list[str]:
+    """Every name `get_selector` resolves: the built-in methods and whatever was registered."""
+    return sorted(set(BUILTIN) | set(SELECTORS))
+
+
+def get_selector(name: str) -> Selector:
+    """The selector registered under `name`, importing its built-in module on first use."""
+    if name not in SELECTORS and name in BUILTIN:
+        importlib.import_module(BUILTIN[name])
+    if name not in SELECTORS:
+        raise ValueError(f"unknown method {name!r}; registered methods: {available_methods()} "
+                         "(or register your own with arr_coc.selection.register_selector)")
+    return SELECTORS[name]
+
+
+def selector_name(method: str | Selector) -> str:
+    """How a method is named in traces and tables."""
+    return method if isinstance(method, str) else getattr(method, "__name__", "custom")
