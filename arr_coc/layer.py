@@ -85,7 +85,7 @@ class ARRCOCOutput:
         )
 
 
-def _pad_grid(maps: Sequence[torch.Tensor], hm: int, wm: int) -> torch.Tensor:
+def pad_grid(maps: Sequence[torch.Tensor], hm: int, wm: int) -> torch.Tensor:
     """List of [..., h_i, w_i] -> [B, ..., Hm, Wm], zero padded at the bottom/right."""
     return torch.stack([F.pad(m, (0, wm - m.shape[-1], 0, hm - m.shape[-2])) for m in maps])
 
@@ -152,6 +152,31 @@ class ARRCOCLayer(nn.Module):
             "weights": weights,
         }
 
+    def pad_inputs(
+        self,
+        images: Sequence[ImageLike],
+        grid_hw: Sequence[tuple[int, int]],
+        query_embeds: Sequence[torch.Tensor] | None = None,
+        visual_tokens: Sequence[torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """The padded batch `score` reads (grids padded to the largest (Hm, Wm), bottom/right):
+        texture [B, C, Hm, Wm], valid [B, Hm, Wm], query [B, L, D] + its mask [B, L] (or None),
+        visual tokens [B, Hm * Wm, D] (or None). `forward` and the scorers' training share it."""
+        grid_hw = [(int(h), int(w)) for h, w in grid_hw]
+        hm, wm = max(h for h, _ in grid_hw), max(w for _, w in grid_hw)
+        tex = pad_grid(self.textures(images, grid_hw), hm, wm)
+        valid = pad_grid([torch.ones(h, w, dtype=torch.bool) for h, w in grid_hw], hm, wm)
+        query, qmask = _pad_tokens(list(query_embeds)) if query_embeds is not None else (None, None)
+        vis = None
+        if visual_tokens is not None:
+            grids = []
+            for i, ((h, w), v) in enumerate(zip(grid_hw, visual_tokens)):
+                if v.shape[0] != h * w:
+                    raise ValueError(f"image {i}: {v.shape[0]} visual tokens for a {h}x{w} grid")
+                grids.append(v.float().T.reshape(-1, h, w))
+            vis = pad_grid(grids, hm, wm).flatten(2).transpose(1, 2)  # [B, Hm*Wm, D]
+        return tex, valid, query, qmask, vis
+
     # ----------------------------------------------------------------- forward
     def forward(
         self,
@@ -182,21 +207,10 @@ class ARRCOCLayer(nn.Module):
             raise ValueError(f"got {b} images but {len(query_embeds)} question embeddings")
         if visual_tokens is not None and len(visual_tokens) != b:
             raise ValueError(f"got {b} images but {len(visual_tokens)} visual-token sets")
-        hm, wm = max(h for h, _ in grid_hw), max(w for _, w in grid_hw)
         errors: list[str | None] = [None] * b
 
         try:
-            tex = _pad_grid(self.textures(images, grid_hw), hm, wm)
-            valid = _pad_grid([torch.ones(h, w, dtype=torch.bool) for h, w in grid_hw], hm, wm)
-            query, qmask = _pad_tokens(list(query_embeds)) if query_embeds is not None else (None, None)
-            vis = None
-            if visual_tokens is not None:
-                grids = []
-                for i, ((h, w), v) in enumerate(zip(grid_hw, visual_tokens)):
-                    if v.shape[0] != h * w:
-                        raise ValueError(f"image {i}: {v.shape[0]} visual tokens for a {h}x{w} grid")
-                    grids.append(v.float().T.reshape(-1, h, w))
-                vis = _pad_grid(grids, hm, wm).flatten(2).transpose(1, 2)  # [B, Hm*Wm, D]
+            tex, valid, query, qmask, vis = self.pad_inputs(images, grid_hw, query_embeds, visual_tokens)
             maps = self.score(tex, valid, query, qmask, vis)
             bad = [not torch.isfinite(maps["relevance"][i]).all() or not torch.isfinite(maps["weights"][i]).all()
                    for i in range(b)]
@@ -278,7 +292,7 @@ class ARRCOCLayer(nn.Module):
             parts = [getattr(o, name) for o in outs]
             if any(p is None for p in parts):
                 return None
-            return _pad_grid([p[0] for p in parts], hm, wm)
+            return pad_grid([p[0] for p in parts], hm, wm)
 
         return ARRCOCOutput(
             kept_indices=[o.kept_indices[0] for o in outs],

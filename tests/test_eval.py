@@ -17,9 +17,11 @@ import pytest
 import torch
 
 from arr_coc.__main__ import main
-from arr_coc.budget import resolve_count
+from arr_coc.budget import parse_budgets, resolve_count
 from arr_coc.layer import ARRCOCLayer
-from arr_coc.eval import REQUIRED_KEYS, count_flops, paired_difference, parse_budgets, resolve_methods
+from arr_coc.evaluation.flops import count_flops
+from arr_coc.evaluation.loop import REQUIRED_KEYS, resolve_methods
+from arr_coc.evaluation.report import paired_difference
 
 EMBEDDED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "shapes-qwen2vl")
 
@@ -131,7 +133,9 @@ def test_eval_errors_say_what_to_do(split, tmp_path, capsys):
     assert "gen-data" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["eval", "--data", split, "--budgets", "0", "--out", str(tmp_path / "x.json")])
-    assert parse_budgets("0.05,0.1,64,1") == [0.05, 0.1, 64, 1.0]
+    assert parse_budgets("0.05,0.1,64,1.0") == [0.05, 0.1, 64, 1.0]
+    with pytest.raises(ValueError, match="ambiguous"):   # every token, or one token? say which
+        parse_budgets("0.1,1")
     methods, skipped = resolve_methods("all")
     assert "arr_coc_trained" not in methods and "arr_coc_trained" in skipped
 
@@ -194,7 +198,7 @@ def test_paired_difference_counts_items_each_method_alone_got_right():
 
 
 def test_the_table_says_when_a_row_kept_another_share_than_its_budget():
-    from arr_coc.eval import accuracy_table
+    from arr_coc.evaluation.report import accuracy_table
 
     rows = [{"method": "fastv", "budget": 0.05, "accuracy": 0.78, "coverage": 0.5, "kept_share": 13 / 256},
             {"method": "arr_coc_trained", "budget": 0.05, "accuracy": 0.81, "coverage": 0.8, "kept_share": 12 / 256}]

@@ -11,7 +11,10 @@ from arr_coc.data import write_split
 from arr_coc.budget import resolve_count
 from arr_coc.layer import ARRCOCLayer
 from arr_coc.qwen import ARRCOCQwen
-from arr_coc.train import TrainConfig, answer_loss, batch_scores, extract_features, ranking_loss, train
+from arr_coc.training.config import TrainConfig
+from arr_coc.training.features import extract_features
+from arr_coc.training.losses import answer_loss, batch_scores, ranking_loss
+from arr_coc.training.loop import train
 from arr_coc.data import read_jsonl
 
 
@@ -157,7 +160,7 @@ def test_stage2_can_keep_stage1s_ranking_loss_as_an_auxiliary_term(setup, tmp_pa
 def test_stage2_draws_only_the_given_budgets_and_holds_out_part_of_every_data_file(setup, tmp_path):
     import argparse
 
-    from arr_coc.train import add_arguments
+    from arr_coc.cli.train import add_arguments
 
     wrapper, data = setup
     parser = argparse.ArgumentParser()
@@ -174,7 +177,7 @@ def test_stage2_draws_only_the_given_budgets_and_holds_out_part_of_every_data_fi
 
 
 def test_feature_cache_reuses_the_vlms_features_until_the_vlm_or_data_change(setup, tmp_path, monkeypatch):
-    from arr_coc.train import load_features
+    from arr_coc.training.features import load_features
 
     wrapper, data = setup
     records = list(read_jsonl(data))

@@ -11,14 +11,7 @@ import json
 import sys
 from typing import Any
 
-def budget_arg(text: str):
-    """argparse type: the one budget parser (arr_coc.budget), its message as argparse's error."""
-    from arr_coc.budget import BudgetError, parse_budget
-
-    try:
-        return parse_budget(text)
-    except BudgetError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+from .args import add_budget_mode, budget_arg
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,9 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=budget_arg, default=None,
                         help="share of visual tokens to keep (0.1, 10%%) or a token count (64, 64tok); "
                              "default: the layer's own (0.25)")
-    parser.add_argument("--budget-mode", choices=("exact", "mean"), default=None,
-                        help="exact: every image keeps its budget; mean: a trained layer lets the budget follow "
-                             "the question, at most the budget on average (default: the layer's own)")
+    add_budget_mode(parser)
     parser.add_argument("--method", default="arr_coc",
                         help="arr_coc (default), none (baseline, all tokens), or a registered anchor method")
     parser.add_argument("--arr-coc", dest="arr_coc", default=None,

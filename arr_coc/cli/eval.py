@@ -1,2 +1,96 @@
-"""Placeholder: dispatches to the module not yet split."""
-from arr_coc.eval import add_arguments, run  # noqa: F401
+"""`python -m arr_coc eval`: accuracy vs. visual-token budget, ARR-COC beside the anchor methods.
+
+    python -m arr_coc eval --data data/shapes/test.jsonl --methods all \
+        --budgets 0.05,0.1,0.25,0.5,1.0 --limit 500 --out results.json --plot acc.png --markdown table.md
+
+What is measured and how: arr_coc/evaluation/loop.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .args import add_budget_mode, budgets_arg
+
+DEFAULT_BUDGETS = "0.05,0.1,0.25,0.5,1.0"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--model", default=None,
+                        help="Qwen2-VL / Qwen2.5-VL / Qwen3-VL folder or hub id (default: the embedded model under "
+                             "checkpoints/)")
+    parser.add_argument("--data", required=True,
+                        help="VQA JSONL (e.g. the ShapesVQA test split from `python -m arr_coc gen-data`)")
+    parser.add_argument("--methods", default="all",
+                        help="'all' or a comma list of: none, random, grid, downscale, fastv, visionzip, divprune, "
+                             "cdpruner, oracle, arr_coc, arr_coc_trained (or any registered selector)")
+    parser.add_argument("--budgets", default=DEFAULT_BUDGETS, type=budgets_arg,
+                        help=f"comma list of shares (0.1, 10%%) or token counts (64) (default: {DEFAULT_BUDGETS})")
+    add_budget_mode(parser)
+    parser.add_argument("--limit", type=int, default=None, help="evaluate the first N items only")
+    parser.add_argument("--batch-size", type=int, default=8, help="questions per forward pass (default: 8)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of random selections (default: 0)")
+    parser.add_argument("--max-new-tokens", type=int, default=8, help="answer length limit (default: 8)")
+    parser.add_argument("--fastv-layer", type=int, default=2, help="FastV's scoring layer K, 1-based (default: 2)")
+    parser.add_argument("--arr-coc-weights", default=None,
+                        help="folder of trained ARR-COC weights for arr_coc_trained (default: the layer shipped under "
+                             "checkpoints/ when --model is the embedded model; otherwise skipped without it)")
+    parser.add_argument("--no-strict", dest="strict", action="store_false",
+                        help="report a method that failed on some items with those items' keep-all fallback "
+                             "(default: strict, such a row is reported as failed)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", required=True, help="results JSON path")
+    parser.add_argument("--plot", default=None, help="accuracy vs. kept-token share plot (PNG)")
+    parser.add_argument("--markdown", default=None, help="Markdown table path")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from arr_coc.data import read_jsonl
+    from arr_coc.evaluation.loop import evaluate, load_wrapper, resolve_methods
+    from arr_coc.evaluation.report import accuracy_table, markdown_table, write_json, write_plot
+    from arr_coc.paths import EMBEDDED_MODEL, resolve_layer
+
+    model = args.model or EMBEDDED_MODEL
+    if args.arr_coc_weights is None:
+        args.arr_coc_weights = resolve_layer(model, None)  # the shipped trained layer, embedded model only
+    try:
+        methods, skipped = resolve_methods(args.methods, args.arr_coc_weights)
+        records = read_jsonl(args.data)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"eval: error: {exc}", file=sys.stderr)
+        return 2
+    if args.limit is not None:
+        records = records[: max(0, args.limit)]
+    if not records:
+        print(f"eval: error: {args.data} holds no items (or --limit is 0)", file=sys.stderr)
+        return 2
+    for name, why in skipped.items():
+        print(f"eval: skipping {name}: {why}", file=sys.stderr)
+    wrapper = load_wrapper(model, args.device, args.seed)
+    report = evaluate(
+        wrapper, records, methods, args.budgets, batch_size=args.batch_size, seed=args.seed,
+        max_new_tokens=args.max_new_tokens, fastv_layer=args.fastv_layer, arr_coc_weights=args.arr_coc_weights,
+        progress=not args.quiet, strict=args.strict, budget_mode=args.budget_mode,
+    )
+    report = {"model": model, "data": args.data, "arr_coc_weights": args.arr_coc_weights, **report,
+              "skipped": skipped}
+    write_json(report, args.out)
+    print(f"wrote {args.out} ({len(report['results'])} rows, {report['n']} items)")
+    if args.plot:
+        write_plot(report, args.plot)
+        print(f"wrote {args.plot}")
+    table = markdown_table(report)
+    if args.markdown:
+        os.makedirs(os.path.dirname(os.path.abspath(args.markdown)), exist_ok=True)
+        with open(args.markdown, "w") as f:
+            f.write(table)
+        print(f"wrote {args.markdown}")
+    print(accuracy_table(report))
+    failed = [f"{r['method']} @ {r['budget']}" for r in report["results"] if r.get("status") == "failed"]
+    if failed:
+        print(f"eval: {len(failed)} row(s) failed: {', '.join(failed)} (see 'error' in {args.out})", file=sys.stderr)
+    return 0

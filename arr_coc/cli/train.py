@@ -1,2 +1,66 @@
-"""Placeholder: dispatches to the module not yet split."""
-from arr_coc.train import add_arguments, run  # noqa: F401
+"""`python -m arr_coc train`: train ARR-COC's scorers against a frozen VLM (stage 1 or 2).
+
+    python -m arr_coc train --model checkpoints/shapes-qwen2vl --data data/train/train.jsonl \
+        --stage 1 --out checkpoints/arr-coc-shapes
+    python -m arr_coc train ... --stage 2 --init checkpoints/arr-coc-shapes --out checkpoints/arr-coc-shapes
+
+What the stages do: arr_coc/training/loop.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from .args import budgets_arg
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from arr_coc.paths import EMBEDDED_MODEL
+    from arr_coc.training.config import TrainConfig
+
+    d = TrainConfig()
+    parser.add_argument("--model", default=EMBEDDED_MODEL, help="VLM folder or hub id (frozen)")
+    parser.add_argument("--data", required=True, nargs="+",
+                        help="JSONL file(s) with answers and boxes (e.g. from gen-data); 10%% of each is held out")
+    parser.add_argument("--stage", type=int, choices=(1, 2), required=True)
+    parser.add_argument("--out", default=d.out, help="folder for the trained layer (save_pretrained)")
+    parser.add_argument("--init", default=None, help="start from this trained layer folder (e.g. stage 1 output)")
+    parser.add_argument("--steps", type=int, default=d.steps)
+    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument("--lr", type=float, default=d.lr)
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--eval-every", type=int, default=d.eval_every)
+    parser.add_argument("--rank-weight", type=float, default=d.rank_weight,
+                        help="stage 2: add this x the stage-1 ranking loss on the boxes (0 = answer loss only)")
+    parser.add_argument("--budgets", type=lambda text: tuple(budgets_arg(text)), default=d.budgets,
+                        help="stage 2: comma-separated budgets (shares or counts), one drawn per step "
+                             "(default: 0.05,0.1,0.25)")
+    parser.add_argument("--feature-cache", default=None, metavar="DIR",
+                        help="keep the frozen VLM's features of each data file here and reuse them while the VLM, "
+                             "processor, JSONL and images are unchanged (stage-2 variants then skip 2-9 min of "
+                             "extraction; about 0.8 GB per 1,000 items of the embedded model at 448 px)")
+    parser.add_argument("--attn-dim", type=int, default=None,
+                        help="width of a fresh layer's participatory scorer (default: knowing.attn_dim, 32); "
+                             "not with --init")
+    parser.add_argument("--spread-tau", type=float, default=d.spread_tau,
+                        help="the saved layer scales each image's budget by the cells its relevance points at "
+                             "(perplexity of softmax(relevance / T)), calibrated on the training items to average "
+                             "1 and raised to at most 2 tokens per such cell, so the tokens kept average at most the "
+                             "budget; 0 keeps every image's budget exact (default: 0.02)")
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--stop-after", type=int, default=None, help="stop at this step (continue later with --resume)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from arr_coc.training.config import TrainConfig
+    from arr_coc.training.loop import train
+
+    cfg = TrainConfig(stage=args.stage, out=args.out, seed=args.seed, steps=args.steps, batch_size=args.batch_size,
+                      lr=args.lr, eval_every=args.eval_every, rank_weight=args.rank_weight, budgets=args.budgets,
+                      attn_dim=args.attn_dim, spread_tau=args.spread_tau)
+    os.makedirs(cfg.out, exist_ok=True)
+    train(cfg, args.model, args.data, init=args.init, resume=args.resume, stop_after=args.stop_after,
+          feature_cache=args.feature_cache)
+    return 0
+    return 0

@@ -27,16 +27,14 @@ The full-token row (budget 1.0) is the unpruned reference and runs no selector.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import statistics
-import sys
 import time
 from typing import Any
 
-from .eval import _CountedSelector, _fmt_budget, count_flops, parse_budgets
+from .flops import CountedSelector, count_flops
+from .report import fmt_budget
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Qwen2-VL-2B-Instruct's language model (28 layers in the real model).
@@ -58,47 +56,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--preset", default="qwen2-vl-2b", choices=sorted(PRESETS),
-                        help="model shape: qwen2-vl-2b (default) or tiny (seconds, for tests)")
-    parser.add_argument("--layers", type=int, default=None,
-                        help="LM layers (default: 4 for qwen2-vl-2b, 2 for tiny; the real 2B model has 28)")
-    parser.add_argument("--budgets", type=parse_budgets, default=parse_budgets("0.05,0.1,0.25,0.5,1.0"),
-                        help="comma list of shares in (0, 1] or token counts; 1.0 (the reference) is always added")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repetitions (default: 5; tiny: 2)")
-    parser.add_argument("--method", default="arr_coc",
-                        help="selector whose overhead is measured (default: arr_coc, the untrained layer)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True, help="results JSON path")
-    parser.add_argument("--markdown", default=None, help="Markdown table path")
-    return parser
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        report = bench(preset=args.preset, layers=args.layers, budgets=args.budgets, repeats=args.repeats,
-                       method=args.method, dtype=args.dtype, seed=args.seed)
-    except ValueError as exc:
-        print(f"bench: error: {exc}", file=sys.stderr)
-        return 2
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
-    table = markdown_table(report)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table)
-    print(table)
-    print(f"wrote {args.out}")
-    return 0
-
-
 def build_model(preset: str, layers: int | None = None, dtype: str = "float32", seed: int = 0):
     """(model, processor, config summary) of a preset with random weights."""
     import torch
 
-    from .qwen.tiny import build_tiny_qwen
+    from ..qwen.tiny import build_tiny_qwen
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
@@ -141,9 +103,9 @@ def bench(preset: str = "qwen2-vl-2b", layers: int | None = None, budgets=None, 
     """Measure every budget side by side; returns the report dict (see the module docstring)."""
     import torch
 
-    from .data import make_item
-    from .qwen import ARRCOCQwen
-    from .selection import available_methods, get_selector
+    from ..data import make_item
+    from ..qwen import ARRCOCQwen
+    from ..selection import available_methods, get_selector
 
     spec = PRESETS.get(preset)
     if spec is None:
@@ -163,7 +125,7 @@ def bench(preset: str = "qwen2-vl-2b", layers: int | None = None, budgets=None, 
 
     def once(budget):
         """prepare + prefill at one budget -> (pruned, trace, prefill seconds, selector)."""
-        sel = None if budget == 1.0 else _CountedSelector(get_selector(method), method)
+        sel = None if budget == 1.0 else CountedSelector(get_selector(method), method)
         pruned, traces = wrapper.prepare(inputs, budget=None if sel is None else budget, method=sel or "none")
         t0 = time.perf_counter()
         wrapper.prefill(pruned, logits_to_keep=1)
@@ -222,7 +184,7 @@ def markdown_table(report: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         lines.append(
-            f"| {_fmt_budget(r['budget'])} | {r['visual_tokens']} / {r['total_tokens']} | "
+            f"| {fmt_budget(r['budget'])} | {r['visual_tokens']} / {r['total_tokens']} | "
             f"{r['prefill_flops'] / 1e9:.2f} | {r['prefill_s_median'] * 1e3:.1f} | {r['kv_cache_bytes'] / 2**20:.2f} | "
             f"{r['arr_coc_s_median'] * 1e3:.1f} | {r['arr_coc_flops'] / 1e6:.1f} | {r['overhead_share']:.3f} | "
             f"{r['speedup']:.2f} | {r['ideal_speedup']:.2f} | {r['speedup_vs_ideal']:.2f} |")

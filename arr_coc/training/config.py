@@ -1,0 +1,31 @@
+"""The scorers' training recipe: one dataclass, saved into the training log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..paths import SHIPPED_LAYER
+
+VAL_BUDGETS = (0.05, 0.1, 0.25)   # validation: answer-cell coverage at these budgets
+
+
+@dataclass
+class TrainConfig:
+    stage: int = 1
+    out: str = SHIPPED_LAYER
+    seed: int = 0
+    steps: int = 300
+    batch_size: int = 16
+    lr: float = 3e-3               # stage 2 uses --lr 1e-3 (the answer's gradient is small and noisy)
+    warmup: int = 20
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    tau: float = 0.05              # stage 1: softmax temperature over relevance (relevance units)
+    mask_temperature: tuple[float, float] = (0.5, 0.1)  # stage 2: soft-mask T (in relevance std units), start -> end
+    budget_weight: float = 1.0     # stage 2: (soft kept share - budget share)^2 penalty
+    budgets: tuple[float, ...] = (0.05, 0.1, 0.25)  # stage 2: budget drawn per step
+    rank_weight: float = 0.0       # stage 2: + this x stage 1's ranking loss (keeps the answer's cells covered)
+    attn_dim: int | None = None    # participatory width of a fresh layer (None: the config's default); not with `init`
+    spread_tau: float = 0.02       # saved layer: budget scaled by the relevant cells at this softmax T (0: exact)
+    val_fraction: float = 0.1
+    eval_every: int = 50

@@ -1,0 +1,126 @@
+"""The frozen VLM's fixed per-item inputs of the layer (visual tokens, question embeddings, the
+resized image, the answer's target cells), extracted once through the wrapper's own path and
+kept in a content-addressed cache between runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from ..data import VQARecord
+from ..geometry import boxes_to_cell_shares, scale_boxes
+
+if TYPE_CHECKING:
+    from ..qwen import ARRCOCQwen
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Features:
+    """Fixed per-item inputs of the layer, from the frozen VLM (cached)."""
+
+    image: torch.Tensor          # [3, H, W] uint8: the resized image the VLM saw (a quarter of float32's memory:
+                                 # 6,000 large-canvas items as float32 overflowed 24 GiB during stage 2)
+    grid_hw: tuple[int, int]
+    visual_tokens: torch.Tensor  # [h * w, D]
+    query: torch.Tensor          # [L, D]
+    target: torch.Tensor         # [h * w] float: share of the answer's boxes in each cell (each box sums to 1)
+    answer: str
+    question: str
+    image_path: str
+    input_ids: torch.Tensor      # [1, S] the unpruned prompt (stage 2 appends the answer)
+    image_grid_thw: torch.Tensor  # [1, 3]
+
+
+@torch.no_grad()
+def extract_features(wrapper: ARRCOCQwen, records: Sequence[VQARecord], progress: bool = True) -> list[Features]:
+    """Vision tower + question embeddings per record through the wrapper's own path."""
+    from PIL import Image
+    from tqdm import tqdm
+
+    feats: list[Features] = []
+    captured: list = []
+
+    def capture(ctx):
+        captured.append(ctx)
+        return [torch.arange(h * w) for h, w in ctx.grid_hw]
+
+    for rec in tqdm(records, desc="features", disable=not progress, dynamic_ncols=True):
+        image = Image.open(rec.image).convert("RGB")
+        captured.clear()
+        inputs = wrapper.build_inputs([[image]], [rec.question])
+        wrapper.prepare(inputs, method=capture)
+        ctx = captured[0]
+        h, w = ctx.grid_hw[0]
+        target = answer_target(rec.boxes, image.size, tuple(ctx.images[0].shape[-2:]), (h, w))
+        pixels = (ctx.images[0].float().clamp(0, 1) * 255).round().to(torch.uint8)
+        feats.append(Features(pixels, (h, w), ctx.visual_tokens[0].float(), ctx.query_embeds[0].float(),
+                              target, rec.answers[0], rec.question, str(rec.image),
+                              inputs["input_ids"], inputs["image_grid_thw"]))
+    return feats
+
+
+def answer_target(boxes, original_wh: tuple[int, int], image_hw: tuple[int, int], grid_hw: tuple[int, int]):
+    """[h * w] float: the answer's boxes (original pixels) as cell shares on the grid of the resized image."""
+    (hs, ws), (h, w) = image_hw, grid_hw
+    scaled = scale_boxes(boxes or [], original_wh, (ws, hs))  # the processor may have resized the image
+    return torch.from_numpy(boxes_to_cell_shares(scaled, (ws, hs), ws // w)).reshape(-1).float()
+
+
+def features_key(wrapper: ARRCOCQwen, path: str, records: Sequence[VQARecord]) -> str:
+    """Content hash of everything a record's features depend on: VLM weights, processor, JSONL, images.
+
+    Hashing the weights takes about 0.8 s per GiB on this 2-core CPU (some 4 s for a 2B model in
+    bf16), minutes less than re-extracting.
+    """
+    from ..qwen.processing import image_processor_of
+
+    h = hashlib.sha256()
+    for name, tensor in sorted(wrapper.model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy())
+    processor = wrapper.processor
+    h.update(image_processor_of(processor).to_json_string().encode())
+    h.update(str(getattr(processor, "chat_template", "")).encode())
+    tokenizer = getattr(processor, "tokenizer", None)
+    if tokenizer is not None:
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    with open(path, "rb") as f:
+        h.update(f.read())
+    for rec in records:
+        with open(rec.image, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:20]
+
+
+def load_features(wrapper: ARRCOCQwen, path: str, records: Sequence[VQARecord], cache: str | None,
+                  progress: bool = True) -> list[Features]:
+    """`extract_features`, or its copy in the `cache` folder if the same VLM already read the same data."""
+    if not cache:
+        return extract_features(wrapper, records, progress=progress)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    file = os.path.join(cache, f"{stem}-{len(records)}-{features_key(wrapper, path, records)}.pt")
+    if os.path.isfile(file):
+        from PIL import Image
+
+        logger.info("features of %s from %s", path, file)
+        feats = [Features(**d) for d in torch.load(file, weights_only=True)]
+        # The VLM's features are the cache's business, the targets the code's: they are cheap to
+        # recompute, and a cache written before their definition changed must not train the old one.
+        for rec, f in zip(records, feats):
+            with Image.open(rec.image) as image:  # reads the header only
+                f.target = answer_target(rec.boxes, image.size, tuple(f.image.shape[-2:]), f.grid_hw)
+        return feats
+    feats = extract_features(wrapper, records, progress=progress)
+    os.makedirs(cache, exist_ok=True)
+    torch.save([{k.name: getattr(f, k.name) for k in fields(Features)} for f in feats], file + ".tmp")
+    os.replace(file + ".tmp", file)
+    return feats

@@ -1,0 +1,232 @@
+"""Train ARR-COC's scorers against a frozen VLM: learn continuous scores, let top-k select.
+
+    python -m arr_coc train --model checkpoints/shapes-qwen2vl --data data/train/train.jsonl \
+        --stage 1 --out checkpoints/arr-coc-shapes
+    python -m arr_coc train ... --stage 2 --init checkpoints/arr-coc-shapes --out checkpoints/arr-coc-shapes
+
+Stage 1, relevance supervision: the JSONL boxes rasterised onto the merged-token grid
+are the target, each box spreading a weight of 1 over its cells by the share of its area
+in each (`boxes_to_cell_shares`: an object's centre cell, the token that carries most of
+it, outranks its edge cells, and every counted instance weighs the same); the loss is a
+listwise ranking loss on the continuous relevance map (softmax over the image's cells,
+cross-entropy against those shares), never on the discrete selection. The VLM only
+supplies fixed features (visual tokens, question embeddings), computed once per item and
+cached.
+
+Stage 2, end-to-end: the frozen VLM reads the WHOLE prompt, and each visual token j is
+softly masked out of attention with an additive bias log m_j, m_j = sigmoid((r_j - t) / T),
+t the midpoint between the k-th and (k+1)-th largest relevance for a budget of k tokens.
+As T -> 0 this is exactly the pruned forward (masking a token out of attention at its
+original position equals dropping it: tests/test_model.py proves that equivalence), and
+for T > 0 the answer's cross-entropy has a true gradient into every token's relevance.
+Chosen over straight-through top-k (biased, its forward is blind to near-threshold tokens)
+and REINFORCE (unbiased but needs many samples per item, too slow on a 2-core CPU).
+
+At the end of a stage the layer's budgets are made to follow the question
+(`calibrate_budget_spread`): an image keeps its budget times the number of cells its
+relevance points at (the perplexity of softmax(relevance / 0.02)) over a reference set on
+the training items so that the factor averages 1, clipped to [0.6, 2], and raised to at
+most 2 tokens per relevant cell. A budget is then at most the mean over questions like the
+training ones: "How many stars?" over eight stars gets up to twice the tokens, "What color
+is the cross?" down to 0.6 times.
+
+Both stages: AdamW, warm-up + cosine, gradient clipping at 1.0, seeded, tqdm, periodic
+validation of answer-cell coverage at fixed budgets, health checks (collapsed scores,
+exploding gradients, allocations collapsing to one region), a JSON log, resumable.
+Runs as one process here; under `accelerate launch` (if accelerate is installed) it
+wraps the layer and optimiser with `Accelerator`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..attending import calibrate_spread, relevant_cells
+from ..config import ARRCOCConfig
+from ..data import read_jsonl
+from ..layer import ARRCOCLayer
+from .config import VAL_BUDGETS, TrainConfig
+from .features import Features, load_features
+from .losses import answer_loss, batch_scores, coverage, health, ranking_loss
+from .schedule import lr_at
+
+if TYPE_CHECKING:
+    from ..qwen import ARRCOCQwen
+
+logger = logging.getLogger(__name__)
+
+
+def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | None = None, resume: bool = False,
+          progress: bool = True, wrapper: ARRCOCQwen | None = None, stop_after: int | None = None, feature_cache: str | None = None) -> dict:
+    """Run (or resume) one stage; `stop_after` ends this process early at that step (resumable).
+
+    `data` is one JSONL or several; the first `val_fraction` of each file is held out for validation.
+    `feature_cache`: a folder where the frozen VLM's features are kept between runs (see `load_features`).
+    """
+    from tqdm import tqdm
+
+    from ..qwen import ARRCOCQwen
+
+    if init and cfg.attn_dim is not None:  # before minutes of feature extraction
+        raise ValueError(f"attn_dim sets the width of a fresh layer; {init} already has its own (drop --attn-dim)")
+    torch.manual_seed(cfg.seed)
+    wrapper = wrapper or ARRCOCQwen.from_pretrained(model_path)
+    train_set, val_set = [], []
+    for path in [data] if isinstance(data, str) else data:
+        records = list(read_jsonl(path))
+        if not records:
+            raise ValueError(f"{path} holds no records")
+        n_val = max(1, int(len(records) * cfg.val_fraction))
+        feats = load_features(wrapper, path, records, feature_cache, progress=progress)
+        train_set, val_set = train_set + feats[n_val:], val_set + feats[:n_val]
+    if cfg.stage == 1 and not any(f.target.any() for f in train_set):
+        raise ValueError("stage 1 needs boxes in the JSONL records (the answer's pixel boxes); none were found")
+
+    if init:
+        layer = ARRCOCLayer.from_pretrained(init)
+    else:
+        config = ARRCOCConfig(strict=True).with_query_dim(wrapper.text_hidden_size)
+        layer = ARRCOCLayer(config.replace(knowing={"attn_dim": cfg.attn_dim}) if cfg.attn_dim else config)
+    layer.config.strict = True  # training must see errors, not silently keep all tokens
+    layer.train()
+    opt = torch.optim.AdamW(layer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    state = {"step": 0, "log": [], "warnings": []}
+    state_path = os.path.join(cfg.out, f"train_state_stage{cfg.stage}.pt")
+    if resume and os.path.isfile(state_path):
+        saved = torch.load(state_path, weights_only=True)
+        layer.load_state_dict(saved["layer"])
+        opt.load_state_dict(saved["optimizer"])
+        state = saved["state"]
+        torch.set_rng_state(saved["rng"])
+    state.update(train_items=len(train_set), val_items=len(val_set))
+    accelerator = _maybe_accelerator()
+    if accelerator is not None:
+        layer, opt = accelerator.prepare(layer, opt)
+    t_start = time.perf_counter()
+    bar = tqdm(total=cfg.steps, initial=state["step"], desc=f"train stage {cfg.stage}", disable=not progress,
+               dynamic_ncols=True)
+    while state["step"] < min(cfg.steps, stop_after or cfg.steps):
+        step = state["step"]
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)  # per step: resuming replays exactly
+        lr = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        pick = torch.randint(len(train_set), (min(cfg.batch_size, len(train_set)),), generator=gen).tolist()
+        items = [train_set[i] for i in pick]
+        maps = batch_scores(layer, items)
+        rec = {"step": step + 1, "lr": lr}
+        if cfg.stage == 1:
+            loss = ranking_loss(maps["relevance"], maps["valid"], maps["target"], cfg.tau)
+        else:
+            budget = cfg.budgets[int(torch.randint(len(cfg.budgets), (1,), generator=gen))]
+            t0, t1 = cfg.mask_temperature
+            temperature = t0 * (t1 / t0) ** (step / max(1, cfg.steps - 1))
+            ans, penalty, share = answer_loss(wrapper, items, maps["relevance"], budget, temperature)
+            loss = ans + cfg.budget_weight * penalty
+            if cfg.rank_weight:
+                rank = ranking_loss(maps["relevance"], maps["valid"], maps["target"], cfg.tau)
+                loss = loss + cfg.rank_weight * rank
+                rec.update(ranking_loss=float(rank.detach()))
+            rec.update(budget=budget, temperature=temperature, soft_kept_share=share, answer_loss=float(ans.detach()))
+        opt.zero_grad(set_to_none=True)
+        (accelerator.backward(loss) if accelerator is not None else loss.backward())
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(layer.parameters(), cfg.grad_clip))
+        opt.step()
+        state["step"] += 1
+        loss_value = float(loss.detach())
+        rec.update(loss=loss_value, grad_norm=grad_norm, seconds=time.perf_counter() - t_start)
+        for w in health(maps, [f.grid_hw for f in items], grad_norm):
+            logger.warning("step %d: %s", step + 1, w)
+            state["warnings"].append({"step": step + 1, "warning": w})
+        if state["step"] % cfg.eval_every == 0 or state["step"] == cfg.steps:
+            rec["val_coverage"] = validate(layer, val_set)
+            bar.write(f"[stage {cfg.stage} step {state['step']}] loss {loss_value:.3f} val coverage "
+                      + " ".join(f"{b}:{c:.3f}" for b, c in rec["val_coverage"].items()))
+            save(layer, opt, state, cfg, state_path)
+        state["log"].append(rec)
+        bar.set_postfix(loss=f"{loss_value:.3f}")
+        bar.update(1)
+    bar.close()
+    if state["step"] >= cfg.steps:
+        state["budget_spread"] = calibrate_budget_spread(getattr(layer, "module", layer), train_set, cfg.spread_tau)
+        if progress and cfg.spread_tau > 0:
+            tqdm.write("budget follows the question: relevant cells (median {median_cells:.1f}) / reference "
+                       "{reference:.2f}, clipped to [{low}, {high}]".format(**state["budget_spread"]))
+    save(layer, opt, state, cfg, state_path)
+    return state
+
+
+@torch.no_grad()
+def calibrate_budget_spread(layer: ARRCOCLayer, items: list[Features], tau: float) -> dict:
+    """Let the trained layer's budgets follow the question: scale = relevant cells / reference, averaging 1.
+
+    The reference is set on `items` (the stage's training items) so that the scale averages 1
+    there: over data like them the tokens kept average at most the budget (the per-cell cap
+    only lowers counts). tau 0 turns the scaling off (exact budgets).
+    Returns what was set, for the training log.
+    """
+    attending = layer.config.attending
+    attending.spread_tau = tau
+    if tau <= 0:
+        return {"tau": 0.0}
+    was = layer.training
+    layer.eval()
+    cells = []
+    for s in range(0, len(items), 32):
+        chunk = items[s : s + 32]
+        maps = batch_scores(layer, chunk)
+        for i, f in enumerate(chunk):
+            h, w = f.grid_hw
+            cells.append(relevant_cells(maps["relevance"][i, :h, :w], tau))
+    layer.train(was)
+    attending.spread_reference = calibrate_spread(cells, attending.spread_min, attending.spread_max)
+    return {"tau": tau, "reference": attending.spread_reference, "median_cells": sorted(cells)[len(cells) // 2],
+            "low": attending.spread_min, "high": attending.spread_max, "items": len(cells)}
+
+
+@torch.no_grad()
+def validate(layer: ARRCOCLayer, items: list[Features]) -> dict[str, float]:
+    """Coverage of the answer cells by top-k of the relevance map at VAL_BUDGETS."""
+    was = layer.training
+    layer.eval()
+    out = {str(b): [] for b in VAL_BUDGETS}
+    for s in range(0, len(items), 32):
+        chunk = items[s : s + 32]
+        maps = batch_scores(layer, chunk)
+        grids = [f.grid_hw for f in chunk]
+        n = sum(1 for f in chunk if f.target.any())
+        for b in VAL_BUDGETS:
+            out[str(b)].append((coverage(maps["relevance"], maps["valid"], maps["target"], grids, b), n))
+    layer.train(was)
+    return {b: sum(c * n for c, n in v) / max(1, sum(n for _, n in v)) for b, v in out.items()}
+
+
+def save(layer: ARRCOCLayer, opt: torch.optim.Optimizer, state: dict, cfg: TrainConfig, state_path: str) -> None:
+    layer = getattr(layer, "module", layer)
+    strict = layer.config.strict
+    layer.config.strict = False  # the shipped layer degrades gracefully
+    layer.save_pretrained(cfg.out)
+    layer.config.strict = strict
+    torch.save({"layer": layer.state_dict(), "optimizer": opt.state_dict(), "state": state,
+                "rng": torch.get_rng_state()}, state_path + ".tmp")
+    os.replace(state_path + ".tmp", state_path)
+    with open(os.path.join(cfg.out, f"training_log_stage{cfg.stage}.json"), "w") as f:
+        json.dump({"config": asdict(cfg), **state}, f, indent=1)
+
+
+def _maybe_accelerator():
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 and "ACCELERATE_MIXED_PRECISION" not in os.environ:
+        return None
+    try:
+        from accelerate import Accelerator
+    except ImportError:
+        logger.warning("launched distributed but accelerate is not installed; running as one process")
+        return None
+    return Accelerator()
