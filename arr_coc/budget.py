@@ -73,6 +73,8 @@ def parse_budget(value: object, name: str = "budget") -> Budget:
     if not isinstance(value, str):
         return check_budget(value, name)
     text = value.strip().lower()
+    if text.startswith("-"):
+        raise BudgetError(f"{name} {value!r} is negative; {HOW_TO_WRITE}")
     match = _COUNT.match(text)
     if match:
         if match.group(1) == "1" and not match.group(2):

@@ -1,6 +1,6 @@
 """Can a vision tower learn to read the letters? Fine-tune it on letter-centred tiles only.
 
-    python docs/letter_probe.py [MINUTES] [--fresh]
+    python scripts/letter_probe.py [MINUTES] [--fresh]
 
 Each tile is 4 x 4 merged cells (112 px) placed at random around one lettered object of a
 letter-rich training scene; a linear head on the mean of the object's letter cells names
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from arr_coc.data.shapesvqa import LETTERS
 from arr_coc.embedded import DEFAULT_CHECKPOINT, build_embedded
-from arr_coc.model import ARRCOCQwen
+from arr_coc.qwen import ARRCOCQwen
 from arr_coc.train_vlm import LETTER_TILE_CELLS, VLMTrainConfig, letter_tiles, training_item, visual_tokens
 
 

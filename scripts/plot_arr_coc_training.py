@@ -1,6 +1,6 @@
 """Plot ARR-COC scorer training (stage 1 then stage 2): validation coverage and the losses.
 
-    python docs/plot_arr_coc_training.py checkpoints/arr-coc-shapes docs/arr_coc_training.png
+    python scripts/plot_arr_coc_training.py checkpoints/arr-coc-shapes docs/arr_coc_training.png
 
 Reads `training_log_stage1.json` and `training_log_stage2.json` from the folder; stage 2's
 steps continue stage 1's on the x axis.

@@ -1,11 +1,11 @@
 """Plot an embedded-model training run: validation accuracy per question type and the losses.
 
-    python docs/plot_training.py checkpoints/shapes-qwen2vl/training_log.json docs/training_curve.png
+    python scripts/plot_training.py checkpoints/shapes-qwen2vl/training_log.json docs/training_curve.png
 
 Several logs (runs warm-started one from the other with --init) are drawn end to end, with
 a dotted line where each continuation starts:
 
-    python docs/plot_training.py LOG1 LOG2 ... OUT.png
+    python scripts/plot_training.py LOG1 LOG2 ... OUT.png
 """
 
 import json
@@ -56,5 +56,5 @@ def main(log_paths: list[str], out: str) -> None:
 if __name__ == "__main__":
     args = sys.argv[1:] or ["checkpoints/shapes-qwen2vl/training_log.json", "docs/training_curve.png"]
     if len(args) < 2:
-        raise SystemExit("usage: python docs/plot_training.py LOG [LOG ...] OUT.png")
+        raise SystemExit("usage: python scripts/plot_training.py LOG [LOG ...] OUT.png")
     main(args[:-1], args[-1])

@@ -1,6 +1,6 @@
 """Probe a VLM's visual tokens: is the colour, shape and letter of the object under each cell in them?
 
-    python docs/probe_vision.py checkpoints/shapes-qwen2vl
+    python scripts/probe_vision.py checkpoints/shapes-qwen2vl
 
 For the object cells of 40 fresh ShapesVQA scenes: (1) the nearest word embedding by cosine
 (what the embedded model's dense loss trains for), (2) a linear probe trained on half the
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from arr_coc.data import COLOR_NAMES, LETTERS, SHAPES, cell_labels, make_item
-from arr_coc.model import ARRCOCQwen
+from arr_coc.qwen import ARRCOCQwen
 from arr_coc.train_vlm import visual_tokens
 
 

@@ -1,6 +1,6 @@
 """Where a fresh process's time goes before the embedded model answers its first question.
 
-    python docs/time_load.py [checkpoints/shapes-qwen2vl] [--repeat 3]
+    python scripts/time_load.py [checkpoints/shapes-qwen2vl] [--repeat 3]
 
 Each repeat is a new Python process, so every import is paid again (bytecode caches are warm).
 Prints seconds for: importing torch, importing transformers' Qwen2-VL modules (the modeling
@@ -22,7 +22,7 @@ import transformers.core_model_loading
 from transformers import Qwen2VLForConditionalGeneration
 t2 = time.perf_counter()
 from arr_coc.data import make_item
-from arr_coc.model import ARRCOCQwen
+from arr_coc.qwen import ARRCOCQwen
 t3 = time.perf_counter()
 wrapper = ARRCOCQwen.from_pretrained(sys.argv[1])
 t4 = time.perf_counter()

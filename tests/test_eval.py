@@ -205,3 +205,56 @@ def test_the_table_says_when_a_row_kept_another_share_than_its_budget():
     lines = accuracy_table({"budgets": [0.05], "results": rows}).splitlines()
     assert lines[2] == "| fastv | 0.780 (0.50) |"                      # 5.08%: the budget, rounded to tokens
     assert lines[3] == "| arr_coc_trained | 0.810 (0.80; 4.7% kept) |"  # a budget met on average
+
+
+def test_a_selector_that_raises_is_reported_as_failed_not_as_the_unpruned_row(split, model_dir, tmp_path, capsys):
+    """The library keeps every token of an item its selector failed on (right for users); the evaluation
+    must not report that as the method's accuracy. --no-strict shows the silent fallback it refuses."""
+    from arr_coc.selection import SELECTORS, register_selector
+
+    def broken(ctx):
+        raise RuntimeError("scorer exploded")
+
+    register_selector("test_broken", broken, overwrite=True)
+    try:
+        out = tmp_path / "strict.json"
+        assert main(["eval", "--model", model_dir, "--data", split, "--methods", "none,test_broken",
+                     "--budgets", "0.1", "--limit", "4", "--out", str(out), "--quiet"]) == 0
+        rows = {r["method"]: r for r in json.loads(out.read_text())["results"]}
+        assert rows["test_broken"]["status"] == "failed" and rows["test_broken"]["accuracy"] is None
+        assert "scorer exploded" in rows["test_broken"]["error"]
+        assert "failed" in capsys.readouterr().out   # the table says so
+
+        loose = tmp_path / "loose.json"   # negative control: without strict mode the row looks like `none`
+        assert main(["eval", "--model", model_dir, "--data", split, "--methods", "none,test_broken",
+                     "--budgets", "0.1", "--limit", "4", "--no-strict", "--out", str(loose), "--quiet"]) == 0
+        rows = {r["method"]: r for r in json.loads(loose.read_text())["results"]}
+        assert rows["test_broken"]["status"] == "ok" and rows["test_broken"]["fallbacks"] == {"keep_all": 4}
+        assert rows["test_broken"]["correct"] == rows["none"]["correct"]
+    finally:
+        SELECTORS.pop("test_broken", None)
+
+
+def test_flops_that_cannot_be_counted_are_unknown_not_zero(split, model_dir, tmp_path):
+    from arr_coc.selection import SELECTORS, get_selector, register_selector
+
+    calls = []
+
+    def once_only(ctx):   # answers in prepare, then refuses the off-the-clock FLOP count
+        calls.append(1)
+        if len(calls) % 2 == 0:
+            raise RuntimeError("cannot run twice")
+        return get_selector("grid")(ctx)
+
+    register_selector("test_once", once_only, overwrite=True)
+    try:
+        out = tmp_path / "flops.json"
+        assert main(["eval", "--model", model_dir, "--data", split, "--methods", "grid,test_once",
+                     "--budgets", "0.1", "--limit", "4", "--out", str(out), "--markdown", str(tmp_path / "t.md"),
+                     "--quiet"]) == 0
+        rows = {r["method"]: r for r in json.loads(out.read_text())["results"]}
+        assert rows["test_once"]["status"] == "ok" and rows["test_once"]["prefill_flops_mean"] is None
+        assert rows["grid"]["prefill_flops_mean"] > 0
+        assert "unknown" in (tmp_path / "t.md").read_text()
+    finally:
+        SELECTORS.pop("test_once", None)

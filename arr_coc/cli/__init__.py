@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # command -> (module, one-line help)
@@ -28,6 +29,10 @@ def _command_of(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Quiet defaults that change no result. HF_HUB_OFFLINE is not among them: a hub id given to
+    # --model is downloaded as usual, and the embedded model is a local folder that never asks.
+    for key, value in (("HF_HUB_DISABLE_TELEMETRY", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+        os.environ.setdefault(key, value)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m arr_coc", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="command")

@@ -16,7 +16,7 @@ def eager_attention(module) -> Iterator[None]:
     """Run `module` (a transformers PreTrainedModel) with eager attention, then restore its implementation.
 
     Eager attention is the only implementation that returns attention weights. The switch touches this
-    one instance's config and is undone on exit, also when the body raises (DESIGN.md, style rule 7).
+    one instance's config and is undone on exit, also when the body raises (patch one instance, reversibly: docs/DESIGN.md).
     """
     previous = module.config._attn_implementation
     if previous == "eager":

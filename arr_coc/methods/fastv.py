@@ -10,7 +10,7 @@ the rest for the remaining layers (K = 2 by default). As in the authors' code, t
 of a visual token is the attention weight from the LAST prompt token to it, averaged
 over heads, in the K-th layer (1-based: the attention map of `layers[K - 1]`).
 
-For Qwen-VL through the input-rewriting path (DESIGN.md) the procedure is:
+For Qwen-VL through the input-rewriting path (arr_coc/qwen/rewrite.py) the procedure is:
 1. run the LM prefix, layers 1..K, on the UNPRUNED prompt (original M-RoPE positions,
    the merger's visual tokens, Qwen3-VL deepstack features) with eager attention on this
    instance only (the only implementation that returns weights), and stop right after
@@ -23,7 +23,7 @@ real prefill and prunes in place; here the K-layer prefix is an extra partial pr
 and the pruned prompt then runs every layer. It costs K layers more than FastV's own
 schedule (the evaluation counts that cost in FLOPs and latency), and the first K layers
 of the answer's KV cache hold only the kept tokens. A hook inside the LM would avoid the
-extra prefix, but DESIGN.md forbids in-forward LM hooks (wrong for padded batches).
+extra prefix, but an in-forward LM hook is silently wrong for padded batches (docs/DESIGN.md).
 """
 
 from __future__ import annotations
@@ -40,7 +40,18 @@ DEFAULT_LAYER = 2
 
 
 class _PrefixDone(Exception):
-    """Raised by the hook after layer K's attention: the rest of the forward is not needed."""
+    """Raised by the hook after layer K's attention: the rest of the forward is not needed.
+
+    Why an exception through transformers' forward: transformers 5.23 offers no way to stop a
+    decoder stack early. Its text models loop `for decoder_layer in self.layers` with no exit,
+    `output_attentions` / the output-capturing hooks record but never stop, and `num_hidden_layers`
+    is read at construction only. The alternatives cost more or are less safe: truncating
+    `language_model.layers` on the instance mutates the shared model while the app may serve
+    another request, and still runs layer K's MLP and the final norm; re-implementing the stack
+    (masks, M-RoPE, Qwen3-VL deepstack injection) would copy transformers' code. The exception is
+    raised from a hook on this call's attention module only, caught right here, and the hook is
+    removed in `finally`, so nothing outlives the call.
+    """
 
 
 def encoder_output(model: Any, visual_tokens: list[torch.Tensor], deepstack: list[list[torch.Tensor]] | None = None):

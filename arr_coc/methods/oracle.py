@@ -1,7 +1,7 @@
 """`oracle`: keep the tokens under the answer's boxes first, then fill the budget by grid.
 
 The ceiling of any allocator on data that says where the answer is (ShapesVQA's JSONL
-`boxes`, SHAPESVQA.md): with the right tokens kept, whatever accuracy is lost comes from
+`boxes`, docs/SHAPESVQA.md): with the right tokens kept, whatever accuracy is lost comes from
 the budget itself, not from choosing badly. Not a published method; it is drawn on
 every plot as the upper reference.
 

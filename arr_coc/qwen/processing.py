@@ -1,6 +1,6 @@
 """Processor helpers for Qwen-VL models: chat prompts, an image-only processor, un-patchify.
 
-Why this module exists: without torchvision (see DESIGN.md, "Environment facts")
+Why this module exists: without torchvision (docs/DESIGN.md, "Environment")
 transformers cannot build the stock Qwen-VL processors, because their video
 processor needs torchvision. `ImageOnlyQwenProcessor` reproduces what the stock
 processor does for images — render the chat template, expand each
