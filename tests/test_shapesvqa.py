@@ -36,7 +36,7 @@ from arr_coc.data import (
     score,
     write_split,
 )
-from arr_coc.data import cli
+from arr_coc.cli import gen_data as cli
 from arr_coc.data.shapesvqa import LETTERED_SHAPES, MAX_SIDE, MIN_LETTER_SIDE, MIN_SIDE, draw_canvas
 
 N_ITEMS = 300  # "a few hundred": every hard kind and every answer shows up
