@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .data.shapesvqa import COLOR_NAMES, LETTERS, SHAPES, TEMPLATES
+from .shapes.vocabulary import COLOR_NAMES, LETTERS, SHAPES, TEMPLATES
 from .processing import (
     ENDOFTEXT, IM_END, IM_START, IMAGE_TOKEN, QWEN_CHAT_TEMPLATE, VIDEO_TOKEN, VISION_END, VISION_START,
     ImageOnlyQwenProcessor,

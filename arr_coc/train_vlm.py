@@ -48,9 +48,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .data.shapesvqa import (
-    COLOR_NAMES, LETTERS, P_LETTER, QUESTION_TYPES, SHAPES, cell_labels, make_item, questions_for_scene,
-)
+from .shapes.cells import cell_labels
+from .shapes.items import make_item
+from .shapes.questions import questions_for_scene
+from .shapes.vocabulary import COLOR_NAMES, LETTERS, P_LETTER, QUESTION_TYPES, SHAPES
 from .embedded import CELL_PX, DEFAULT_CHECKPOINT, build_embedded
 from .processing import IM_END, IMAGE_TOKEN, render_prompt
 

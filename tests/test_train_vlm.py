@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from arr_coc.data.shapesvqa import COLOR_NAMES, QUESTION_TYPES, SHAPES, make_item
+from arr_coc.shapes import COLOR_NAMES, QUESTION_TYPES, SHAPES, make_item
 from arr_coc.embedded import build_embedded, build_word_tokenizer
 from arr_coc.processing import render_prompt
 from arr_coc.train_vlm import Batcher, VLMTrainConfig, box_cells, choose_kept, training_item, visual_tokens
@@ -162,7 +162,7 @@ def test_count_supervision_marks_one_centre_cell_per_counted_object(embedded):
 def test_vision_tiles_are_aligned_with_their_labels():
     import numpy as np
 
-    from arr_coc.data.shapesvqa import COLORS
+    from arr_coc.shapes import COLORS
     from arr_coc.train_vlm import crops_for_vision
 
     cfg = VLMTrainConfig()
@@ -184,7 +184,7 @@ def test_vision_tiles_are_aligned_with_their_labels():
 def test_letter_tiles_hold_one_whole_lettered_object_each():
     import numpy as np
 
-    from arr_coc.data.shapesvqa import LETTERS
+    from arr_coc.shapes import LETTERS
     from arr_coc.train_vlm import LETTER_TILE_CELLS, letter_tiles
 
     cfg = VLMTrainConfig()
