@@ -5,12 +5,12 @@ and boxes -> cells with ShapesVQA's 28 px cell as the default (the mapping itsel
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
+from .. import geometry
 from .drawing import object_index_map
 from .scene import Scene
 from .vocabulary import CELL_PX, COLOR_NAMES, LETTERS, SHAPES, Size
@@ -33,12 +33,6 @@ class CellLabels:
     coverage: np.ndarray  # float32 [h, w]: winner's pixels / cell pixels
 
 
-def _grid_hw(size: Size, cell_px: int) -> tuple[int, int]:
-    if cell_px <= 0:
-        raise ValueError(f"cell_px must be positive, got {cell_px}")
-    return math.ceil(size[1] / cell_px), math.ceil(size[0] / cell_px)
-
-
 def cell_labels(scene: Scene, cell_px: int = CELL_PX, min_cover: float = 0.0) -> CellLabels:
     """Rasterise the scene to per-cell colour / shape / letter / object ids.
 
@@ -48,7 +42,7 @@ def cell_labels(scene: Scene, cell_px: int = CELL_PX, min_cover: float = 0.0) ->
     the cell; otherwise it is background (0).
     """
     index = object_index_map(scene)  # [H, W]
-    gh, gw = _grid_hw(scene.size, cell_px)
+    gh, gw = geometry.grid_shape(scene.size, cell_px)
     padded = np.zeros((gh * cell_px, gw * cell_px), dtype=np.int64)
     padded[: scene.height, : scene.width] = index
     n = len(scene.objects) + 1  # +1 for background id 0
@@ -82,29 +76,10 @@ def cell_labels(scene: Scene, cell_px: int = CELL_PX, min_cover: float = 0.0) ->
 
 
 def boxes_to_cell_shares(boxes: Sequence[Sequence[float]], image_size: Size, cell_px: int = CELL_PX) -> np.ndarray:
-    """float32 [h, w]: how much of each box's area falls in each cell (of ``cell_px``), summed over boxes.
-
-    Every box spreads a weight of 1 over the cells it overlaps (less if it reaches past the
-    image), so an object's centre cell outweighs its edge cells and every counted instance
-    weighs the same whatever its size. ``image_size`` is (width, height); h = ceil(H /
-    cell_px), w = ceil(W / cell_px). Boxes are (x0, y0, x1, y1) px with x1/y1 exclusive;
-    empty boxes are ignored.
-    """
-    gh, gw = _grid_hw(image_size, cell_px)
-    shares = np.zeros((gh, gw), dtype=np.float32)
-    edges_x, edges_y = np.arange(gw + 1) * cell_px, np.arange(gh + 1) * cell_px
-    for x0, y0, x1, y1 in boxes:
-        if x1 <= x0 or y1 <= y0:
-            continue
-        ix = np.clip(np.minimum(x1, edges_x[1:]) - np.maximum(x0, edges_x[:-1]), 0, None)
-        iy = np.clip(np.minimum(y1, edges_y[1:]) - np.maximum(y0, edges_y[:-1]), 0, None)
-        shares += (np.outer(iy, ix) / ((x1 - x0) * (y1 - y0))).astype(np.float32)
-    return shares
+    """`arr_coc.geometry.boxes_to_cell_shares` with ShapesVQA's 28 px cell as the default."""
+    return geometry.boxes_to_cell_shares(boxes, image_size, cell_px)
 
 
 def boxes_to_cell_mask(boxes: Sequence[Sequence[float]], image_size: Size, cell_px: int = CELL_PX) -> np.ndarray:
-    """bool [h, w]: cells (of ``cell_px``) that share area with any box (`boxes_to_cell_shares` > 0).
-
-    Touching a cell's edge does not count.
-    """
-    return boxes_to_cell_shares(boxes, image_size, cell_px) > 0
+    """`arr_coc.geometry.boxes_to_cell_mask` with ShapesVQA's 28 px cell as the default."""
+    return geometry.boxes_to_cell_mask(boxes, image_size, cell_px)
