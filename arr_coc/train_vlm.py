@@ -53,6 +53,7 @@ from .shapes.items import make_item
 from .shapes.questions import questions_for_scene
 from .shapes.vocabulary import COLOR_NAMES, LETTERS, P_LETTER, QUESTION_TYPES, SHAPES
 from .embedded import CELL_PX, DEFAULT_CHECKPOINT, build_embedded
+from .geometry import box_cells, centre_cells
 from .processing import IM_END, IMAGE_TOKEN, render_prompt
 
 STAGES = ("vision", "language", "joint")
@@ -148,24 +149,20 @@ class DenseHead(nn.Module):
 
 
 def centre_mask(scene, gh: int, gw: int) -> np.ndarray:
+    """float32 [gh, gw]: 1 at the cell holding each object's centre (`arr_coc.geometry.centre_cells`)."""
     out = np.zeros(gh * gw, dtype=np.float32)
-    out[centre_cells([o.box for o in scene.objects], gh, gw)] = 1.0
+    out[centre_cells([o.box for o in scene.objects], (gh, gw), CELL_PX)] = 1.0
     return out.reshape(gh, gw)
 
 
-def centre_cells(boxes, gh: int, gw: int) -> list[int]:
-    """The raster index of the cell holding each box's centre (as `centre_mask`)."""
-    return [min(gh - 1, int((y0 + y1) / 2 // CELL_PX)) * gw + min(gw - 1, int((x0 + x1) / 2 // CELL_PX))
-            for x0, y0, x1, y1 in boxes]
+def answer_cells(boxes, gh: int, gw: int) -> set[int]:
+    """Raster indices of the cells of a gh x gw grid of 28 px cells under any of `boxes` (pixels).
 
-
-def box_cells(boxes, gh: int, gw: int) -> set[int]:
-    cells = set()
-    for x0, y0, x1, y1 in boxes:
-        for r in range(int(y0 // CELL_PX), min(gh, int(math.ceil(y1 / CELL_PX)))):
-            for c in range(int(x0 // CELL_PX), min(gw, int(math.ceil(x1 / CELL_PX)))):
-                cells.add(r * gw + c)
-    return cells
+    The cells are `arr_coc.geometry.box_cells`'; they are added box by box in raster order because
+    the attention loss sums its targets in this set's iteration order, which depends on the order
+    of insertion (so training stays bit-identical to the recipe that made the shipped checkpoint).
+    """
+    return {c for cells in box_cells(boxes, (gh, gw), (gw * CELL_PX, gh * CELL_PX)) for c in sorted(cells)}
 
 
 @dataclass
@@ -243,7 +240,7 @@ class Batcher:
                 target += t
                 qt = [None] * len(body)
                 qt[len(suffix) - 1] = qtype
-                cells = [slot[c] for c in box_cells(boxes, gh, gw) if c in slot]
+                cells = [slot[c] for c in answer_cells(boxes, gh, gw) if c in slot]
                 answer_pos = len(qtypes) + len(suffix) - 1
                 if cells:
                     sup.append((answer_pos, torch.tensor(cells)))
@@ -251,7 +248,7 @@ class Batcher:
                 if words:
                     word_sup.append((answer_pos, torch.tensor(words)))
                 if qtype == "count":
-                    centres = [slot[c] for c in centre_cells(boxes, gh, gw) if c in slot]
+                    centres = [slot[c] for c in centre_cells(boxes, (gh, gw), CELL_PX) if c in slot]
                     count_sup.append((answer_pos, torch.tensor(centres, dtype=torch.long)))
                 qtypes += qt
             emb = torch.cat([embed(torch.tensor(ids)), f[kept], embed(torch.tensor(suffix_ids))])
@@ -361,7 +358,7 @@ def choose_kept(questions, gh: int, gw: int, gen: torch.Generator, cfg: VLMTrain
     n = gh * gw
     if torch.rand((), generator=gen) < cfg.full_p:
         return torch.arange(n)
-    must = set().union(*(box_cells(q[3], gh, gw) for q in questions))
+    must = set().union(*(answer_cells(q[3], gh, gw) for q in questions))
     share = cfg.keep_min + (1 - cfg.keep_min) * float(torch.rand((), generator=gen))
     rand = torch.rand(n, generator=gen) < share
     keep = rand.clone()

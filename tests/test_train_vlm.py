@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch
 from arr_coc.shapes import COLOR_NAMES, QUESTION_TYPES, SHAPES, make_item
 from arr_coc.embedded import build_embedded, build_word_tokenizer
 from arr_coc.processing import render_prompt
-from arr_coc.train_vlm import Batcher, VLMTrainConfig, box_cells, choose_kept, training_item, visual_tokens
+from arr_coc.train_vlm import Batcher, VLMTrainConfig, answer_cells, choose_kept, training_item, visual_tokens
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +86,54 @@ def test_visual_token_dropout_keeps_every_answer_cell():
         image, scene, questions = training_item(cfg, i)
         gh, gw = image.size[1] // 28, image.size[0] // 28
         kept = choose_kept(questions, gh, gw, gen, cfg)
-        must = set().union(*(box_cells(q[3], gh, gw) for q in questions))
+        must = set().union(*(answer_cells(q[3], gh, gw) for q in questions))
         assert must <= set(kept.tolist())
         assert torch.equal(kept, kept.sort().values) and kept.numel() < gh * gw
+
+
+def _loop_box_cells(boxes, gh: int, gw: int) -> set[int]:
+    """train_vlm's own box -> cells loop before it used arr_coc.geometry (4732cd3), kept as the reference."""
+    cells = set()
+    for x0, y0, x1, y1 in boxes:
+        for r in range(int(y0 // 28), min(gh, int(math.ceil(y1 / 28)))):
+            for c in range(int(x0 // 28), min(gw, int(math.ceil(x1 / 28)))):
+                cells.add(r * gw + c)
+    return cells
+
+
+def _loop_centre_cells(boxes, gh: int, gw: int) -> list[int]:
+    """train_vlm's own centre-cell rule before it used arr_coc.geometry (4732cd3)."""
+    return [min(gh - 1, int((y0 + y1) / 2 // 28)) * gw + min(gw - 1, int((x0 + x1) / 2 // 28))
+            for x0, y0, x1, y1 in boxes]
+
+
+def test_geometry_gives_train_vlms_old_answer_and_centre_cells_on_generated_scenes():
+    """arr_coc.geometry (area overlap) == the old floor/ceil loop, on 2,000 scenes of every canvas size.
+
+    Equal as sets for every whole scene and every group a count question names (all objects of one
+    shape: together they cover every box), and `answer_cells` iterates in the same order as the old
+    set (the attention loss sums in that order, so training stays bit-identical).
+    """
+    from arr_coc.geometry import box_cell_set, centre_cells
+    from arr_coc.shapes import HARD_KINDS, generate_scene, item_rng
+    from arr_coc.shapes.layout import draw_canvas
+
+    checked = reordered = 0
+    for i in range(2000):
+        rng = item_rng(0, "geometry", i)
+        size = draw_canvas(rng, "random")
+        scene = generate_scene(rng, size, hard=(None, *HARD_KINDS)[i % 4])
+        gh, gw = size[1] // 28, size[0] // 28
+        boxes = [o.box for o in scene.objects]
+        assert box_cell_set(boxes, (gh, gw), size) == _loop_box_cells(boxes, gh, gw), i
+        assert centre_cells(boxes, (gh, gw), 28) == _loop_centre_cells(boxes, gh, gw), i
+        for shape in sorted({o.shape for o in scene.objects}):
+            group = [o.box for o in scene.objects if o.shape == shape]
+            old, new = _loop_box_cells(group, gh, gw), answer_cells(group, gh, gw)
+            assert new == old and list(new) == list(old), (i, group)
+            reordered += list(old) != sorted(old)
+            checked += 1
+    assert checked > 9_000 and reordered > 100  # the order check is not vacuous: sets often iterate unsorted
 
 
 def test_chat_prompt_has_qwen_layout(embedded):
@@ -125,7 +171,8 @@ def test_recorded_attention_rows_equal_eager_attention_weights():
 
 
 def test_count_supervision_marks_one_centre_cell_per_counted_object(embedded):
-    from arr_coc.train_vlm import centre_cells, count_loss
+    from arr_coc.geometry import centre_cells
+    from arr_coc.train_vlm import count_loss
 
     model, processor = embedded
     batcher = Batcher(model, processor)
@@ -142,7 +189,7 @@ def test_count_supervision_marks_one_centre_cell_per_counted_object(embedded):
     _, _, _, _, _, sup = batcher.build(feats, grids, [qs], [torch.arange(gh * gw)])
     assert len(sup.count) == len(qs)
     n_text = len(batcher.encode(qs[0][0], 0)[0])
-    assert sorted(int(c) - n_text for c in sup.count[0][2]) == sorted(centre_cells(boxes, gh, gw))
+    assert sorted(int(c) - n_text for c in sup.count[0][2]) == sorted(centre_cells(boxes, (gh, gw), 28))
     assert len(sup.count[0][2]) == n
     if zero:
         assert sup.count[1][2].numel() == 0
