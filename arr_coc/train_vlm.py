@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -55,8 +54,10 @@ from .shapes.vocabulary import COLOR_NAMES, LETTERS, P_LETTER, QUESTION_TYPES, S
 from .embedded import CELL_PX, DEFAULT_CHECKPOINT, build_embedded
 from .geometry import box_cells, centre_cells
 from .processing import IM_END, IMAGE_TOKEN, render_prompt
+from .training.schedule import lr_at
 
 STAGES = ("vision", "language", "joint")
+LR_FLOOR = 0.1   # each stage's cosine decays to a tenth of its peak learning rate
 LETTER_TILE_CELLS = 4
 
 
@@ -508,13 +509,6 @@ def validate(model, processor, batcher, cfg: VLMTrainConfig, n: int | None = Non
 
 
 # ------------------------------------------------------------------ training
-def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
 def make_optimizer(model, head, stage: str, cfg: VLMTrainConfig):
     k = STAGES.index(stage)
     if stage == "vision":
@@ -586,7 +580,7 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
                    dynamic_ncols=True, mininterval=1.0 if os.isatty(2) else 30.0)
         while state["step"] < total:
             t0 = time.perf_counter()
-            lr = lr_at(state["step"], total, cfg.lr[k], cfg.warmup)
+            lr = lr_at(state["step"], total, cfg.lr[k], cfg.warmup, floor=LR_FLOOR)
             for g in opt.param_groups:
                 g["lr"] = lr
             loss_dense = loss_answer = loss_attn = torch.zeros(())
