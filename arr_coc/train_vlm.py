@@ -50,8 +50,8 @@ import torch.nn.functional as F
 from .shapes.cells import cell_labels
 from .shapes.items import make_item
 from .shapes.questions import questions_for_scene
-from .shapes.vocabulary import COLOR_NAMES, LETTERS, P_LETTER, QUESTION_TYPES, SHAPES
-from .embedded import CELL_PX, DEFAULT_CHECKPOINT, build_embedded
+from .shapes.vocabulary import CELL_PX, COLOR_NAMES, LETTERS, P_LETTER, QUESTION_TYPES, SHAPES
+from .shapes.embedded import DEFAULT_CHECKPOINT, build_embedded
 from .geometry import box_cells, centre_cells
 from .processing import IM_END, IMAGE_TOKEN, render_prompt
 from .training.schedule import lr_at

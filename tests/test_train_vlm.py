@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from arr_coc.shapes import COLOR_NAMES, QUESTION_TYPES, SHAPES, make_item
-from arr_coc.embedded import build_embedded, build_word_tokenizer
+from arr_coc.shapes.embedded import build_embedded, build_word_tokenizer
 from arr_coc.processing import render_prompt
 from arr_coc.train_vlm import Batcher, VLMTrainConfig, answer_cells, choose_kept, training_item, visual_tokens
 

@@ -9,21 +9,20 @@ a real checkpoint. Training lives in `arr_coc/train_vlm.py`.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
-from .shapes.vocabulary import COLOR_NAMES, LETTERS, SHAPES, TEMPLATES
-from .processing import (
+from ..paths import EMBEDDED_MODEL
+from ..processing import (
     ENDOFTEXT, IM_END, IM_START, IMAGE_TOKEN, QWEN_CHAT_TEMPLATE, VIDEO_TOKEN, VISION_END, VISION_START,
     ImageOnlyQwenProcessor,
 )
+from .vocabulary import CELL_PX, COLOR_NAMES, LETTERS, SHAPES, TEMPLATES
 
-DEFAULT_CHECKPOINT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "shapes-qwen2vl")
+DEFAULT_CHECKPOINT = EMBEDDED_MODEL   # checkpoints/shapes-qwen2vl (arr_coc.paths owns the location)
 UNK = "<unk>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, VISION_START, VISION_END, "<|vision_pad|>", IMAGE_TOKEN, VIDEO_TOKEN, UNK)
-CELL_PX = 28
 MAX_PIXELS = 896 * 896  # the largest ShapesVQA canvas: 32 x 32 merged tokens
 MIN_PIXELS = 4 * CELL_PX * CELL_PX
 
