@@ -1,17 +1,23 @@
-"""The embedded model's tokenizer, the training batch builder and one two-step training run."""
+"""The embedded model (arr_coc.shapes.embedded) and its training (arr_coc.shapes.trainer and the modules it uses):
+the tokenizer, the batch builder, the supervision, one two-step training run, and the train-vlm command."""
 
 from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from arr_coc.shapes import COLOR_NAMES, QUESTION_TYPES, SHAPES, make_item
-from arr_coc.shapes.embedded import build_embedded, build_word_tokenizer
 from arr_coc.processing import render_prompt
-from arr_coc.train_vlm import Batcher, VLMTrainConfig, answer_cells, choose_kept, training_item, visual_tokens
+from arr_coc.shapes import COLOR_NAMES, QUESTION_TYPES, SHAPES, make_item
+from arr_coc.shapes.batching import Batcher, visual_tokens
+from arr_coc.shapes.embedded import build_embedded, build_word_tokenizer
+from arr_coc.shapes.supervision import answer_cells, choose_kept, training_item
+from arr_coc.shapes.vlm_config import VLMTrainConfig
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +150,7 @@ def test_chat_prompt_has_qwen_layout(embedded):
 
 
 def test_recorded_attention_rows_equal_eager_attention_weights():
-    from arr_coc.train_vlm import SUPERVISED_SDPA, AttentionRecorder
+    from arr_coc.shapes.attention import SUPERVISED_SDPA, AttentionRecorder
 
     model, processor = build_embedded(seed=3)
     model.eval()
@@ -172,7 +178,7 @@ def test_recorded_attention_rows_equal_eager_attention_weights():
 
 def test_count_supervision_marks_one_centre_cell_per_counted_object(embedded):
     from arr_coc.geometry import centre_cells
-    from arr_coc.train_vlm import count_loss
+    from arr_coc.shapes.losses import count_loss
 
     model, processor = embedded
     batcher = Batcher(model, processor)
@@ -210,7 +216,7 @@ def test_vision_tiles_are_aligned_with_their_labels():
     import numpy as np
 
     from arr_coc.shapes import COLORS
-    from arr_coc.train_vlm import crops_for_vision
+    from arr_coc.shapes.supervision import crops_for_vision
 
     cfg = VLMTrainConfig()
     image, scene, _ = training_item(cfg, 3, letter_rate=0.9)
@@ -232,7 +238,8 @@ def test_letter_tiles_hold_one_whole_lettered_object_each():
     import numpy as np
 
     from arr_coc.shapes import LETTERS
-    from arr_coc.train_vlm import LETTER_TILE_CELLS, letter_tiles
+    from arr_coc.shapes.supervision import letter_tiles
+    from arr_coc.shapes.vlm_config import LETTER_TILE_CELLS
 
     cfg = VLMTrainConfig()
     image, scene, _ = training_item(cfg, 3, letter_rate=0.9)
@@ -246,7 +253,8 @@ def test_letter_tiles_hold_one_whole_lettered_object_each():
 
 
 def test_warm_start_from_a_checkpoint_folder_loads_every_weight(tmp_path, embedded):
-    from arr_coc.train_vlm import DenseHead, warm_start
+    from arr_coc.shapes.checkpoint import warm_start
+    from arr_coc.shapes.losses import DenseHead
 
     model, processor = embedded
     model.save_pretrained(tmp_path)
@@ -259,7 +267,8 @@ def test_warm_start_from_a_checkpoint_folder_loads_every_weight(tmp_path, embedd
 
 
 def test_count_heads_are_parsed_checked_against_the_lm_and_recorded_by_a_two_step_run(tmp_path):
-    from arr_coc.train_vlm import parse_count_heads, train
+    from arr_coc.cli.train_vlm import parse_count_heads
+    from arr_coc.shapes.trainer import train
 
     assert parse_count_heads("2.1:5, 2.2:1.5") == ((2, 1, 5.0), (2, 2, 1.5))
     with pytest.raises(SystemExit, match="LAYER.HEAD:SINK"):
@@ -280,7 +289,7 @@ def test_count_heads_are_parsed_checked_against_the_lm_and_recorded_by_a_two_ste
 def test_count_balance_weights_count_answers_to_a_uniform_prior_and_leaves_others_alone(embedded):
     from collections import Counter
 
-    from arr_coc.train_vlm import count_answer_weights
+    from arr_coc.shapes.losses import count_answer_weights
 
     model, processor = embedded
     batcher = Batcher(model, processor)
@@ -296,3 +305,16 @@ def test_count_balance_weights_count_answers_to_a_uniform_prior_and_leaves_other
     assert sum(tally[a] * w[a] for a in w) / sum(tally.values()) == pytest.approx(1.0, rel=1e-5)
     others = [i for i in range(len(weights)) if i not in {batcher.answer_id(a) for a in w}]
     assert torch.all(weights[others] == 1.0)
+
+
+@pytest.mark.parametrize("command", ["gen-data", "train-vlm"])
+def test_command_help_imports_no_torch(command):
+    """The CLI imports only the chosen command's module, and these two read their defaults without torch."""
+    code = ("import contextlib, io, sys\nfrom arr_coc.cli import main\n"
+            f"with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            f"    try:\n        main([{command!r}, '--help'])\n    except SystemExit:\n        pass\n"
+            "assert '--out' in out.getvalue()\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.stdout.strip() == "[]"

@@ -39,6 +39,17 @@ Modules, by responsibility:
     items        make_item / make_record / generate_split: one item in memory
     files        write_split: PNGs + JSONL on disk
 
+and the embedded model (torch; import these modules by name, nothing here imports them):
+
+    embedded     build_embedded: the model, its word-level tokenizer and image processor
+    vlm_config   VLMTrainConfig: the training recipe (no torch)
+    supervision  training items, dense per-cell labels, answer cells, visual-token dropout
+    batching     visual_tokens, Batcher: several questions per image in one LM sequence
+    attention    AttentionRecorder: attention rows recorded during an sdpa forward
+    losses       DenseHead and the dense, attention and count losses
+    checkpoint   save, warm_start
+    trainer      train: the three-stage loop (command line: arr_coc.cli.train_vlm)
+
 Every name below is imported on first use (the command line reads the defaults without loading
 the generator); none of them imports torch.
 """
