@@ -12,7 +12,7 @@ import argparse
 import torch
 
 from arr_coc.data.jsonl import read_jsonl
-from arr_coc.embedded import DEFAULT_CHECKPOINT
+from arr_coc.paths import EMBEDDED_MODEL as DEFAULT_CHECKPOINT
 from arr_coc.qwen import ARRCOCQwen
 
 NAMES = ("information", "perspectival", "participatory")

@@ -19,10 +19,12 @@ from collections import Counter, defaultdict
 import numpy as np
 import torch
 
-from arr_coc.data.shapesvqa import make_item
-from arr_coc.embedded import DEFAULT_CHECKPOINT
+from arr_coc.shapes import make_item
+from arr_coc.paths import EMBEDDED_MODEL as DEFAULT_CHECKPOINT
 from arr_coc.qwen.processing import load_processor
-from arr_coc.train_vlm import SUPERVISED_SDPA, AttentionRecorder, Batcher, VLMTrainConfig, visual_tokens
+from arr_coc.shapes.attention import SUPERVISED_SDPA, AttentionRecorder
+from arr_coc.shapes.batching import Batcher, visual_tokens
+from arr_coc.shapes.vlm_config import VLMTrainConfig
 
 
 def count_items(n: int, seed: int = VLMTrainConfig.val_seed) -> list:

@@ -19,10 +19,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from arr_coc.data.shapesvqa import LETTERS
-from arr_coc.embedded import DEFAULT_CHECKPOINT, build_embedded
+from arr_coc.shapes import LETTERS
+from arr_coc.shapes.embedded import DEFAULT_CHECKPOINT, build_embedded
 from arr_coc.qwen import ARRCOCQwen
-from arr_coc.train_vlm import LETTER_TILE_CELLS, VLMTrainConfig, letter_tiles, training_item, visual_tokens
+from arr_coc.shapes.batching import visual_tokens
+from arr_coc.shapes.supervision import letter_tiles, training_item
+from arr_coc.shapes.vlm_config import LETTER_TILE_CELLS, VLMTrainConfig
 
 
 def tiles(cfg, first: int, n: int, rng) -> tuple[list, int]:

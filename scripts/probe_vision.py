@@ -16,9 +16,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from arr_coc.data import COLOR_NAMES, LETTERS, SHAPES, cell_labels, make_item
+from arr_coc.shapes import COLOR_NAMES, LETTERS, SHAPES, cell_labels, make_item
 from arr_coc.qwen import ARRCOCQwen
-from arr_coc.train_vlm import visual_tokens
+from arr_coc.shapes.batching import visual_tokens
 
 
 def main(path: str, n_scenes: int = 40) -> None:

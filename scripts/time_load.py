@@ -21,7 +21,7 @@ t1 = time.perf_counter()
 import transformers.core_model_loading
 from transformers import Qwen2VLForConditionalGeneration
 t2 = time.perf_counter()
-from arr_coc.data import make_item
+from arr_coc.shapes import make_item
 from arr_coc.qwen import ARRCOCQwen
 t3 = time.perf_counter()
 wrapper = ARRCOCQwen.from_pretrained(sys.argv[1])

@@ -351,7 +351,7 @@ def embedded_server(tmp_path_factory):
 
 def _shapes_inputs(n: int = 5):
     """n ShapesVQA scenes of different canvas sizes (so token counts differ) with their questions."""
-    from arr_coc.data import make_item
+    from arr_coc.shapes import make_item
 
     items = []
     for i in range(n):

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from arr_coc.data import make_item, score
-from arr_coc.embedded import DEFAULT_CHECKPOINT
+from arr_coc.data import score
+from arr_coc.shapes import make_item
+from arr_coc.paths import EMBEDDED_MODEL as DEFAULT_CHECKPOINT
 
 N_ITEMS = 48
 MARGIN = 0.15  # ~2 standard errors of a 48-item accuracy
@@ -70,7 +71,7 @@ def test_the_shipped_trained_layer_is_the_default_only_for_the_embedded_model(tm
 def test_eval_of_the_shipped_model_on_20_items_is_fast_and_includes_the_trained_layer(tmp_path):
     from arr_coc.__main__ import main
     from arr_coc.paths import default_layer_path
-    from arr_coc.data import write_split
+    from arr_coc.shapes import write_split
 
     split = str(write_split(tmp_path / "data", split="test", n=20, seed=11))
     out = tmp_path / "results.json"

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from arr_coc import methods
 from arr_coc.attending import topk_indices
 from arr_coc.budget import resolve_count
+from arr_coc.geometry import box_cells
 from arr_coc.methods import cdpruner, divprune, downscale, fastv, oracle, random_sampling, visionzip
 from arr_coc.qwen import ARRCOCQwen
 from arr_coc.selection import SELECTORS, get_selector
@@ -261,7 +262,7 @@ def test_dpp_greedy_fills_the_budget_past_the_kernel_rank():
 def test_oracle_covers_every_box_cell_when_the_budget_allows():
     h = w = 16
     boxes = [(30, 30, 90, 70), (300, 200, 340, 260)]            # pixels of a 448 x 448 image, 28 px cells
-    cells = oracle.box_cells(boxes, (h, w), (448, 448))
+    cells = box_cells(boxes, (h, w), (448, 448))
     all_cells = {c for box in cells for c in box}
     assert all_cells == {r * w + c for r in range(1, 3) for c in range(1, 4)} | \
         {r * w + c for r in range(7, 10) for c in range(10, 13)}
@@ -273,7 +274,7 @@ def test_oracle_covers_every_box_cell_when_the_budget_allows():
 
 def test_oracle_scales_boxes_from_the_original_image():
     # An 896 x 896 original shown to the VLM at 448 x 448: a box at (560, 560)-(616, 616) lands on cells (10, 10)-(10, 10).
-    cells = oracle.box_cells([(560, 560, 616, 616)], (16, 16), (448, 448), original_size=(896, 896))
+    cells = box_cells([(560, 560, 616, 616)], (16, 16), (448, 448), original_size=(896, 896))
     assert cells == [[10 * 16 + 10]]
 
 
@@ -285,7 +286,7 @@ def test_oracle_scales_boxes_from_the_original_image():
 def test_downscale_yields_about_the_budgeted_token_count(grid, budget):
     from PIL import Image
 
-    from arr_coc.embedded import build_image_processor
+    from arr_coc.shapes.embedded import build_image_processor
 
     ip = build_image_processor()                                 # the embedded model's processor (28 px, min 4 tokens)
     h, w = grid

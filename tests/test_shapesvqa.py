@@ -1,4 +1,4 @@
-"""ShapesVQA generator, JSONL reader and gen-data CLI (spec: shared/SHAPESVQA.md)."""
+"""ShapesVQA generator, JSONL reader and gen-data CLI (spec: docs/SHAPESVQA.md)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from arr_coc.data import (
+from arr_coc.cli import gen_data as cli
+from arr_coc.data import JSONLFormatError, normalize_answer, read_jsonl, score
+from arr_coc.shapes import (
     COLOR_NAMES,
     HARD_KINDS,
     QUESTION_TYPES,
     SHAPES,
-    JSONLFormatError,
     Scene,
     SceneObject,
     ask,
@@ -28,16 +29,13 @@ from arr_coc.data import (
     generate_scene,
     item_rng,
     make_item,
-    normalize_answer,
     parse_canvas,
     questions_for_scene,
-    read_jsonl,
     render_scene,
-    score,
     write_split,
 )
-from arr_coc.data import cli
-from arr_coc.data.shapesvqa import LETTERED_SHAPES, MAX_SIDE, MIN_LETTER_SIDE, MIN_SIDE, draw_canvas
+from arr_coc.shapes.layout import draw_canvas
+from arr_coc.shapes.vocabulary import LETTERED_SHAPES, MAX_SIDE, MIN_LETTER_SIDE, MIN_SIDE
 
 N_ITEMS = 300  # "a few hundred": every hard kind and every answer shows up
 COLORS_RE = "|".join(COLOR_NAMES)

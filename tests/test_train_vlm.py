@@ -1,16 +1,23 @@
-"""The embedded model's tokenizer, the training batch builder and one two-step training run."""
+"""The embedded model (arr_coc.shapes.embedded) and its training (arr_coc.shapes.trainer and the modules it uses):
+the tokenizer, the batch builder, the supervision, one two-step training run, and the train-vlm command."""
 
 from __future__ import annotations
 
 import json
+import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from arr_coc.data.shapesvqa import COLOR_NAMES, QUESTION_TYPES, SHAPES, make_item
-from arr_coc.embedded import build_embedded, build_word_tokenizer
-from arr_coc.processing import render_prompt
-from arr_coc.train_vlm import Batcher, VLMTrainConfig, box_cells, choose_kept, training_item, visual_tokens
+from arr_coc.qwen.processing import render_prompt
+from arr_coc.shapes import COLOR_NAMES, QUESTION_TYPES, SHAPES, make_item
+from arr_coc.shapes.batching import Batcher, visual_tokens
+from arr_coc.shapes.embedded import build_embedded, build_word_tokenizer
+from arr_coc.shapes.supervision import answer_cells, choose_kept, training_item
+from arr_coc.shapes.vlm_config import VLMTrainConfig
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +92,54 @@ def test_visual_token_dropout_keeps_every_answer_cell():
         image, scene, questions = training_item(cfg, i)
         gh, gw = image.size[1] // 28, image.size[0] // 28
         kept = choose_kept(questions, gh, gw, gen, cfg)
-        must = set().union(*(box_cells(q[3], gh, gw) for q in questions))
+        must = set().union(*(answer_cells(q[3], gh, gw) for q in questions))
         assert must <= set(kept.tolist())
         assert torch.equal(kept, kept.sort().values) and kept.numel() < gh * gw
+
+
+def _loop_box_cells(boxes, gh: int, gw: int) -> set[int]:
+    """train_vlm's own box -> cells loop before it used arr_coc.geometry (4732cd3), kept as the reference."""
+    cells = set()
+    for x0, y0, x1, y1 in boxes:
+        for r in range(int(y0 // 28), min(gh, int(math.ceil(y1 / 28)))):
+            for c in range(int(x0 // 28), min(gw, int(math.ceil(x1 / 28)))):
+                cells.add(r * gw + c)
+    return cells
+
+
+def _loop_centre_cells(boxes, gh: int, gw: int) -> list[int]:
+    """train_vlm's own centre-cell rule before it used arr_coc.geometry (4732cd3)."""
+    return [min(gh - 1, int((y0 + y1) / 2 // 28)) * gw + min(gw - 1, int((x0 + x1) / 2 // 28))
+            for x0, y0, x1, y1 in boxes]
+
+
+def test_geometry_gives_train_vlms_old_answer_and_centre_cells_on_generated_scenes():
+    """arr_coc.geometry (area overlap) == the old floor/ceil loop, on 2,000 scenes of every canvas size.
+
+    Equal as sets for every whole scene and every group a count question names (all objects of one
+    shape: together they cover every box), and `answer_cells` iterates in the same order as the old
+    set (the attention loss sums in that order, so training stays bit-identical).
+    """
+    from arr_coc.geometry import box_cell_set, centre_cells
+    from arr_coc.shapes import HARD_KINDS, generate_scene, item_rng
+    from arr_coc.shapes.layout import draw_canvas
+
+    checked = reordered = 0
+    for i in range(2000):
+        rng = item_rng(0, "geometry", i)
+        size = draw_canvas(rng, "random")
+        scene = generate_scene(rng, size, hard=(None, *HARD_KINDS)[i % 4])
+        gh, gw = size[1] // 28, size[0] // 28
+        boxes = [o.box for o in scene.objects]
+        assert box_cell_set(boxes, (gh, gw), size) == _loop_box_cells(boxes, gh, gw), i
+        assert centre_cells(boxes, (gh, gw), 28) == _loop_centre_cells(boxes, gh, gw), i
+        for shape in sorted({o.shape for o in scene.objects}):
+            group = [o.box for o in scene.objects if o.shape == shape]
+            old, new = _loop_box_cells(group, gh, gw), answer_cells(group, gh, gw)
+            assert new == old and list(new) == list(old), (i, group)
+            reordered += list(old) != sorted(old)
+            checked += 1
+    assert checked > 9_000 and reordered > 100  # the order check is not vacuous: sets often iterate unsorted
 
 
 def test_chat_prompt_has_qwen_layout(embedded):
@@ -98,7 +150,7 @@ def test_chat_prompt_has_qwen_layout(embedded):
 
 
 def test_recorded_attention_rows_equal_eager_attention_weights():
-    from arr_coc.train_vlm import SUPERVISED_SDPA, AttentionRecorder
+    from arr_coc.shapes.attention import SUPERVISED_SDPA, AttentionRecorder
 
     model, processor = build_embedded(seed=3)
     model.eval()
@@ -125,7 +177,8 @@ def test_recorded_attention_rows_equal_eager_attention_weights():
 
 
 def test_count_supervision_marks_one_centre_cell_per_counted_object(embedded):
-    from arr_coc.train_vlm import centre_cells, count_loss
+    from arr_coc.geometry import centre_cells
+    from arr_coc.shapes.losses import count_loss
 
     model, processor = embedded
     batcher = Batcher(model, processor)
@@ -142,7 +195,7 @@ def test_count_supervision_marks_one_centre_cell_per_counted_object(embedded):
     _, _, _, _, _, sup = batcher.build(feats, grids, [qs], [torch.arange(gh * gw)])
     assert len(sup.count) == len(qs)
     n_text = len(batcher.encode(qs[0][0], 0)[0])
-    assert sorted(int(c) - n_text for c in sup.count[0][2]) == sorted(centre_cells(boxes, gh, gw))
+    assert sorted(int(c) - n_text for c in sup.count[0][2]) == sorted(centre_cells(boxes, (gh, gw), 28))
     assert len(sup.count[0][2]) == n
     if zero:
         assert sup.count[1][2].numel() == 0
@@ -162,8 +215,8 @@ def test_count_supervision_marks_one_centre_cell_per_counted_object(embedded):
 def test_vision_tiles_are_aligned_with_their_labels():
     import numpy as np
 
-    from arr_coc.data.shapesvqa import COLORS
-    from arr_coc.train_vlm import crops_for_vision
+    from arr_coc.shapes import COLORS
+    from arr_coc.shapes.supervision import crops_for_vision
 
     cfg = VLMTrainConfig()
     image, scene, _ = training_item(cfg, 3, letter_rate=0.9)
@@ -184,8 +237,9 @@ def test_vision_tiles_are_aligned_with_their_labels():
 def test_letter_tiles_hold_one_whole_lettered_object_each():
     import numpy as np
 
-    from arr_coc.data.shapesvqa import LETTERS
-    from arr_coc.train_vlm import LETTER_TILE_CELLS, letter_tiles
+    from arr_coc.shapes import LETTERS
+    from arr_coc.shapes.supervision import letter_tiles
+    from arr_coc.shapes.vlm_config import LETTER_TILE_CELLS
 
     cfg = VLMTrainConfig()
     image, scene, _ = training_item(cfg, 3, letter_rate=0.9)
@@ -199,7 +253,8 @@ def test_letter_tiles_hold_one_whole_lettered_object_each():
 
 
 def test_warm_start_from_a_checkpoint_folder_loads_every_weight(tmp_path, embedded):
-    from arr_coc.train_vlm import DenseHead, warm_start
+    from arr_coc.shapes.checkpoint import warm_start
+    from arr_coc.shapes.losses import DenseHead
 
     model, processor = embedded
     model.save_pretrained(tmp_path)
@@ -212,7 +267,8 @@ def test_warm_start_from_a_checkpoint_folder_loads_every_weight(tmp_path, embedd
 
 
 def test_count_heads_are_parsed_checked_against_the_lm_and_recorded_by_a_two_step_run(tmp_path):
-    from arr_coc.train_vlm import parse_count_heads, train
+    from arr_coc.cli.train_vlm import parse_count_heads
+    from arr_coc.shapes.trainer import train
 
     assert parse_count_heads("2.1:5, 2.2:1.5") == ((2, 1, 5.0), (2, 2, 1.5))
     with pytest.raises(SystemExit, match="LAYER.HEAD:SINK"):
@@ -233,7 +289,7 @@ def test_count_heads_are_parsed_checked_against_the_lm_and_recorded_by_a_two_ste
 def test_count_balance_weights_count_answers_to_a_uniform_prior_and_leaves_others_alone(embedded):
     from collections import Counter
 
-    from arr_coc.train_vlm import count_answer_weights
+    from arr_coc.shapes.losses import count_answer_weights
 
     model, processor = embedded
     batcher = Batcher(model, processor)
@@ -249,3 +305,16 @@ def test_count_balance_weights_count_answers_to_a_uniform_prior_and_leaves_other
     assert sum(tally[a] * w[a] for a in w) / sum(tally.values()) == pytest.approx(1.0, rel=1e-5)
     others = [i for i in range(len(weights)) if i not in {batcher.answer_id(a) for a in w}]
     assert torch.all(weights[others] == 1.0)
+
+
+@pytest.mark.parametrize("command", ["gen-data", "train-vlm"])
+def test_command_help_imports_no_torch(command):
+    """The CLI imports only the chosen command's module, and these two read their defaults without torch."""
+    code = ("import contextlib, io, sys\nfrom arr_coc.cli import main\n"
+            f"with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            f"    try:\n        main([{command!r}, '--help'])\n    except SystemExit:\n        pass\n"
+            "assert '--out' in out.getvalue()\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.stdout.strip() == "[]"

@@ -17,7 +17,7 @@ import time
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the gen-data options to ``parser`` (a subcommand parser)."""
-    from arr_coc.data.shapesvqa import DEFAULT_HARD_RATE
+    from arr_coc.shapes.vocabulary import DEFAULT_HARD_RATE
 
     parser.add_argument("--out", required=True, help="output folder (created if missing)")
     parser.add_argument("--split", default="test", help="split name; prefixes ids and file names (default: test)")
@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     """
     import sys
 
-    from arr_coc.data.shapesvqa import DEFAULT_HARD_RATE, write_split
+    from arr_coc.shapes.files import write_split
+    from arr_coc.shapes.vocabulary import DEFAULT_HARD_RATE
 
     hard_rate = getattr(args, "hard_rate", None)
     start = time.perf_counter()

@@ -1,2 +1,77 @@
-"""Placeholder: dispatches to the module not yet split."""
-from arr_coc.train_vlm import add_arguments, run  # noqa: F401
+"""``python -m arr_coc train-vlm``: train the embedded Qwen2-VL-architecture model on ShapesVQA.
+
+    python -m arr_coc train-vlm --out checkpoints/shapes-qwen2vl [--resume] [--steps 1100,0,2000] \
+        [--init STATE_OR_FOLDER] [--letter-tiles N] [--count-heads 2.1:5] [--count-balance CAP]
+
+The recipe and the training loop are `arr_coc.shapes.trainer` (defaults: `arr_coc.shapes.vlm_config`).
+``arr_coc.cli`` wires this in by calling ``add_arguments`` on the subcommand's parser and ``run``
+with the parsed args; torch is imported only inside ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the train-vlm options to ``parser`` (a subcommand parser); the defaults are the shipped recipe's."""
+    from arr_coc.shapes.vlm_config import VLMTrainConfig
+
+    d = VLMTrainConfig()
+    parser.add_argument("--out", default=d.out, help="checkpoint folder (default: %(default)s)")
+    parser.add_argument("--state", default=d.state, help="resumable training state file (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--steps", default=",".join(map(str, d.steps)), help="steps per stage vision,language,joint")
+    parser.add_argument("--images", default=",".join(map(str, d.images_per_step)), help="images per step, per stage")
+    parser.add_argument("--val-items", type=int, default=d.val_items)
+    parser.add_argument("--eval-every", type=int, default=d.eval_every)
+    parser.add_argument("--resume", action="store_true", help="continue from --state")
+    parser.add_argument("--init", default=None,
+                        help="start from the weights of another run's state file or checkpoint folder (not its progress)")
+    parser.add_argument("--lr", default=",".join(map(str, d.lr)), help="peak learning rate per stage vision,language,joint")
+    parser.add_argument("--letter-tiles", type=int, default=d.letter_tiles,
+                        help="letter-centred 4x4-cell tiles added to each step's dense loss (default: %(default)s)")
+    parser.add_argument("--count-heads", default=",".join(f"{l}.{h}:{s:g}" for l, h, s in d.count_heads),
+                        help="attention heads supervised to count, LAYER.HEAD:SINK,... (default: %(default)s)")
+    parser.add_argument("--count-balance", type=float, default=d.count_balance, metavar="CAP",
+                        help="reweight count answers to a uniform 0-9 prior, each weight at most CAP (0 = off; default: %(default)s)")
+    parser.add_argument("--vision-crop", type=int, default=d.vision_crop, help="vision-stage crop in cells (0 = whole images)")
+
+
+def parse_count_heads(text: str) -> tuple[tuple[int, int, float], ...]:
+    """'2.1:5,2.2:1.5' -> ((2, 1, 5.0), (2, 2, 1.5)): LAYER.HEAD:SINK per supervised count head."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            where, sink = part.split(":")
+            layer, head = where.split(".")
+            out.append((int(layer), int(head), float(sink)))
+        except ValueError:
+            raise SystemExit(f"--count-heads wants LAYER.HEAD:SINK items like 2.1:5, got {part!r}")
+    return tuple(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train with the options in ``args`` (see the module docstring); returns the exit code."""
+    import os
+
+    import torch
+
+    from arr_coc.shapes.trainer import train
+    from arr_coc.shapes.vlm_config import VLMTrainConfig
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    steps = tuple(int(s) for s in args.steps.split(","))
+    if len(steps) != 3:
+        raise SystemExit("--steps needs three numbers: vision,language,joint")
+    images = tuple(int(s) for s in args.images.split(","))
+    lr = tuple(float(s) for s in args.lr.split(","))
+    if len(images) != 3 or len(lr) != 3:
+        raise SystemExit("--images and --lr need three numbers each: vision,language,joint")
+    cfg = VLMTrainConfig(out=args.out, state=args.state, seed=args.seed, steps=steps, images_per_step=images,
+                         val_items=args.val_items, init=args.init, vision_crop=args.vision_crop, lr=lr,
+                         letter_tiles=args.letter_tiles, count_heads=parse_count_heads(args.count_heads),
+                         count_balance=args.count_balance,
+                         eval_every=args.eval_every, save_every=min(args.eval_every, VLMTrainConfig.save_every))
+    train(cfg, resume=args.resume)
+    return 0

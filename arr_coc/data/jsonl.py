@@ -1,4 +1,4 @@
-"""Reader for the project's VQA JSONL format (spec: shared/SHAPESVQA.md, "Files").
+"""Reader for the project's VQA JSONL format (spec: docs/SHAPESVQA.md, "Files").
 
 One JSON object per line::
 

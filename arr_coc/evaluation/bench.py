@@ -103,7 +103,7 @@ def bench(preset: str = "qwen2-vl-2b", layers: int | None = None, budgets=None, 
     """Measure every budget side by side; returns the report dict (see the module docstring)."""
     import torch
 
-    from ..data import make_item
+    from ..shapes import make_item
     from ..qwen import ARRCOCQwen
     from ..selection import available_methods, get_selector
 

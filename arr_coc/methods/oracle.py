@@ -13,7 +13,7 @@ Order of preference inside the budget K:
    need context, e.g. "Is there a red star?" when there is none: boxes are []).
 
 Boxes are in the ORIGINAL image's pixels; they are scaled to the processor's resized
-image and mapped to merged-token cells with `arr_coc.data.boxes_to_cell_mask`. The boxes
+image and mapped to merged-token cells with `arr_coc.geometry.box_cells`. The boxes
 reach the selector through a closure (`make_selector(boxes, image_sizes)`), one entry
 per batch row; rows with several images are filled by grid only (boxes do not say
 which image they belong to).
@@ -26,44 +26,15 @@ from typing import Sequence
 import torch
 
 from ..attending import grid_indices
+from ..geometry import Box, box_cells
 from ..selection import Selection, SelectionContext
 from ._common import check_count
-
-Box = Sequence[float]
-
-
-def box_cells(boxes: Sequence[Box], grid_hw: tuple[int, int], image_hw: tuple[int, int],
-              original_size: tuple[int, int] | None = None) -> list[list[int]]:
-    """Raster indices of the merged-token cells under each box, ordered from the box centre outwards.
-
-    boxes: (x0, y0, x1, y1) in pixels of the original image of size original_size = (W, H)
-    (None: the boxes are already in the resized image's pixels); image_hw = (H', W') is the
-    resized image the VLM saw, grid_hw = (h, w) its merged grid.
-    """
-    from ..data import boxes_to_cell_mask
-
-    h, w = grid_hw
-    H, W = image_hw
-    sx, sy = (1.0, 1.0) if original_size is None else (W / original_size[0], H / original_size[1])
-    cell = H / h                                                         # pixels per merged token (28 / 32)
-    out = []
-    for x0, y0, x1, y1 in boxes:
-        scaled = (x0 * sx, y0 * sy, x1 * sx, y1 * sy)
-        mask = boxes_to_cell_mask([scaled], (W, H), cell_px=int(round(cell)))[:h, :w]
-        ys, xs = [torch.as_tensor(a) for a in mask.nonzero()]
-        if ys.numel() == 0:
-            continue
-        cy, cx = (scaled[1] + scaled[3]) / 2 / cell - 0.5, (scaled[0] + scaled[2]) / 2 / cell - 0.5
-        d = (ys.double() - cy) ** 2 + (xs.double() - cx) ** 2
-        order = torch.sort(d, stable=True).indices
-        out.append([int(ys[o]) * w + int(xs[o]) for o in order])
-    return out
 
 
 def oracle_indices(cells: Sequence[Sequence[int]], h: int, w: int, k: int) -> torch.Tensor:
     """Box cells first (box centres, then the rest nearest-centre first), then grid: LongTensor[k] ascending.
 
-    cells: per box, its raster indices ordered centre-outwards (see `box_cells`).
+    cells: per box, its raster indices ordered centre-outwards (see `arr_coc.geometry.box_cells`).
     """
     n = h * w
     k = check_count(k, n)
@@ -117,7 +88,8 @@ def make_selector(boxes: Sequence[Sequence[Box] | None], image_sizes: Sequence[t
                                  "build it with make_selector(boxes) for this batch")
             cells = []
             if per_row[row] == 1 and boxes[row]:
-                cells = box_cells(boxes[row], (h, w), tuple(ctx.images[i].shape[-2:]), sizes[row])
+                height, width = ctx.images[i].shape[-2:]
+                cells = box_cells(boxes[row], (h, w), (int(width), int(height)), sizes[row])
             kept.append(oracle_indices(cells, h, w, k))
         return Selection(kept=kept)
 
@@ -125,4 +97,4 @@ def make_selector(boxes: Sequence[Sequence[Box] | None], image_sizes: Sequence[t
     return select
 
 
-__all__ = ["box_cells", "make_selector", "oracle_indices"]
+__all__ = ["make_selector", "oracle_indices"]

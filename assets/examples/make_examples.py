@@ -1,6 +1,6 @@
 """Regenerate the microscope's example scenes: `python assets/examples/make_examples.py`.
 
-ShapesVQA items (arr_coc.data.make_item, seed 7, split "demo" — neither the
+ShapesVQA items (arr_coc.shapes.make_item, seed 7, split "demo" — neither the
 embedded model's training split nor its validation split) are picked as the
 first item of each kind below, written as PNGs, and listed with their question
 and ground-truth answer in examples.json together with the photographs
@@ -14,7 +14,7 @@ import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED, SPLIT = 7, "demo"
-# (kind, canvas): a kind is a question type or a hard-case kind (arr_coc.data.HARD_KINDS)
+# (kind, canvas): a kind is a question type or a hard-case kind (arr_coc.shapes.HARD_KINDS)
 WANTED = [("color", (448, 448)), ("letter", (448, 448)), ("count", "random"),
           ("low_contrast", (448, 448)), ("void", (448, 448)), ("border", "random")]
 NOTES = {
@@ -33,7 +33,7 @@ PHOTOS = [
 
 
 def main(max_index: int = 400) -> None:
-    from arr_coc.data import make_item
+    from arr_coc.shapes import make_item
 
     entries, todo = [], list(WANTED)
     for index in range(max_index):

@@ -4,26 +4,25 @@ Nothing can be downloaded here, so the project ships its own model of the real
 `Qwen2VLForConditionalGeneration` architecture at toy width, with a word-level
 tokenizer over the benchmark's vocabulary, Qwen's chat template and a PIL image
 processor config. It loads through the same `ARRCOCQwen.from_pretrained` path as
-a real checkpoint. Training lives in `arr_coc/train_vlm.py`.
+a real checkpoint. Training lives in `arr_coc.shapes.trainer`.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
-from .data.shapesvqa import COLOR_NAMES, LETTERS, SHAPES, TEMPLATES
-from .qwen.processing import (
+from ..paths import EMBEDDED_MODEL
+from ..qwen.processing import (
     ENDOFTEXT, IM_END, IM_START, IMAGE_TOKEN, QWEN_CHAT_TEMPLATE, VIDEO_TOKEN, VISION_END, VISION_START,
     ImageOnlyQwenProcessor,
 )
+from .vocabulary import CELL_PX, COLOR_NAMES, LETTERS, SHAPES, TEMPLATES
 
-DEFAULT_CHECKPOINT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "shapes-qwen2vl")
+DEFAULT_CHECKPOINT = EMBEDDED_MODEL   # checkpoints/shapes-qwen2vl (arr_coc.paths owns the location)
 UNK = "<unk>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, VISION_START, VISION_END, "<|vision_pad|>", IMAGE_TOKEN, VIDEO_TOKEN, UNK)
-CELL_PX = 28
 MAX_PIXELS = 896 * 896  # the largest ShapesVQA canvas: 32 x 32 merged tokens
 MIN_PIXELS = 4 * CELL_PX * CELL_PX
 
