@@ -92,7 +92,8 @@ def test_eval_of_the_shipped_model_on_20_items_is_fast_and_includes_the_trained_
 
 def test_the_shipped_layer_gives_count_questions_more_tokens_than_one_object_questions(tmp_path):
     from arr_coc.paths import default_layer_path
-    from arr_coc.data import read_jsonl, write_split
+    from arr_coc.data import read_jsonl
+    from arr_coc.shapes import write_split
     from arr_coc.qwen import ARRCOCQwen
 
     wrapper = ARRCOCQwen.from_pretrained(DEFAULT_CHECKPOINT, arr_coc=default_layer_path())
