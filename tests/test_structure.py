@@ -130,7 +130,7 @@ def test_the_library_never_imports_the_command_line_or_the_app():
     assert {m: d for m, d in bad.items() if d} == {}
 
 
-@pytest.mark.parametrize("command", ["gen-data", "train-vlm", "eval", "train", "bench", "ask"])
+@pytest.mark.parametrize("command", ["gen-data", "convert", "train-vlm", "eval", "train", "bench", "ask"])
 def test_command_help_loads_no_torch(command):
     """`python -m arr_coc COMMAND --help` answers without importing torch (seconds, not a model load)."""
     code = ("import sys, runpy; sys.argv = ['arr_coc', %r, '--help']\n"

@@ -16,6 +16,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "ask": ("arr_coc.cli.ask", "answer one question about one image, baseline or pruned"),
     "gen-data": ("arr_coc.cli.gen_data", "generate a ShapesVQA split (PNGs + JSONL)"),
+    "convert": ("arr_coc.cli.convert", "convert GQA, TextVQA, VQAv2, POPE, RefCOCO or COCO files to JSONL"),
     "train": ("arr_coc.cli.train", "train ARR-COC's scorers against a frozen VLM (stage 1 or 2)"),
     "train-vlm": ("arr_coc.cli.train_vlm", "train the embedded Qwen2-VL-architecture model on ShapesVQA"),
     "eval": ("arr_coc.cli.eval", "accuracy vs. visual-token budget: ARR-COC beside the anchor methods"),

@@ -4,7 +4,8 @@ Every method runs on the same model, the same batches and the same code path
 (`ARRCOCQwen.prepare` -> prefill -> greedy `generate_pruned`), one (method, budget) after the
 other inside each batch, so machine drift hits all of them alike. Per (method, budget):
 
-- accuracy: exact match after normalisation (`arr_coc.data.score`), overall and per type;
+- accuracy: each record's metric (`arr_coc.data.score_record`: exact match after normalisation unless
+  the record asks for "vqa" accuracy or POPE's "yesno"), overall and per type;
 - coverage: share of the cells under the JSONL boxes (the objects the answer depends on) that
   the method kept, mean over items with boxes (None for `downscale`, which keeps every region
   at a lower resolution, and when no item has boxes);
@@ -210,7 +211,7 @@ def run_one(wrapper: ARRCOCQwen, plan: MethodPlan, batch: Sequence[VQARecord], i
     """One (method, budget) on one batch: per-item measurements (or the failure, in strict mode)."""
     import torch
 
-    from ..data import score
+    from ..data import score_record
     from ..geometry import box_cell_set
     from ..methods import downscale
     from ..qwen import SelectorFailed
@@ -240,7 +241,7 @@ def run_one(wrapper: ARRCOCQwen, plan: MethodPlan, batch: Sequence[VQARecord], i
     answers = wrapper.tokenizer.batch_decode(sequences[:, pruned.input_ids.shape[1]:], skip_special_tokens=True)
     unit = downscale.pixel_unit(getattr(wrapper.processor, "image_processor", wrapper.processor))
     for b, (rec, tr) in enumerate(zip(batch, traces)):
-        rows.correct.append(score(answers[b].strip(), rec.answers))
+        rows.correct.append(score_record(answers[b].strip(), rec))
         rows.answers.append(answers[b].strip())
         rows.coverage.append(None)
         rows.types.append(rec.type or "other")
@@ -319,7 +320,7 @@ def summarise(method: str, budget: Budget, r: _Rows, error: str | None = None) -
         "n_with_boxes": len(covered),
         "fallbacks": {k: r.fallback.count(k) for k in ("grid", "keep_all") if k in r.fallback},
         # per item, in the report's `ids` order: what paired comparisons between methods need
-        "correct": [int(c) for c in r.correct],
+        "correct": [int(c) if c in (0, 1) else c for c in r.correct],   # VQA accuracy gives 0.3, 0.6, 0.9
         "answers": list(r.answers),              # what the VLM generated (stripped), as scored
         "item_coverage": list(r.coverage),  # share of the item's box cells kept; null without boxes
     }
