@@ -1,0 +1,174 @@
+"""Encoding modes: the vision tower on every patch ("after"), or only on the cells ARR-COC chose
+("before": a cheap gist of the whole image, then full resolution where the question looks).
+
+Selecting before encoding is exact where it can be. transformers 5.23's Qwen2-VL, Qwen2.5-VL and
+Qwen3-VL vision encoders accept precomputed `position_ids`, `cu_seqlens`, `window_index` /
+`cu_window_seqlens` (Qwen2.5-VL) and `interp_indices` / `interp_weights` (Qwen3-VL's learned position
+table) as keyword arguments (`transformers/vision_utils.py`). `encode_cells` computes them for the
+FULL grid, gathers the rows of the chosen cells' patches and packs those patches into one attention
+segment per image, so every kept patch is encoded at its true 2-D position:
+
+- with every cell chosen it reproduces the stock encoding exactly (tested, three families);
+- Qwen2.5-VL's window attention is exact for windows that are kept whole: each chosen cell stays in
+  its full-grid window (windows are assigned on the full grid, never on the packed sequence);
+- what changes is the full-attention context: a chosen cell attends only to the other chosen cells
+  (plus a `margin` of context cells, encoded but not passed to the language model).
+
+Patches are laid out by the processor in merge-block order, so merged cell c of an image owns the
+`merge**2` consecutive patch rows starting at `merge**2 * c` (images have one temporal patch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+EncodeMode = Literal["after", "before"]
+ENCODE_MODES: tuple[str, ...] = ("after", "before")
+
+
+@dataclass(frozen=True)
+class EncodeConfig:
+    """How the vision tower is spent.
+
+    mode       "after": encode every patch, then select (the stock encoding); "before": select, then
+               encode only the chosen cells (+ margin).
+    gist       "before" only: share of the full grid's merged tokens the gist has (the tower on a
+               downscaled copy of the image; its tokens are the selector's coarse view). 0: no gist,
+               the selector reads the texture array and the question only.
+    margin     "before" only: rings of context cells encoded around every chosen cell and dropped
+               before the language model (a chosen cell's token depends on its neighbours).
+    periphery  "before" only: the language model also reads the gist tokens of the regions not
+               encoded at full resolution, each at the full-grid cell under its centre.
+    """
+
+    mode: EncodeMode = "after"
+    gist: float = 0.25
+    margin: int = 0
+    periphery: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in ENCODE_MODES:
+            raise ValueError(f"encode mode {self.mode!r} is not one of {list(ENCODE_MODES)}")
+        if not 0.0 <= self.gist < 1.0:
+            raise ValueError(f"gist={self.gist} must be a share of the tokens in [0, 1) (0: no gist)")
+        if self.margin < 0:
+            raise ValueError(f"margin={self.margin} must be >= 0 cells")
+        if self.periphery and self.gist <= 0:
+            raise ValueError("periphery=True shows the language model the gist: it needs gist > 0")
+
+
+def dilate(cells: torch.Tensor, grid_hw: tuple[int, int], rings: int) -> torch.Tensor:
+    """Raster cells within `rings` cells (Chebyshev distance) of any of `cells`, ascending."""
+    if rings <= 0:
+        return cells.sort().values
+    h, w = grid_hw
+    mask = torch.zeros(1, 1, h, w)
+    mask.view(-1)[cells] = 1.0
+    grown = F.max_pool2d(mask, kernel_size=2 * rings + 1, stride=1, padding=rings)
+    return grown.view(-1).nonzero().squeeze(1)
+
+
+def _full_grid_kwargs(visual: torch.nn.Module, family: str, grid_thw: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The per-patch tensors the encoder would compute for the whole grid (patch rows, block order)."""
+    from transformers.vision_utils import (get_vision_interpolation_indices_and_weights, get_vision_position_ids,
+                                           get_vision_window_index)
+
+    merge = int(visual.spatial_merge_size)
+    out = {"position_ids": get_vision_position_ids(grid_thw, merge)}
+    if family == "qwen3_vl":
+        out["interp_indices"], out["interp_weights"] = get_vision_interpolation_indices_and_weights(
+            grid_thw, num_grid_per_side=visual.num_grid_per_side, mode=visual.interpolation_mode,
+            align_corners=visual.interpolation_align_corners, spatial_merge_size=merge)
+    if family == "qwen2_5_vl":
+        window_index, cu_window = get_vision_window_index(
+            grid_thw, spatial_merge_size=merge, window_size=visual.window_size, patch_size=visual.patch_size)
+        out["window_of_cell"] = _window_of_cell(window_index, cu_window, merge ** 2)
+        out["window_rank"] = torch.argsort(window_index)            # cell -> its place in window order
+    return out
+
+
+def _window_of_cell(window_index: torch.Tensor, cu_window: torch.Tensor, unit: int) -> torch.Tensor:
+    """For every merged cell (global index over the batch's images), the window it belongs to."""
+    bounds = (cu_window.long() // unit).tolist()
+    window_of = torch.empty(window_index.numel(), dtype=torch.long)
+    for w, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        window_of[window_index[a:b]] = w
+    return window_of
+
+
+@torch.no_grad()
+def encode_cells(
+    model: PreTrainedModel, pixel_values: torch.Tensor, grid_thw: torch.Tensor, cells: Sequence[torch.Tensor],
+) -> tuple[list[torch.Tensor], list[list[torch.Tensor]] | None]:
+    """The vision tower + merger on the chosen cells only, at their true positions.
+
+    pixel_values [P, C] every patch of every image (processor order); grid_thw [N, 3];
+    cells: per image, ascending raster indices of the merged cells to encode.
+    -> (per image Tensor[K_i, D] in the order of `cells[i]`,
+        Qwen3-VL deepstack: per image, one Tensor[K_i, D] per deepstack layer; else None).
+    """
+    core = model.model
+    visual = core.visual
+    family = model.config.model_type
+    merge = int(visual.spatial_merge_size)
+    unit = merge ** 2
+    full = _full_grid_kwargs(visual, family, grid_thw)
+    rows, cell_global, offsets = [], [], 0
+    cell_offset = 0
+    for (t, h, w), chosen in zip(grid_thw.tolist(), cells):
+        if int(t) != 1:
+            raise ValueError("encode='before' handles images (one temporal patch); pass videos with encode='after'")
+        chosen = chosen.to(torch.long).cpu()
+        rows.append(offsets + (unit * chosen[:, None] + torch.arange(unit)[None, :]).reshape(-1))
+        cell_global.append(cell_offset + chosen)
+        offsets += int(h) * int(w)
+        cell_offset += int(h) * int(w) // unit
+    rows_t = torch.cat(rows).to(pixel_values.device)
+    counts = [int(c.numel()) for c in cells]
+    cu = F.pad(torch.tensor([unit * k for k in counts]).cumsum(0, dtype=torch.int32), (1, 0)).to(pixel_values.device)
+    kwargs: dict[str, torch.Tensor] = {"position_ids": full["position_ids"][rows_t.cpu()].to(pixel_values.device),
+                                       "cu_seqlens": cu}
+    if family == "qwen3_vl":
+        kwargs["interp_indices"] = full["interp_indices"][rows_t.cpu()].to(pixel_values.device)
+        kwargs["interp_weights"] = full["interp_weights"][rows_t.cpu()].to(pixel_values.device)
+    if family == "qwen2_5_vl":
+        kwargs["window_index"], kwargs["cu_window_seqlens"] = _packed_windows(
+            torch.cat(cell_global), full["window_of_cell"], full["window_rank"], unit, pixel_values.device)
+    out = visual(pixel_values[rows_t].type(visual.dtype), grid_thw=grid_thw, **kwargs)
+    feats = list(torch.split(out.pooler_output, counts))
+    deep = getattr(out, "deepstack_features", None)
+    deep_per_image = None
+    if deep is not None:
+        split = [torch.split(layer, counts) for layer in deep]
+        deep_per_image = [[layer[i] for layer in split] for i in range(len(counts))]
+    return feats, deep_per_image
+
+
+def _packed_windows(cells: torch.Tensor, window_of: torch.Tensor, rank: torch.Tensor, unit: int,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen2.5-VL's window attention on the packed cells: each keeps its FULL-grid window, and inside a
+    window the full encoding's order. -> (window_index over packed cells, cu_window_seqlens in patches)."""
+    order = torch.argsort(rank[cells])                  # packed cells in the full encoding's window order
+    windows = window_of[cells][order]
+    _, per_window = torch.unique_consecutive(windows, return_counts=True)
+    cu = F.pad((per_window * unit).cumsum(0, dtype=torch.int32), (1, 0))
+    return order.to(device), cu.to(device)
+
+
+def scatter_features(feats: Sequence[torch.Tensor], cells: Sequence[torch.Tensor],
+                     n_tokens: Sequence[int]) -> tuple[torch.Tensor, ...]:
+    """Per image [n_i, D] with the encoded cells' tokens in place and zeros elsewhere (never read:
+    the rewrite keeps only encoded cells), so the after-mode rewrite serves both modes."""
+    out = []
+    for f, c, n in zip(feats, cells, n_tokens):
+        full = f.new_zeros(n, f.shape[-1])
+        full[c.to(f.device)] = f
+        out.append(full)
+    return tuple(out)

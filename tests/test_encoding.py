@@ -1,0 +1,119 @@
+"""Selecting before encoding: the vision tower on the chosen cells only, at their true positions.
+
+Exactness where the maths says so (every cell chosen; whole Qwen2.5-VL windows), negative controls
+that make those tests fail (positions from the packed order, windows computed on the packed sequence,
+Qwen3-VL position embeddings interpolated for the packed size)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from arr_coc.qwen.encoding import EncodeConfig, dilate, encode_cells
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+Q = "What color is the star?"
+
+
+def _sharp(model):
+    """A copy whose vision attention is peaked: tiny random weights attend almost uniformly, so the
+    tokens would barely depend on positions and a wrong position could pass unnoticed."""
+    import copy
+
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        for blk in model.model.visual.blocks:
+            blk.attn.qkv.weight.mul_(40.0)
+    return model
+
+
+def _inputs(tiny_vlm, make_image, family, attn="sdpa", sizes=((120, 150), (90, 200))):
+    from arr_coc.qwen import ARRCOCQwen
+
+    model, processor = tiny_vlm(family, attn)
+    vlm = ARRCOCQwen(_sharp(model), processor)
+    # noise, not flat shapes: identical flat patches would make every attention pattern look the same
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray((rng.random((h, w, 3)) * 255).astype("uint8")) for h, w in sizes]
+    inputs = vlm.build_inputs([[im] for im in images], [Q] * len(images))
+    return vlm, inputs
+
+
+def _stock(vlm, inputs):
+    enc = vlm.model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"], return_dict=True)
+    deep = getattr(enc, "deepstack_features", None)
+    return list(enc.pooler_output), deep
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_cell_chosen_reproduces_the_stock_encoding(tiny_vlm, make_image, family, attn):
+    vlm, inputs = _inputs(tiny_vlm, make_image, family, attn)
+    stock, stock_deep = _stock(vlm, inputs)
+    cells = [torch.arange(f.shape[0]) for f in stock]
+    feats, deep = encode_cells(vlm.model, inputs["pixel_values"], inputs["image_grid_thw"], cells)
+    for a, b in zip(feats, stock):
+        assert torch.equal(a, b)                    # max |diff| 0.0: the same kernels on the same rows
+    if family == "qwen3_vl":
+        for i, per_layer in enumerate(deep):
+            for layer, ref in zip(per_layer, stock_deep):   # stock: per layer, a tuple over images
+                assert torch.equal(layer, ref[i])
+    else:
+        assert deep is None
+
+
+def test_whole_windows_are_exact_after_a_window_layer_on_qwen2_5_vl(tiny_vlm, make_image):
+    """Keep whole full-grid windows: every window-attention layer sees exactly its stock inputs, so the
+    hidden states after the first (window) layer equal the stock encoding's on those patches."""
+    vlm, inputs = _inputs(tiny_vlm, make_image, "qwen2_5_vl", sizes=((224, 224),))
+    visual = vlm.model.model.visual
+    assert 0 not in visual.fullatt_block_indexes, "the test needs a window-attention first block"
+    grid = inputs["image_grid_thw"]
+    from transformers.vision_utils import get_vision_window_index
+
+    window_index, cu = get_vision_window_index(grid, visual.spatial_merge_size, visual.window_size, visual.patch_size)
+    bounds = (cu.long() // 4).tolist()
+    first_window = window_index[bounds[0]:bounds[1]].sort().values       # the cells of window 0
+
+    captured = {}
+
+    def grab(module, args, kwargs, output):
+        captured.setdefault("h", []).append(output[0] if isinstance(output, tuple) else output)
+
+    handle = visual.blocks[0].register_forward_hook(grab, with_kwargs=True)
+    try:
+        visual(inputs["pixel_values"], grid_thw=grid)                    # stock, window order
+        encode_cells(vlm.model, inputs["pixel_values"], grid, [first_window])
+    finally:
+        handle.remove()
+    stock_h, packed_h = captured["h"]
+    n = first_window.numel() * 4
+    # in window order the first window's patches come first in both runs
+    assert torch.allclose(stock_h[:n], packed_h[:n], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_negative_control_positions_from_the_packed_order_change_the_features(tiny_vlm, make_image, family):
+    """If the tower were given the packed sequence as if it were a small image (positions, windows and
+    Qwen3-VL's interpolated embeddings computed for the packed size), a subset's features would differ."""
+    vlm, inputs = _inputs(tiny_vlm, make_image, family, sizes=((224, 224),))
+    n = int(inputs["image_grid_thw"][0, 1] * inputs["image_grid_thw"][0, 2]) // 4
+    chosen = torch.tensor([0, 1, 5, 9, 10, n - 1])
+    ours, _ = encode_cells(vlm.model, inputs["pixel_values"], inputs["image_grid_thw"], [chosen])
+    rows = (4 * chosen[:, None] + torch.arange(4)).reshape(-1)
+    naive_grid = torch.tensor([[1, 2, 2 * chosen.numel()]])                 # the packed cells as a 1 x K image
+    naive = vlm.model.model.visual(inputs["pixel_values"][rows], grid_thw=naive_grid).pooler_output
+    assert (ours[0] - naive).abs().max() > 1e-5   # far above round-off (every-cell runs are bit-equal)
+    alone = encode_cells(vlm.model, inputs["pixel_values"], inputs["image_grid_thw"], [chosen[:3]])[0][0]
+    assert (alone - ours[0][:3]).abs().max() > 1e-5   # context matters: fewer cells, other tokens
+
+
+def test_dilate_and_config_checks():
+    assert dilate(torch.tensor([5]), (4, 4), 1).tolist() == [0, 1, 2, 4, 5, 6, 8, 9, 10]
+    assert dilate(torch.tensor([3, 0]), (4, 4), 0).tolist() == [0, 3]
+    with pytest.raises(ValueError, match="encode mode"):
+        EncodeConfig(mode="during")
+    with pytest.raises(ValueError, match="needs gist"):
+        EncodeConfig(mode="before", gist=0.0, periphery=True)
