@@ -1,7 +1,9 @@
-"""The microscope (app.py): direct handler calls, gradio_client against a live app, a small load test.
+"""The microscope (app.py, the microscope package): direct handler calls, gradio_client against a live
+app, a small load test.
 
 Most tests use a tiny random Qwen2-VL saved to a temp folder (fast, answers are gibberish but
-deterministic); `TestEmbedded` runs the default embedded checkpoint in a subprocess, as `make run` does.
+deterministic); the `embedded_server` tests run the default embedded checkpoint in a subprocess, as
+`make run` does.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from PIL import Image
 
 from _app_server import ROOT, AppProcess, free_port, make_bad_inputs, save_tiny_model, scene
 
-import app  # noqa: E402  (app.py at the repository root; importing it loads nothing)
+import app  # noqa: E402  (app.py at the repository root, the entry point; importing it loads nothing)
+from microscope import handler, inputs, page, server  # noqa: E402
 
 ELEM_IDS = ("image", "question", "arr-toggle", "budget", "method", "run", "answer-baseline", "answer-arr",
             "stats", "heatmap", "channels", "error")
@@ -37,7 +40,7 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def scope(tiny_dir):
-    return app.load(str(tiny_dir), device="cpu", max_new_tokens=4)
+    return server.load(str(tiny_dir), device="cpu", max_new_tokens=4)
 
 
 @pytest.fixture(scope="module")
@@ -69,20 +72,39 @@ def test_import_loads_nothing():
     assert out.stdout.strip() == "[]"
 
 
-def test_parse_args_defaults_are_local_and_offline():
-    args = app.parse_args([])
+def test_parse_args_defaults_are_local_and_offline_only_for_local_models(tmp_path):
+    """Defaults: the embedded model on loopback, no share link. Importing the app sets no environment;
+    start-up turns analytics off, and the hub offline only for a local folder (the embedded model is
+    one), never for a hub id, and never over a value the environment already has."""
+    args = server.parse_args([])
     assert args.host == "127.0.0.1" and args.share is False and args.model is None
-    assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["GRADIO_ANALYTICS_ENABLED"] == "False"
-    assert app.parse_args(["--model", "x", "--device", "cpu", "--port", "7999", "--share"]).share is True
+    assert server.parse_args(["--model", "x", "--device", "cpu", "--port", "7999", "--share"]).share is True
+    code = (
+        "import os, sys, app\n"
+        "from microscope.server import set_environment\n"
+        "seen = [os.environ.get('HF_HUB_OFFLINE'), os.environ.get('GRADIO_ANALYTICS_ENABLED')]\n"
+        "set_environment('Qwen/Qwen2-VL-2B-Instruct')\n"
+        "seen += [os.environ.get('HF_HUB_OFFLINE'), os.environ.get('GRADIO_ANALYTICS_ENABLED')]\n"
+        "set_environment(sys.argv[1])\n"
+        "seen.append(os.environ.get('HF_HUB_OFFLINE'))\n"
+        "print(seen)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "GRADIO_ANALYTICS_ENABLED")}
+    run = lambda env: subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=env,  # noqa: E731
+                                     capture_output=True, text=True, timeout=120)
+    out = run(env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str([None, None, None, "False", "1"])
+    out = run(dict(env, HF_HUB_OFFLINE="0"))  # the user's own setting wins, even for a local folder
+    assert out.stdout.strip() == str(["0", None, "0", "False", "0"]), out.stderr
 
 
 def test_host_is_loopback_unless_on_a_space(monkeypatch):
     monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
     monkeypatch.delenv("SPACE_ID", raising=False)
-    assert app.parse_args([]).host == "127.0.0.1"
+    assert server.parse_args([]).host == "127.0.0.1"
     monkeypatch.setenv("SPACE_ID", "someone/arr-coc")
-    assert app.parse_args([]).host == "0.0.0.0"
-    assert app.parse_args(["--host", "127.0.0.1"]).host == "127.0.0.1"
+    assert server.parse_args([]).host == "0.0.0.0"
+    assert server.parse_args(["--host", "127.0.0.1"]).host == "127.0.0.1"
 
 
 def test_a_missing_model_exits_with_what_to_do(tmp_path):
@@ -90,17 +112,42 @@ def test_a_missing_model_exits_with_what_to_do(tmp_path):
         app.main(["--model", str(tmp_path / "no_such_model")])
 
 
+def test_a_hub_id_without_the_hub_says_so_and_what_to_do(monkeypatch):
+    """The tests run offline (HF_HUB_OFFLINE=1): a hub id that is not cached fails at once, and says why."""
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+    with pytest.raises(SystemExit) as info:
+        app.main(["--model", "Qwen/Qwen2-VL-2B-Instruct", "--device", "cpu"])
+    message = str(info.value)
+    assert "HF_HUB_OFFLINE is set" in message and "unset HF_HUB_OFFLINE" in message
+    assert "pass --model with a local folder" in message
+    # Online but with no route to the hub: the chain transformers raises (LocalEntryNotFoundError <- a connect error)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    try:
+        try:
+            raise ConnectionError("[Errno -2] Name or service not known")
+        except ConnectionError as cause:
+            raise FileNotFoundError("An error happened while trying to locate the file on the Hub") from cause
+    except FileNotFoundError as exc:
+        error = OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+        error.__cause__ = exc
+    message = server.load_failure("Qwen/Qwen2-VL-2B-Instruct", error)
+    assert "could not be reached" in message and "go online" in message and "local folder" in message
+    # A reason the hub itself gave (a typo in the id, a non-Qwen model) is not blamed on the network.
+    assert "could not be reached" not in server.load_failure("Qwen/nope", ValueError("'llama' model"))
+
+
 def test_page_has_every_hook_and_the_ask_api(scope):
     from arr_coc.model import SELECTORS
 
-    demo = app.build_demo(scope)
+    demo = page.build_demo(scope)
     config = demo.get_config_file()
     for elem_id in ELEM_IDS:
         _find(config, elem_id)
     choices = [c[1] if isinstance(c, (list, tuple)) else c for c in _find(config, "method")["props"]["choices"]]
     assert set(choices) == set(SELECTORS) and _find(config, "method")["props"]["value"] == "arr_coc"
     assert [d.get("api_name") for d in config["dependencies"]].count("ask") == 1
-    assert not (ROOT / "app.pyi").exists()  # Gradio writes stubs next to modules that subclass components
+    # Gradio writes .pyi stubs next to modules that subclass components
+    assert not (ROOT / "app.pyi").exists() and not list((ROOT / "microscope").glob("*.pyi"))
 
 
 def test_method_list_follows_the_registry_at_start_up(tiny_dir):
@@ -112,14 +159,14 @@ def test_method_list_follows_the_registry_at_start_up(tiny_dir):
 
     register_selector("test_anchor", keep_first)
     try:
-        scope = app.load(str(tiny_dir), device="cpu", max_new_tokens=2)
+        scope = server.load(str(tiny_dir), device="cpu", max_new_tokens=2)
         assert scope.methods[0] == "arr_coc" and "test_anchor" in scope.methods
     finally:
         SELECTORS.pop("test_anchor", None)
 
 
 def test_examples_cover_shapes_hard_cases_and_licensed_photos():
-    examples = app.read_examples()
+    examples = page.read_examples()
     names = [os.path.basename(e["image"]) for e in examples]
     for kind in ("low_contrast", "void", "border"):
         assert f"shapes_{kind}.png" in names
@@ -134,7 +181,7 @@ def test_examples_cover_shapes_hard_cases_and_licensed_photos():
 
 
 def test_ask_gives_both_answers_stats_and_pictures(scope, good_image):
-    r = app.ask(scope, good_image, "What color is the circle?", True, 0.25, False, "arr_coc")
+    r = handler.ask(scope, good_image, "What color is the circle?", True, 0.25, False, "arr_coc")
     assert r.error == ""
     assert isinstance(r.answer_baseline, str) and isinstance(r.answer_arr, str)
     rows = {row[0]: row[1:] for row in r.stats}
@@ -159,14 +206,14 @@ def test_ask_gives_both_answers_stats_and_pictures(scope, good_image):
 
 
 def test_toggle_off_runs_the_baseline_only(scope, good_image):
-    r = app.ask(scope, good_image, "Is there a red circle?", False, 0.25, False, "arr_coc")
+    r = handler.ask(scope, good_image, "Is there a red circle?", False, 0.25, False, "arr_coc")
     assert r.error == "" and "ARR-COC is off" in r.answer_arr
     assert r.heatmap is None and r.maps == [] and r.channels == []
     assert r.record["arr_coc"] is None and r.stats[3][2] == "-"
 
 
 def test_adaptive_budget_stays_in_its_bounds(scope, good_image):
-    r = app.ask(scope, good_image, "How many circles are there?", True, 0.9, True, "arr_coc")
+    r = handler.ask(scope, good_image, "How many circles are there?", True, 0.9, True, "arr_coc")
     t = r.record["arr_coc"]
     assert t["budget"] == "adaptive" and t["method"] == "arr_coc"
     assert 0.05 * t["total_tokens"] - 1 <= t["kept_tokens"] <= 0.5 * t["total_tokens"] + 1
@@ -175,14 +222,14 @@ def test_adaptive_budget_stays_in_its_bounds(scope, good_image):
 def test_every_listed_method_answers(scope, good_image):
     """Whatever the registry held at start-up (anchors from arr_coc.methods included) runs from the page."""
     for method in scope.methods:
-        r = app.ask(scope, good_image, "Is there a red circle?", True, 0.25, False, method)
+        r = handler.ask(scope, good_image, "Is there a red circle?", True, 0.25, False, method)
         assert not r.error.startswith("**Error:**"), (method, r.error)
         assert r.record["arr_coc"]["method"] == method and r.heatmap is not None, method
 
 
 @pytest.mark.parametrize("method", ["grid", "random"])
 def test_anchor_methods_show_their_kept_tokens(scope, good_image, method):
-    r = app.ask(scope, good_image, "Is there a red circle?", True, 0.5, False, method)
+    r = handler.ask(scope, good_image, "Is there a red circle?", True, 0.5, False, method)
     assert r.record["arr_coc"]["method"] == method and r.heatmap is not None
     assert r.maps == [] and "no relevance maps" in r.error
 
@@ -190,22 +237,48 @@ def test_anchor_methods_show_their_kept_tokens(scope, good_image, method):
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
 def test_every_bad_input_gets_its_message(scope, bad_inputs):
     for bad in bad_inputs:
-        r = app.ask(scope, bad.image, bad.question, True, 0.25, False, "arr_coc")
+        r = handler.ask(scope, bad.image, bad.question, True, 0.25, False, "arr_coc")
         assert bad.message in r.error, (bad.name, r.error)
         if bad.refused:
             assert r.error.startswith("**Error:**") and r.answer_baseline == "" and r.heatmap is None, bad.name
         else:
             assert r.error.startswith("**Note:**") and r.heatmap is not None, bad.name
     huge = next(b for b in bad_inputs if b.name == "huge")
-    used = app.ask(scope, huge.image, huge.question).record["image"]["used_size"]
-    assert used[0] * used[1] <= app.MAX_INPUT_PIXELS
+    used = handler.ask(scope, huge.image, huge.question).record["image"]["used_size"]
+    assert used[0] * used[1] <= inputs.MAX_INPUT_PIXELS
 
 
-@pytest.mark.parametrize("budget,method,message", [(0, "arr_coc", "outside (0, 1]"),
-                                                   ("lots", "arr_coc", "not a number"),
+@pytest.mark.parametrize("budget,method,message", [(0, "arr_coc", "as a token count must be >= 1"),
+                                                   (0.0, "arr_coc", "as a share must lie in (0, 1]"),
+                                                   ("lots", "arr_coc", "'lots' is not a budget"),
+                                                   ("1", "arr_coc", "'1' is ambiguous"),
+                                                   ("150%", "arr_coc", "as a share must lie in (0, 1]"),
                                                    (0.25, "nope", "Unknown method 'nope'")])
 def test_bad_controls_get_messages(scope, good_image, budget, method, message):
-    assert message in app.ask(scope, good_image, "Is there a circle?", True, budget, False, method).error
+    error = handler.ask(scope, good_image, "Is there a circle?", True, budget, False, method).error
+    assert message in error and error.startswith("**Error:**")
+
+
+@pytest.mark.parametrize("budget", [0, 1.5, "abc", "1", "-3", "64 tokens please", True])
+def test_a_bad_budget_gets_the_budget_parsers_own_message(scope, good_image, budget):
+    from arr_coc.budget import BudgetError, parse_budget
+
+    with pytest.raises(BudgetError) as expected:
+        parse_budget(budget)
+    r = handler.ask(scope, good_image, "Is there a circle?", True, budget, False, "arr_coc")
+    assert r.error == f"**Error:** {expected.value}" and r.answer_baseline == "" and r.record is None
+
+
+@pytest.mark.parametrize("budget", ["10%", "0.1", 0.1, "20", "20tok", 20, "64", "100%", 1.0, None, ""])
+def test_a_budget_keeps_what_the_library_and_cli_keep(scope, good_image, budget):
+    """Every way the command line writes a budget, read by the same parser, keeps the same count."""
+    from arr_coc.budget import DEFAULT_BUDGET, parse_budget, resolve_count
+
+    r = handler.ask(scope, good_image, "Is there a circle?", True, budget, False, "arr_coc")
+    assert r.error == "", r.error
+    t = r.record["arr_coc"]
+    wanted = DEFAULT_BUDGET if budget in (None, "") else parse_budget(budget)
+    assert t["kept_tokens"] == resolve_count(wanted, t["total_tokens"]) and r.record["request"]["budget"] == wanted
 
 
 def test_a_failing_selector_falls_back_to_the_baseline_with_a_notice(scope, good_image, monkeypatch):
@@ -215,7 +288,7 @@ def test_a_failing_selector_falls_back_to_the_baseline_with_a_notice(scope, good
         raise RuntimeError("scorer exploded")
 
     monkeypatch.setitem(SELECTORS, "broken", broken)
-    r = app.ask(scope, good_image, "Is there a circle?", True, 0.25, False, "broken")
+    r = handler.ask(scope, good_image, "Is there a circle?", True, 0.25, False, "broken")
     assert "fell back to the baseline path" in r.error and "scorer exploded" in r.error
     assert r.answer_arr == r.answer_baseline
     assert r.record["arr_coc"]["kept_tokens"] == r.record["arr_coc"]["total_tokens"]
@@ -228,7 +301,7 @@ def test_a_failing_layer_stage_falls_back_with_a_notice(scope, good_image, monke
         raise ValueError("information scorer broke")
 
     monkeypatch.setattr(layer.information, "forward", explode)
-    r = app.ask(scope, good_image, "Is there a circle?", True, 0.25, False, "arr_coc")
+    r = handler.ask(scope, good_image, "Is there a circle?", True, 0.25, False, "arr_coc")
     assert "fell back" in r.error and "information scorer broke" in r.error
     assert r.answer_arr == r.answer_baseline and r.maps == []
 
@@ -242,16 +315,16 @@ def test_an_arr_coc_crash_still_answers_with_the_baseline(scope, good_image, mon
         return real(image, question, method=method, **kw)
 
     monkeypatch.setattr(scope.wrapper, "generate", generate)
-    r = app.ask(scope, good_image, "Is there a circle?", True, 0.25, False, "arr_coc")
+    r = handler.ask(scope, good_image, "Is there a circle?", True, 0.25, False, "arr_coc")
     assert "ARR-COC failed (RuntimeError: pruning path crashed)" in r.error
     assert r.answer_arr == r.answer_baseline and r.record["arr_coc"]["fell_back_to"] == "baseline"
 
 
 def test_concurrent_direct_calls_do_not_mix(scope):
     inputs = [(scene(28 * (4 + i), 28 * (3 + i), seed=i), f"Is there a circle number {i}?") for i in range(4)]
-    expected = [app.ask(scope, im, q) for im, q in inputs]
+    expected = [handler.ask(scope, im, q) for im, q in inputs]
     with ThreadPoolExecutor(4) as pool:
-        got = list(pool.map(lambda iq: app.ask(scope, *iq), inputs * 2))
+        got = list(pool.map(lambda iq: handler.ask(scope, *iq), inputs * 2))
     for i, r in enumerate(got):
         e = expected[i % 4]
         assert (r.answer_baseline, r.answer_arr) == (e.answer_baseline, e.answer_arr)
@@ -267,9 +340,9 @@ def live(scope, tmp_path_factory):
     """The app on a free loopback port, served from a background thread of this process."""
     from gradio_client import Client
 
-    demo = app.build_demo(scope)
+    demo = page.build_demo(scope)
     port = free_port()
-    app.serve(demo, port=port, prevent_thread_lock=True, quiet=True)
+    server.serve(demo, port=port, prevent_thread_lock=True, quiet=True)
     client = Client(f"http://127.0.0.1:{port}", verbose=False, analytics_enabled=False,
                     download_files=str(tmp_path_factory.mktemp("client_downloads")))
     yield client
@@ -282,7 +355,7 @@ def _predict(client, image, question, arr_coc=True, budget=0.25, adaptive=False,
 
     out = client.predict(handle_file(image) if image else None, question, arr_coc, budget, adaptive, method,
                          api_name="/ask")
-    return dict(zip(app.OUTPUT_NAMES, out))
+    return dict(zip(handler.OUTPUT_NAMES, out))
 
 
 def _check_full_answer(out: dict, question: str) -> dict:
@@ -303,14 +376,14 @@ def test_client_api_describes_ask(live):
     info = live.view_api(print_info=False, return_format="dict")
     params = [p["parameter_name"] for p in info["named_endpoints"]["/ask"]["parameters"]]
     assert params == ["image", "question", "arr_coc", "budget", "adaptive", "method"]
-    assert len(info["named_endpoints"]["/ask"]["returns"]) == len(app.OUTPUT_NAMES)
+    assert len(info["named_endpoints"]["/ask"]["returns"]) == len(handler.OUTPUT_NAMES)
 
 
 def test_client_keyword_call_as_documented(live):
     """The docs/APP.md example, keyword for keyword."""
     from gradio_client import handle_file
 
-    example = next(e for e in app.read_examples() if e["image"].endswith("shapes_letter.png"))
+    example = next(e for e in page.read_examples() if e["image"].endswith("shapes_letter.png"))
     baseline, arr, stats, heatmap, maps, weights, channels, trace, error = live.predict(
         image=handle_file(example["image"]), question=example["question"],
         arr_coc=True, budget=0.25, adaptive=False, method="arr_coc", api_name="/ask")
@@ -323,6 +396,25 @@ def test_client_keyword_call_as_documented(live):
 def test_client_round_trip(live, good_image):
     out = _predict(live, good_image, "What color is the circle?")
     _check_full_answer(out, "What color is the circle?")
+
+
+def test_client_budget_as_the_command_line_writes_it(live, good_image):
+    """Through the API a budget is anything the command line takes, with the same count; the slider's
+    maximum (1.0, which JSON sends as 1) keeps every token; a bad budget gets the budget parser's own
+    message in the error output (not a Gradio exception), and the app keeps serving."""
+    from arr_coc.budget import BudgetError, parse_budget, resolve_count
+
+    for budget in ("10%", "20tok", 1):
+        out = _predict(live, good_image, "Is there a circle?", budget=budget)
+        assert out["error"] == "", (budget, out["error"])
+        rows = {r[0]: r[1:] for r in out["stats"]["data"]}
+        total, kept = int(rows["visual tokens (total)"][1]), int(rows["visual tokens (kept)"][1].split()[0])
+        assert kept == resolve_count(1.0 if budget == 1 else parse_budget(budget), total), budget
+    for budget in ("abc", "1", 0):
+        with pytest.raises(BudgetError) as expected:
+            parse_budget(budget)
+        out = _predict(live, good_image, "Is there a circle?", budget=budget)
+        assert out["error"] == f"**Error:** {expected.value}" and out["answer_baseline"] == "", budget
 
 
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
@@ -434,6 +526,6 @@ def test_embedded_model_round_trip_and_load(embedded_server, tmp_path):
 def test_kept_per_budget_shows_how_the_layer_scaled_the_budget():
     from types import SimpleNamespace
 
-    assert app._kept_per_budget(SimpleNamespace(budget=0.25, total_tokens=256, kept_tokens=40)) == "0.62x"
-    assert app._kept_per_budget(SimpleNamespace(budget=13, total_tokens=256, kept_tokens=26)) == "2.00x"
-    assert app._kept_per_budget(SimpleNamespace(budget="adaptive", total_tokens=256, kept_tokens=40)) == "-"
+    assert handler.kept_per_budget(SimpleNamespace(budget=0.25, total_tokens=256, kept_tokens=40)) == "0.62x"
+    assert handler.kept_per_budget(SimpleNamespace(budget=13, total_tokens=256, kept_tokens=26)) == "2.00x"
+    assert handler.kept_per_budget(SimpleNamespace(budget="adaptive", total_tokens=256, kept_tokens=40)) == "-"
