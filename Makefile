@@ -24,7 +24,9 @@ test: install
 	$(PY) -m pytest -q
 
 run: install
-	$(PY) app.py $(ARGS)
+	@# Not the HF_HUB_OFFLINE exported above: the app turns the hub off itself for a local model (the default,
+	@# embedded one), and a hub id given with ARGS="--model ..." must be able to download.
+	env -u HF_HUB_OFFLINE $(PY) app.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
