@@ -4,7 +4,6 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-export HF_HUB_OFFLINE = 1
 export HF_HUB_DISABLE_TELEMETRY = 1
 export GRADIO_ANALYTICS_ENABLED = False
 export TOKENIZERS_PARALLELISM = false
@@ -18,12 +17,16 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 install: $(STAMP)
 
+# Tests never touch the network: tiny models are built from configs, the embedded model is a local folder.
+test: export HF_HUB_OFFLINE = 1
 test: install
 	@# The browser test needs Debian's chromium (never `playwright install`); a missing browser fails that test.
 	@test -x /usr/bin/chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
 	$(PY) -m pytest -q
 
 run: install
+	@# The app turns the hub off itself for a local model (the default, embedded one); a hub id given
+	@# with ARGS="--model ..." downloads as usual, and a user's own HF_HUB_OFFLINE is respected.
 	$(PY) app.py $(ARGS)
 
 clean:

@@ -47,16 +47,20 @@ def _tail(log: Path | None, n: int = 40) -> str:
 
 
 class AppProcess:
-    """`python app.py --port N [args]` on 127.0.0.1, one torch thread, output in a log file."""
+    """`python app.py --port N [args]` on 127.0.0.1, one torch thread, output in a log file.
 
-    def __init__(self, log_dir: Path, *args: str, timeout: float = 240):
+    With `leak_mib`, the same app through `leaky_main` below: every request keeps that much memory alive
+    (the memory check's negative control)."""
+
+    def __init__(self, log_dir: Path, *args: str, timeout: float = 240, leak_mib: float = 0):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(log_dir) / f"app_{self.port}.log"
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                    GRADIO_ANALYTICS_ENABLED="False", HF_HUB_DISABLE_TELEMETRY="1", PYTHONUNBUFFERED="1")
+        entry = [str(APP)] if not leak_mib else [__file__, "--leak-mib", str(leak_mib)]
         self._log_file = open(self.log, "w")
-        self.proc = subprocess.Popen([sys.executable, str(APP), "--port", str(self.port), *args], cwd=ROOT, env=env,
+        self.proc = subprocess.Popen([sys.executable, *entry, "--port", str(self.port), *args], cwd=ROOT, env=env,
                                      stdout=self._log_file, stderr=subprocess.STDOUT)
         try:
             wait_http(self.url + "/", timeout, self.proc, self.log)
@@ -89,7 +93,7 @@ class AppProcess:
 
 def save_tiny_model(folder: Path) -> Path:
     """A tiny random Qwen2-VL saved like a real checkpoint (model + processor files)."""
-    from arr_coc.tiny import build_tiny_qwen
+    from arr_coc.qwen.tiny import build_tiny_qwen
 
     model, processor = build_tiny_qwen("qwen2_vl", seed=0)
     model.save_pretrained(folder)
@@ -162,3 +166,29 @@ def make_bad_inputs(folder: Path) -> list[BadInput]:
         BadInput("long_question", f(folder / "rgba.png"), ("What color is the circle? " * 200)[:4999] + "?",
                  "5,000 characters long", True),
     ]
+
+
+# ----------------------------------------------------------------------------- a leaking app (negative control)
+
+
+def leaky_main(argv: list[str]) -> None:
+    """`python tests/_app_server.py --leak-mib N APP_ARGS...`: the app as `python app.py APP_ARGS...` runs it,
+    except that every `ask` request keeps N MiB alive, written so that the pages are resident."""
+    assert argv[0] == "--leak-mib", argv
+    size = int(float(argv[1]) * 2**20)
+    sys.path.insert(0, str(ROOT))
+    from microscope import handler, server
+
+    kept: list[bytearray] = []
+    ask = handler.ask
+
+    def leaking_ask(*args, **kwargs):
+        kept.append(bytearray(b"\x01") * size)
+        return ask(*args, **kwargs)
+
+    handler.ask = leaking_ask
+    server.main(argv[2:])
+
+
+if __name__ == "__main__":
+    leaky_main(sys.argv[1:])

@@ -13,12 +13,16 @@ import pytest
 
 from _app_server import ROOT, AppProcess
 
-import app  # noqa: E402
+from microscope.page import read_examples  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TIMEOUT_MS = 120_000  # the host is shared with a training run
+# JS: the cells of the stats table row whose first cell is `name` (or null)
+STATS_ROW = ("(name => [...document.querySelectorAll('#stats [role=row]')]"
+             ".map(r => [...r.querySelectorAll('[role=gridcell]')].map(c => c.innerText.trim()))"
+             ".find(cells => cells[0] === name) || null)")
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +67,7 @@ def _wait_images(page, elem_id: str, n: int) -> None:
 
 
 def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
-    examples = app.read_examples()
+    examples = read_examples()
     first = next(e for e in examples if os.path.basename(e["image"]) == "shapes_letter.png")
 
     # upload + question
@@ -116,3 +120,10 @@ def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
     page.click("#run")
     page.wait_for_function("() => !document.querySelector('#error').innerText.includes('Error')")
     _wait_value(page, "answer-arr", "v.length > 0")
+
+    # the slider at its maximum: JSON sends 1.0 as the integer 1, which must still be the share 1.0, not one token
+    page.fill("#budget input[type=number]", "1")
+    page.press("#budget input[type=number]", "Enter")
+    page.click("#run")
+    page.wait_for_function(f"() => {{ const r = {STATS_ROW}('budget'); return r && r[2] !== '0.25'; }}")
+    assert page.evaluate(f"() => {STATS_ROW}('budget')") == ["budget", "1.0", "1.0"]

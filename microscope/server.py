@@ -1,0 +1,202 @@
+"""Start-up: the command line, loading the model into a `Microscope`, and serving the page.
+
+    python app.py                                   # embedded ShapesVQA model, http://127.0.0.1:7860
+    python app.py --model Qwen/Qwen2-VL-2B-Instruct --device cuda --port 7861
+
+Only a local folder (the embedded model included) runs with the hub offline; a hub id is downloaded
+as usual, and when the hub cannot be reached the error says so and what to do instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from microscope.handler import Microscope
+from microscope.inputs import reason
+from microscope.memory import limit_malloc_arenas
+from microscope.page import CSS, DEFAULT_CONCURRENCY, EXAMPLES_DIR, build_demo
+
+if TYPE_CHECKING:
+    import gradio as gr
+
+logger = logging.getLogger("arr_coc.app")
+
+MAX_UPLOAD = "25mb"
+EMBEDDED_NAME = "embedded ShapesVQA Qwen2-VL (checkpoints/shapes-qwen2vl)"
+HUB_EXAMPLE = "Qwen/Qwen2-VL-2B-Instruct"
+# The app's defaults; a variable already set in the environment wins.
+APP_ENVIRONMENT = (("GRADIO_ANALYTICS_ENABLED", "False"), ("HF_HUB_DISABLE_TELEMETRY", "1"),
+                   ("TOKENIZERS_PARALLELISM", "false"))
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+class LoadError(RuntimeError):
+    """The model could not be loaded; the message says why and what to do."""
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def default_host() -> str:
+    """Loopback, unless GRADIO_SERVER_NAME names an interface or this runs on a Hugging Face Space
+    (SPACE_ID is set there), whose proxy reaches the app on 0.0.0.0."""
+    return os.environ.get("GRADIO_SERVER_NAME") or ("0.0.0.0" if os.environ.get("SPACE_ID") else "127.0.0.1")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="ARR-COC microscope: baseline vs. ARR-COC side by side")
+    p.add_argument("--model", default=None,
+                   help="Qwen2-VL / Qwen2.5-VL / Qwen3-VL hub id or local folder (default: the embedded model "
+                        "in checkpoints/shapes-qwen2vl). A local folder runs offline; a hub id is downloaded")
+    p.add_argument("--arr-coc", dest="arr_coc", default=None,
+                   help="trained ARR-COC layer folder, or 'untrained' (default: the trained layer shipped under "
+                        "checkpoints/ for the embedded model, else untrained)")
+    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1, ...")
+    p.add_argument("--host", default=default_host(),
+                   help="interface to listen on (default 127.0.0.1; 0.0.0.0 on a Hugging Face Space or when "
+                        "GRADIO_SERVER_NAME says so)")
+    p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
+    p.add_argument("--share", action="store_true", help="create a public Gradio link (off by default)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
+                   help="requests handled at once (model calls still run one at a time)")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def set_environment(model_path: str | None = None) -> None:
+    """The app's environment defaults, set before torch, transformers or gradio is imported.
+
+    A local model folder also sets HF_HUB_OFFLINE=1: everything is on disk, so nothing should wait
+    on the network. A hub id leaves HF_HUB_OFFLINE to the environment, so it can be downloaded.
+    A variable the environment already sets is never changed.
+    """
+    for key, value in APP_ENVIRONMENT:
+        os.environ.setdefault(key, value)
+    if model_path is not None and os.path.isdir(model_path):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def model_path(model: str | None) -> str:
+    """The folder or hub id to load: `model`, or the embedded model. LoadError when there is neither."""
+    from arr_coc.paths import EMBEDDED_MODEL, default_model_path
+
+    if model is None:
+        path = default_model_path()
+        if path is None:
+            raise LoadError(f"no embedded model under {EMBEDDED_MODEL}; pass --model with a local Qwen2-VL/2.5-VL/"
+                            f"3-VL folder, or a hub id such as {HUB_EXAMPLE} when online")
+        return path
+    if not os.path.exists(model) and not _HUB_ID.match(model):
+        raise LoadError(f"no model folder at {model!r}; pass --model with a local Qwen2-VL/2.5-VL/3-VL folder "
+                        f"or a hub id such as {HUB_EXAMPLE}")
+    return str(model)
+
+
+def _offline_mode() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def hub_unreachable(exc: BaseException) -> bool:
+    """True when loading failed because the hub could not be asked (offline mode, no network, a timeout)
+    and the files were not in the local cache either, rather than for a reason the hub gave."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (ConnectionError, TimeoutError, socket.gaierror)) or type(e).__name__ in (
+                "LocalEntryNotFoundError", "OfflineModeIsEnabled", "ConnectError", "ConnectTimeout", "ReadTimeout"):
+            return True
+        if "couldn't connect to" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def load_failure(model: str, exc: BaseException) -> str:
+    """What went wrong loading `model` (a folder or a hub id) and what to do next."""
+    if os.path.isdir(model) or not hub_unreachable(exc):
+        return (f"could not load a Qwen-VL model from {model!r} ({reason(exc)}); pass --model with a local "
+                f"Qwen2-VL/2.5-VL/3-VL folder or a hub id")
+    if _offline_mode():
+        why, fix = ("the Hugging Face hub is switched off (HF_HUB_OFFLINE is set)",
+                    "unset HF_HUB_OFFLINE on a machine that is online to download it")
+    else:
+        why, fix = "the Hugging Face hub could not be reached", "go online to download it"
+    return (f"could not load {model!r}: {why} and the model is not in the local cache ({reason(exc)}). To use it, "
+            f"{fix}, or pass --model with a local folder that holds it (e.g. one written by "
+            f"`hf download {model} --local-dir DIR` on a machine that is online)")
+
+
+def load(model: str | None = None, device: str = "auto", arr_coc: str | None = None,
+         max_new_tokens: int = 32, retries: int = 3) -> Microscope:
+    """Load the VLM (default: the embedded checkpoint) into a `Microscope`; LoadError says what to do.
+
+    A local folder is retried a few times: the embedded checkpoint may be being re-saved by a
+    training run at the moment it is read.
+    """
+    path = model_path(model)
+    set_environment(path)
+    import torch
+
+    from arr_coc import ARRCOCQwen
+    from arr_coc.paths import resolve_layer
+    from arr_coc.selection import available_methods
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    attempts = max(1, retries) if os.path.isdir(path) else 1
+    for attempt in range(attempts):
+        try:
+            layer_path = resolve_layer(path, arr_coc)
+            wrapper = ARRCOCQwen.from_pretrained(path, arr_coc=layer_path, device=device)
+            break
+        except Exception as exc:
+            if attempt == attempts - 1:
+                if isinstance(exc, (OSError, ValueError)):
+                    raise LoadError(load_failure(path, exc)) from exc
+                raise
+            logger.warning("loading %s failed (attempt %d of %d); retrying", path, attempt + 1, attempts)
+            time.sleep(2.0)
+    try:
+        wrapper.arr_coc_layer  # built now, not racily on a first request
+    except Exception as exc:  # noqa: BLE001 - requests then fall back to the baseline with a notice
+        logger.warning("the ARR-COC layer could not be built (%s); ARR-COC requests will fall back", exc)
+    # every registered method (built-in modules load on first use), ARR-COC first; adaptive is a checkbox
+    methods = ["arr_coc"] + [m for m in available_methods() if m not in ("arr_coc", "arr_coc_adaptive")]
+    layer = f"trained ({os.path.relpath(layer_path)})" if layer_path else "untrained"
+    return Microscope(wrapper=wrapper, model_name=EMBEDDED_NAME if model is None else str(model), methods=methods,
+                      max_new_tokens=int(max_new_tokens), layer_name=layer)
+
+
+# ----------------------------------------------------------------------------- serving
+
+
+def serve(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, share: bool = False, **kwargs: Any):
+    """Launch with the page's theme/CSS and file settings (Gradio 6 takes them in launch())."""
+    import gradio as gr
+
+    return demo.launch(server_name=host, server_port=port, share=share, css=CSS, theme=gr.themes.Soft(),
+                       allowed_paths=[EXAMPLES_DIR], max_file_size=MAX_UPLOAD, ssr_mode=False, max_threads=8,
+                       footer_links=["api", "gradio", "settings"], **kwargs)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    set_environment()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio polling itself at start-up
+    limit_malloc_arenas()
+    try:
+        scope = load(args.model, device=args.device, arr_coc=args.arr_coc, max_new_tokens=args.max_new_tokens)
+    except LoadError as exc:
+        raise SystemExit(str(exc)) from None
+    serve(build_demo(scope, concurrency=args.concurrency), host=args.host, port=args.port, share=args.share)
