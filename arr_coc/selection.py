@@ -49,7 +49,8 @@ class SelectionContext:
 
     images        list[FloatTensor[3, H_i, W_i]] in [0, 1]: the resized image the VLM saw
     grid_hw       list[(h_i, w_i)] merged-token grid; n_i = h_i * w_i
-    visual_tokens list[Tensor[n_i, D]] merger output (VLM dtype)
+    visual_tokens list[Tensor[n_i, D]] merger output (VLM dtype); with encode="before" the gist's tokens
+                  under each cell, or None without a gist
     query_embeds  list[Tensor[L_i, D]] input embeddings of the image's question tokens
     budgets       list[Budget | None] per image, as the caller gave them (None: the selector's default)
     budget_mode   None | "exact" | "mean" (arr_coc.budget), as the caller gave it
@@ -63,7 +64,7 @@ class SelectionContext:
     wrapper: ARRCOCQwen
     images: list[torch.Tensor]
     grid_hw: list[tuple[int, int]]
-    visual_tokens: list[torch.Tensor]
+    visual_tokens: list[torch.Tensor] | None
     query_embeds: list[torch.Tensor]
     budgets: list[Budget | None]
     counts: list[int]
@@ -82,7 +83,8 @@ class SelectionContext:
     def subset(self, which: Sequence[int]) -> SelectionContext:
         pick = lambda xs: [xs[i] for i in which]  # noqa: E731
         return dataclasses.replace(
-            self, images=pick(self.images), grid_hw=pick(self.grid_hw), visual_tokens=pick(self.visual_tokens),
+            self, images=pick(self.images), grid_hw=pick(self.grid_hw),
+            visual_tokens=pick(self.visual_tokens) if self.visual_tokens is not None else None,
             query_embeds=pick(self.query_embeds), budgets=pick(self.budgets), counts=pick(self.counts),
             item_of_image=pick(self.item_of_image), image_spans=pick(self.image_spans),
             image_ids=pick(self.image_ids),
@@ -142,6 +144,17 @@ def get_selector(name: str) -> Selector:
         raise ValueError(f"unknown method {name!r}; registered methods: {available_methods()} "
                          "(or register your own with arr_coc.selection.register_selector)")
     return SELECTORS[name]
+
+
+def choose_before_encoding(fn: Selector) -> Selector:
+    """Mark a selector that needs no encoded visual tokens (it reads the image, the question and, when
+    given, the gist), so it can run with encode="before". Returns `fn`."""
+    fn.selects_before_encoding = True  # type: ignore[attr-defined]
+    return fn
+
+
+def selects_before_encoding(fn: Selector) -> bool:
+    return bool(getattr(fn, "selects_before_encoding", False))
 
 
 def selector_name(method: str | Selector) -> str:

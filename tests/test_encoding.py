@@ -117,3 +117,96 @@ def test_dilate_and_config_checks():
         EncodeConfig(mode="during")
     with pytest.raises(ValueError, match="needs gist"):
         EncodeConfig(mode="before", gist=0.0, periphery=True)
+
+
+# --------------------------------------------------------------- encode="before" through the wrapper
+def _noise_vlm(tiny_vlm, family, attn="sdpa"):
+    from arr_coc.qwen import ARRCOCQwen
+
+    model, processor = tiny_vlm(family, attn)
+    return ARRCOCQwen(_sharp(model), processor)
+
+
+def _noise(h, w, seed):
+    return Image.fromarray((np.random.default_rng(seed).random((h, w, 3)) * 255).astype("uint8"))
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_before_with_every_cell_and_no_gist_gives_todays_logits(tiny_vlm, family, attn):
+    from arr_coc.qwen.encoding import EncodeConfig
+
+    vlm = _noise_vlm(tiny_vlm, family, attn)
+    inputs = vlm.build_inputs([[_noise(120, 150, 0)], [_noise(90, 200, 1)]], [Q, "How many stars are there?"])
+    after = vlm.prefill(vlm.prepare(inputs, method="none")[0]).logits
+    pruned, traces = vlm.prepare(inputs, method="none", encode=EncodeConfig("before", gist=0.0))
+    assert torch.equal(vlm.prefill(pruned).logits, after)            # max |diff| 0.0, deepstack included
+    assert traces[0].encode == "before" and traces[0].gist_grid == []
+    assert [c.numel() for c in traces[0].encoded_cells] == traces[0].total_per_image
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_before_encodes_only_the_chosen_cells_and_the_margin(tiny_vlm, family):
+    from arr_coc.qwen.encoding import EncodeConfig
+
+    vlm = _noise_vlm(tiny_vlm, family)
+    inputs = vlm.build_inputs([[_noise(224, 224, 0)]], [Q])
+    for margin in (0, 1):
+        pruned, (tr,) = vlm.prepare(inputs, budget=0.25, encode=EncodeConfig("before", gist=0.25, margin=margin))
+        kept, encoded = tr.kept_indices[0], tr.encoded_cells[0]
+        assert tr.kept_tokens == kept.numel() < tr.total_tokens and tr.gist_grid == [(4, 4)]   # 8 x 8 -> a quarter
+        assert set(kept.tolist()) <= set(encoded.tolist())
+        assert (encoded.numel() == kept.numel()) == (margin == 0)
+        assert pruned.image_features[0].shape[0] == kept.numel()    # the margin never reaches the LM
+
+
+def test_before_batch_of_two_sizes_and_budgets_equals_each_alone(tiny_vlm):
+    vlm = _noise_vlm(tiny_vlm, "qwen2_vl")
+    a, b = _noise(120, 150, 0), _noise(224, 168, 1)
+    answers, traces = vlm.generate([a, b], [Q, "How many stars are there?"], budget=[0.25, 3], encode="before",
+                                   max_new_tokens=3)
+    for img, q, budget, ans, tr in zip((a, b), (Q, "How many stars are there?"), (0.25, 3), answers, traces):
+        alone, tr1 = vlm.generate(img, q, budget=budget, encode="before", max_new_tokens=3)
+        assert alone == ans and torch.equal(tr1.kept_indices[0], tr.kept_indices[0])
+        assert torch.equal(tr1.encoded_cells[0], tr.encoded_cells[0])
+
+
+def test_periphery_adds_gist_tokens_for_the_regions_not_encoded(tiny_vlm):
+    from arr_coc.qwen.encoding import EncodeConfig
+
+    vlm = _noise_vlm(tiny_vlm, "qwen2_vl")
+    inputs = vlm.build_inputs([[_noise(336, 336, 2)]], [Q])
+    _, (plain,) = vlm.prepare(inputs, budget=3, method="grid", encode=EncodeConfig("before", gist=0.25))
+    pruned, (tr,) = vlm.prepare(inputs, budget=3, method="grid", encode=EncodeConfig("before", gist=0.25,
+                                                                                      periphery=True))
+    periphery = tr.periphery_cells[0]
+    assert periphery.numel() > 0 and not set(periphery.tolist()) & set(plain.kept_indices[0].tolist())
+    assert tr.kept_tokens == plain.kept_tokens + periphery.numel() == pruned.image_features[0].shape[0]
+
+
+def test_methods_that_read_encoded_tokens_refuse_to_choose_before_the_tower(tiny_vlm):
+    vlm = _noise_vlm(tiny_vlm, "qwen2_vl")
+    inputs = vlm.build_inputs([[_noise(120, 150, 0)]], [Q])
+    for method in ("fastv", "divprune", "visionzip", "cdpruner"):
+        with pytest.raises(ValueError, match="encode='after'"):
+            vlm.prepare(inputs, budget=0.25, method=method, encode="before")
+
+
+def test_a_failing_gist_falls_back_for_that_image_only(tiny_vlm, monkeypatch):
+    from arr_coc.qwen import foveation
+
+    vlm = _noise_vlm(tiny_vlm, "qwen2_vl")
+    a, b = _noise(120, 150, 0), _noise(224, 168, 1)
+    real = foveation.encode_gist
+    bad_size = tuple(vlm.build_inputs([[b]], [Q])["image_grid_thw"][0].tolist())
+
+    def flaky(model, processor, images, grid_hw, share):
+        if any(tuple(g) == (bad_size[1] // 2, bad_size[2] // 2) for g in grid_hw):
+            raise RuntimeError("gist exploded")
+        return real(model, processor, images, grid_hw, share)
+
+    monkeypatch.setattr("arr_coc.qwen.wrapper.encode_gist", flaky)
+    _, traces = vlm.generate([a, b], [Q, Q], budget=0.25, encode="before", max_new_tokens=1)
+    assert traces[0].fallback[0] != "keep_all" and traces[0].kept_tokens < traces[0].total_tokens
+    assert traces[1].fallback == ["keep_all"] and "gist exploded" in traces[1].error
+    assert traces[1].kept_tokens == traces[1].total_tokens

@@ -20,7 +20,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ..budget import BudgetMode
-from ..selection import Selection, SelectionContext, Selector, register_selector
+from ..selection import Selection, SelectionContext, Selector, choose_before_encoding, register_selector
 
 if TYPE_CHECKING:
     from ..qwen.wrapper import ARRCOCQwen
@@ -33,7 +33,7 @@ def run_layer(ctx: SelectionContext, budget_mode: BudgetMode | None) -> Selectio
         [im.float() for im in ctx.images],
         [tuple(g) for g in ctx.grid_hw],
         query_embeds=[q.float() for q in ctx.query_embeds],
-        visual_tokens=[v.float() for v in ctx.visual_tokens],
+        visual_tokens=[v.float() for v in ctx.visual_tokens] if ctx.visual_tokens is not None else None,
         budget=budgets,
         budget_mode=budget_mode,
     )
@@ -41,11 +41,13 @@ def run_layer(ctx: SelectionContext, budget_mode: BudgetMode | None) -> Selectio
 
 
 @register_selector("arr_coc")
+@choose_before_encoding
 def select(ctx: SelectionContext) -> Selection:
     return run_layer(ctx, ctx.budget_mode)
 
 
 @register_selector("arr_coc_adaptive")
+@choose_before_encoding
 def select_adaptive(ctx: SelectionContext) -> Selection:
     """ARR-COC with the allocator's adaptive budget for every image, whatever the configured mode."""
     return run_layer(ctx, "adaptive")
@@ -68,7 +70,7 @@ def trained_selector(wrapper: ARRCOCQwen, weights: str | os.PathLike) -> Selecto
         return select(dataclasses.replace(ctx, wrapper=trained))
 
     select_trained.__name__ = "arr_coc_trained"
-    return select_trained
+    return choose_before_encoding(select_trained)
 
 
 __all__ = ["run_layer", "select", "select_adaptive", "trained_selector"]

@@ -27,7 +27,7 @@ import torch
 
 from ..attending import grid_indices
 from ..geometry import Box, box_cells
-from ..selection import Selection, SelectionContext
+from ..selection import Selection, SelectionContext, choose_before_encoding
 from ._common import check_count
 
 
@@ -94,7 +94,7 @@ def make_selector(boxes: Sequence[Sequence[Box] | None], image_sizes: Sequence[t
         return Selection(kept=kept)
 
     select.__name__ = "oracle"
-    return select
+    return choose_before_encoding(select)
 
 
 __all__ = ["make_selector", "oracle_indices"]

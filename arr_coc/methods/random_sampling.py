@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..selection import Selection, SelectionContext, register_selector
+from ..selection import Selection, SelectionContext, choose_before_encoding, register_selector
 
 
 def random_indices(n: int, k: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -21,6 +21,7 @@ def random_indices(n: int, k: int, generator: torch.Generator | None = None) -> 
 
 
 @register_selector("random")
+@choose_before_encoding
 def select(ctx: SelectionContext) -> Selection:
     """One draw per image from its own generator, ascending."""
     return Selection(kept=[random_indices(h * w, k, ctx.generator(i))

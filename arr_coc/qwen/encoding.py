@@ -172,3 +172,24 @@ def scatter_features(feats: Sequence[torch.Tensor], cells: Sequence[torch.Tensor
         full[c.to(f.device)] = f
         out.append(full)
     return tuple(out)
+
+
+def as_encode_config(encode: EncodeConfig | str | None) -> EncodeConfig:
+    """None / "after" / "before" / an EncodeConfig -> an EncodeConfig."""
+    if encode is None:
+        return EncodeConfig()
+    if isinstance(encode, EncodeConfig):
+        return encode
+    if isinstance(encode, str):
+        return EncodeConfig(mode=encode)  # type: ignore[arg-type]
+    raise TypeError(f"encode must be 'after', 'before' or an EncodeConfig, got {type(encode).__name__}")
+
+
+def encoder_output_class(model: PreTrainedModel) -> type:
+    """The vision-encoder output type `forward(mm_encoder_outputs=...)` expects from this family."""
+    import importlib
+
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    module = importlib.import_module(type(model.model).__module__)
+    return getattr(module, "BaseModelOutputWithDeepstackFeatures", BaseModelOutputWithPooling)

@@ -39,6 +39,10 @@ class Trace:
     vision_s: float = 0.0                        # vision tower + merger
     select_s: float = 0.0                        # selector (ARR-COC layer incl. texture)
     prefill_s: float = 0.0                       # first LM forward (the prefill)
+    encode: str = "after"                        # "after": every patch encoded; "before": chosen cells only
+    encoded_cells: list[torch.Tensor] = field(default_factory=list)   # per image: cells encoded at full resolution
+    periphery_cells: list[torch.Tensor] = field(default_factory=list)  # per image: cells carrying a gist token
+    gist_grid: list[tuple[int, int]] = field(default_factory=list)    # per image: the gist's grid (before mode)
     total_s: float = 0.0                         # the whole call
 
     @property
@@ -54,7 +58,10 @@ class Trace:
             "total_per_image": self.total_per_image, "grid_hw": [list(g) for g in self.grid_hw],
             "fallback": self.fallback, "error": self.error, "prompt_tokens": self.prompt_tokens,
             "new_tokens": self.new_tokens, "vision_s": self.vision_s, "select_s": self.select_s,
-            "prefill_s": self.prefill_s, "total_s": self.total_s,
+            "prefill_s": self.prefill_s, "total_s": self.total_s, "encode": self.encode,
+            "encoded_per_image": [int(c.numel()) for c in self.encoded_cells],
+            "periphery_per_image": [int(c.numel()) for c in self.periphery_cells],
+            "gist_grid": [list(g) for g in self.gist_grid],
         }
 
 

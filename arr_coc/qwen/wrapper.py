@@ -19,6 +19,7 @@ Kept-all (method="none" or budget 1.0) reproduces the stock forward exactly.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -28,7 +29,9 @@ import torch
 
 from ..budget import Budget, BudgetMode, BudgetSpec, check_mode, resolve_count
 from ..layer import ARRCOCLayer
-from ..selection import SelectionContext, Selector, get_selector, selector_name
+from ..selection import SelectionContext, Selector, get_selector, selector_name, selects_before_encoding
+from .encoding import EncodeConfig, EncodeMode, as_encode_config, encoder_output_class
+from .foveation import Gist, encode_gist, foveate, merge_gists
 from .loading import MODEL_CLASSES, LayerSpec, build_layer, load_vlm
 from .processing import IM_END, VISION_END, image_processor_of, render_prompt, unpatchify_images
 from .rewrite import (PrunedInputs, expand_budgets, image_spans, model_tensors, replacement, rewrite,
@@ -38,6 +41,8 @@ from .trace import PrefillOutput, Trace
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -50,7 +55,7 @@ class _Unpruned:
     grid_thw: torch.Tensor                      # [N, 3] patch grid per image
     pos3: torch.Tensor                          # [3, B, S] unpruned M-RoPE positions
     spans: list[tuple[int, int, int]]           # (row, start, end) of each image's pads
-    feats: tuple[torch.Tensor, ...]             # merger output per image, [n_i, D]
+    feats: tuple[torch.Tensor, ...] | None      # merger output per image, [n_i, D] (None until encoded)
     deep: list[tuple[torch.Tensor, ...]] | None  # Qwen3-VL deepstack: per layer, per image [n_i, D]
     encoder_output_cls: type
     n_tokens: list[int]
@@ -168,40 +173,66 @@ class ARRCOCQwen:
         kept_indices: Sequence[torch.Tensor] | None = None,
         budget_mode: BudgetMode | None = None,
         strict: bool = False,
+        encode: EncodeConfig | EncodeMode | None = None,
     ) -> tuple[PrunedInputs, list[Trace]]:
-        """Vision tower once, select, rewrite the inputs. Returns the pruned inputs and per-item traces.
+        """Encode, select, rewrite the inputs. Returns the pruned inputs and per-item traces.
 
         budget: one budget for every image, or one entry per batch row (a budget, or a list with
         one budget per image of that row); passed to the selector untouched (arr_coc.budget).
         budget_mode: "exact" | "mean" | "adaptive" | None, for ARR-COC. kept_indices: explicit
         LongTensor[K_i] per image (overrides `method`). strict: a failing selector raises
         (`SelectorFailed`) instead of keeping every token of the items it failed on.
+        encode: "after" (default: the vision tower on every patch, then select) or "before" (a gist,
+        select, then the tower on the chosen cells only), or an `EncodeConfig` (gist, margin, periphery).
         """
         t_start = time.perf_counter()
         budget_mode = check_mode(budget_mode)
-        batch = self._unpruned(inputs)
+        encoding = as_encode_config(encode)
+        before = encoding.mode == "before"
+        batch = self._unpruned(inputs, encode_all=not before)
         budgets = expand_budgets(budget, batch.item_of_image, batch.input_ids.shape[0])
         name = "explicit" if kept_indices is not None and method == "arr_coc" else selector_name(method)
+        fn = None if kept_indices is not None or name == "none" else \
+            get_selector(method) if isinstance(method, str) else method
+        if before and fn is not None and not selects_before_encoding(fn):
+            raise ValueError(f"method {name!r} reads the encoded visual tokens, so it cannot choose before the "
+                             "vision tower; run it with encode='after'")
+        images = unpatchify_images(batch.inputs["pixel_values"], batch.grid_thw, image_processor_of(self.processor))
+        gist, gist_failed = None, {}
+        if before and fn is not None and encoding.gist > 0:
+            t0 = time.perf_counter()
+            gist, gist_failed = self._gist(images, batch.grid_hw, encoding.gist, strict)
+            batch.vision_s += time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        n = len(batch.feats)
+        n = len(batch.n_tokens)
         fallback: list[str | None] = [None] * n
         errors: list[str | None] = [None] * n
         replaced: list[torch.Tensor | None] = [None] * n
         arr_out = None
         if kept_indices is not None:
             kept = [torch.as_tensor(k, dtype=torch.long) for k in kept_indices]
-        elif name == "none":
+        elif fn is None:
             kept = [torch.arange(k) for k in batch.n_tokens]
         else:
-            fn = get_selector(method) if isinstance(method, str) else method
-            ctx = self._context(batch, budgets, budget_mode)
+            tokens = list(batch.feats) if not before else gist.on_full_grid if gist is not None else None
+            ctx = self._context(batch, images, tokens, budgets, budget_mode)
             kept, arr_out, fallback, errors, replaced = run_selector(fn, ctx, name, strict=strict)
+        for i, why in gist_failed.items():   # no coarse view, no informed choice: this image keeps every token
+            kept[i], fallback[i], errors[i] = torch.arange(batch.n_tokens[i]), "keep_all", f"gist failed: {why}"
         kept, fallback, errors = validate_kept(kept, batch.n_tokens, fallback, errors)
         select_s = time.perf_counter() - t0
 
+        lm_cells, fovea = kept, None
+        if before:
+            t0 = time.perf_counter()
+            fovea = foveate(self.model, batch.inputs["pixel_values"], batch.grid_thw, batch.grid_hw, kept, encoding,
+                            gist)
+            batch.feats, batch.deep, lm_cells = fovea.feats, fovea.deep, fovea.lm_cells
+            batch.vision_s += time.perf_counter() - t0
+
         pruned = rewrite(batch.input_ids, batch.attention_mask, batch.pos3, batch.spans, batch.feats, batch.deep,
-                         kept, batch.encoder_output_cls, batch.item_of_image, batch.grid_hw, self.pad_token_id)
+                         lm_cells, batch.encoder_output_cls, batch.item_of_image, batch.grid_hw, self.pad_token_id)
         if any(r is not None for r in replaced):  # the selector replaced some tokens (Selection.visual_tokens)
             pruned = pruned.with_features(image_features=[
                 f[k.to(f.device)] if r is None or fb == "keep_all" else replacement(r, f, i)[k.to(f.device)]
@@ -216,9 +247,9 @@ class ARRCOCQwen:
                 method=name,
                 budget=asked[0] if len(set(map(repr, asked))) == 1 else asked,
                 budget_mode=budget_mode,
-                kept_tokens=sum(int(kept[i].numel()) for i in imgs),
+                kept_tokens=sum(int(lm_cells[i].numel()) for i in imgs),
                 total_tokens=sum(batch.n_tokens[i] for i in imgs),
-                kept_per_image=[int(kept[i].numel()) for i in imgs],
+                kept_per_image=[int(lm_cells[i].numel()) for i in imgs],
                 total_per_image=[batch.n_tokens[i] for i in imgs],
                 kept_indices=[kept[i].cpu() for i in imgs],
                 grid_hw=[batch.grid_hw[i] for i in imgs],
@@ -226,12 +257,38 @@ class ARRCOCQwen:
                 fallback=[fallback[i] for i in imgs],
                 error="; ".join(e for e in (errors[i] for i in imgs) if e) or None,
                 prompt_tokens=int(pruned.attention_mask[b].sum()),
+                encode=encoding.mode,
+                encoded_cells=[fovea.encoded[i] for i in imgs] if fovea else [torch.arange(batch.n_tokens[i])
+                                                                              for i in imgs],
+                periphery_cells=[fovea.periphery[i] for i in imgs] if fovea else [],
+                gist_grid=[gist.grid_hw[i] for i in imgs] if gist else [],
                 **timing,
             ))
         return pruned, traces
 
-    def _unpruned(self, inputs: dict[str, torch.Tensor]) -> _Unpruned:
-        """Vision tower + merger once, unpruned M-RoPE positions, and where each image's pads are."""
+    def _gist(self, images: list[torch.Tensor], grid_hw: list[tuple[int, int]], share: float,
+              strict: bool) -> tuple[Gist, dict[int, str]]:
+        """The gist of every image; if it fails on the batch, image by image, and an image whose gist
+        still fails gets zeros (it will keep every token): -> (gist, {image: why})."""
+        try:
+            return encode_gist(self.model, self.processor, images, grid_hw, share), {}
+        except Exception as exc:  # noqa: BLE001 - isolate the failure to the images that cause it
+            if strict:
+                raise
+            logger.warning("the gist failed on the batch (%s); retrying image by image", exc)
+        parts: list[Gist | None] = []
+        failed: dict[int, str] = {}
+        for i, (im, g) in enumerate(zip(images, grid_hw)):
+            try:
+                parts.append(encode_gist(self.model, self.processor, [im], [g], share))
+            except Exception as exc:  # noqa: BLE001
+                parts.append(None)
+                failed[i] = f"{type(exc).__name__}: {exc}"
+        return merge_gists(parts, grid_hw, self.text_hidden_size), failed
+
+    def _unpruned(self, inputs: dict[str, torch.Tensor], encode_all: bool = True) -> _Unpruned:
+        """Unpruned M-RoPE positions, where each image's pads are, and (encode_all) the vision tower +
+        merger once on every patch."""
         if inputs.get("pixel_values_videos") is not None:
             raise ValueError("the pruning path handles images only; pass videos as frames (images) or "
                              "call the model's own generate() for video inputs")
@@ -251,10 +308,13 @@ class ARRCOCQwen:
         core = self.model.model
 
         t0 = time.perf_counter()
-        enc = core.get_image_features(inputs["pixel_values"], grid_thw, return_dict=True)
-        feats = tuple(enc.pooler_output)                                     # (Tensor[n_i, D], ...)
-        deep = getattr(enc, "deepstack_features", None)
-        deep = [tuple(layer) for layer in deep] if deep is not None else None
+        feats, deep, enc_cls = None, None, None
+        if encode_all:
+            enc = core.get_image_features(inputs["pixel_values"], grid_thw, return_dict=True)
+            feats = tuple(enc.pooler_output)                                 # (Tensor[n_i, D], ...)
+            deep = getattr(enc, "deepstack_features", None)
+            deep = [tuple(layer) for layer in deep] if deep is not None else None
+            enc_cls = type(enc)
         vision_s = time.perf_counter() - t0
 
         pos3, _ = core.get_rope_index(                                       # [3, B, S], zeros on padding
@@ -262,8 +322,8 @@ class ARRCOCQwen:
         )
         # Runs of image pads, row-major = the processor's image order.
         spans = image_spans(input_ids == self.image_token_id, attention_mask)
-        n_tokens = [int(f.shape[0]) for f in feats]
-        if len(spans) != len(feats) or any(e - s != n for (_, s, e), n in zip(spans, n_tokens)):
+        n_tokens = [int(t) * int(h) * int(w) // self.merge ** 2 for t, h, w in grid_thw.tolist()]
+        if len(spans) != len(n_tokens) or any(e - s != n for (_, s, e), n in zip(spans, n_tokens)):
             raise ValueError(
                 f"the prompts hold image-pad runs of lengths {[e - s for _, s, e in spans]} but the vision tower "
                 f"returned {n_tokens} tokens per image; build inputs with this model's processor "
@@ -271,15 +331,15 @@ class ARRCOCQwen:
             )
         return _Unpruned(
             inputs=inputs, input_ids=input_ids, attention_mask=attention_mask, grid_thw=grid_thw, pos3=pos3,
-            spans=spans, feats=feats, deep=deep, encoder_output_cls=type(enc), n_tokens=n_tokens,
+            spans=spans, feats=feats, deep=deep, encoder_output_cls=enc_cls or encoder_output_class(self.model),
+            n_tokens=n_tokens,
             item_of_image=[b for b, _, _ in spans],
             grid_hw=[(int(h) // self.merge, int(w) // self.merge) for _, h, w in grid_thw.tolist()],
             vision_s=vision_s,
         )
 
-    def _context(self, batch: _Unpruned, budgets: list[Budget | None],
-                 budget_mode: BudgetMode | None) -> SelectionContext:
-        images = unpatchify_images(batch.inputs["pixel_values"], batch.grid_thw, image_processor_of(self.processor))
+    def _context(self, batch: _Unpruned, images: list[torch.Tensor], tokens: list[torch.Tensor] | None,
+                 budgets: list[Budget | None], budget_mode: BudgetMode | None) -> SelectionContext:
         embed = self.model.get_input_embeddings()
         q_rows = {}
         for b in set(batch.item_of_image):
@@ -287,12 +347,13 @@ class ARRCOCQwen:
             q_rows[b] = embed(self._question_tokens(row))                   # [L_b, D]
         deep = batch.deep
         return SelectionContext(
-            wrapper=self, images=images, grid_hw=batch.grid_hw, visual_tokens=list(batch.feats),
+            wrapper=self, images=images, grid_hw=batch.grid_hw, visual_tokens=tokens,
             query_embeds=[q_rows[b] for b in batch.item_of_image], budgets=list(budgets),
             counts=[resolve_count(bud, h * w) for bud, (h, w) in zip(budgets, batch.grid_hw)],
             item_of_image=batch.item_of_image, inputs=batch.inputs, image_spans=batch.spans,
-            position_ids=batch.pos3, budget_mode=budget_mode, image_ids=list(range(len(batch.feats))), seed=self.seed,
-            deepstack_features=[[layer[i] for layer in deep] for i in range(len(batch.feats))] if deep is not None
+            position_ids=batch.pos3, budget_mode=budget_mode, image_ids=list(range(len(batch.n_tokens))),
+            seed=self.seed,
+            deepstack_features=[[layer[i] for layer in deep] for i in range(len(batch.n_tokens))] if deep is not None
             else None,
         )
 
@@ -306,12 +367,13 @@ class ARRCOCQwen:
     @torch.no_grad()
     def forward_pruned(
         self, budget: BudgetSpec = None, method: str | Selector = "arr_coc",
-        kept_indices: Sequence[torch.Tensor] | None = None, budget_mode: BudgetMode | None = None, **inputs: Any,
+        kept_indices: Sequence[torch.Tensor] | None = None, budget_mode: BudgetMode | None = None,
+        encode: EncodeConfig | EncodeMode | None = None, **inputs: Any,
     ) -> PrefillOutput:
         """Prune the processor's tensors and run the prefill: logits [B, S', V] + pruned inputs + traces."""
         t0 = time.perf_counter()
         pruned, traces = self.prepare(model_tensors(inputs), budget=budget, method=method, kept_indices=kept_indices,
-                                      budget_mode=budget_mode)
+                                      budget_mode=budget_mode, encode=encode)
         t1 = time.perf_counter()
         out = self.prefill(pruned)
         t2 = time.perf_counter()
@@ -357,6 +419,7 @@ class ARRCOCQwen:
         max_new_tokens: int = 32,
         return_trace: bool = True,
         budget_mode: BudgetMode | None = None,
+        encode: EncodeConfig | EncodeMode | None = None,
         **gen_kwargs: Any,
     ):
         """Answer question(s) about image(s) with pruned visual tokens.
@@ -365,8 +428,9 @@ class ARRCOCQwen:
         Batch: `generate([img_or_list, ...], ["q1", ...])` -> (answers, traces).
         Each image is pruned by its own budget (a share, a count or a string such as "10%",
         arr_coc.budget); budget_mode chooses how ARR-COC meets it ("exact", "mean", "adaptive";
-        None: the layer's default). With num_return_sequences > 1, an item's answer is a list of
-        strings. return_trace=False returns the answers only.
+        None: the layer's default); encode chooses what the vision tower encodes ("after": everything,
+        "before": a gist, then only the chosen cells; see `prepare`). With num_return_sequences > 1,
+        an item's answer is a list of strings. return_trace=False returns the answers only.
         """
         t0 = time.perf_counter()
         single = isinstance(questions, str)
@@ -379,7 +443,7 @@ class ARRCOCQwen:
         item_images = [list(im) if isinstance(im, (list, tuple)) else ([] if im is None else [im]) for im in images]
         inputs = self.build_inputs(item_images, questions)
         sequences, new_tokens, traces = self._generate_from_inputs(
-            inputs, budget, method, budget_mode, max_new_tokens=max_new_tokens, **gen_kwargs)
+            inputs, budget, method, budget_mode, encode, max_new_tokens=max_new_tokens, **gen_kwargs)
         r = int(gen_kwargs.get("num_return_sequences", 1))
         texts = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
         answers: list[Any] = [texts[i * r:(i + 1) * r] if r > 1 else texts[i] for i in range(len(questions))]
@@ -391,7 +455,7 @@ class ARRCOCQwen:
         return (answers, traces) if return_trace else answers
 
     def _generate_from_inputs(self, inputs: dict[str, torch.Tensor], budget: BudgetSpec, method: str | Selector,
-                              budget_mode: BudgetMode | None = None,
+                              budget_mode: BudgetMode | None = None, encode: EncodeConfig | EncodeMode | None = None,
                               **gen_kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
         """-> (sequences as generate returns them on the pruned prompt, new tokens only, traces)."""
         if inputs.get("pixel_values") is None:  # text-only: nothing to prune
@@ -404,7 +468,7 @@ class ARRCOCQwen:
                             prompt_tokens=int(m.sum()), new_tokens=seqs.shape[1] - S)
                       for m in inputs.get("attention_mask", torch.ones_like(inputs["input_ids"]))]
             return seqs, seqs[:, S:], traces[: seqs.shape[0] // r]
-        pruned, traces = self.prepare(inputs, budget=budget, method=method, budget_mode=budget_mode)
+        pruned, traces = self.prepare(inputs, budget=budget, method=method, budget_mode=budget_mode, encode=encode)
         seqs, prefill_s = self.generate_pruned(pruned, **gen_kwargs)
         S2 = pruned.input_ids.shape[1]
         new = seqs[:, S2:]
@@ -422,6 +486,7 @@ class ARRCOCQwen:
         method: str | Selector = "arr_coc",
         return_trace: bool = False,
         budget_mode: BudgetMode | None = None,
+        encode: EncodeConfig | EncodeMode | None = None,
         **kwargs: Any,
     ):
         """Drop-in for `model.generate(**processor_outputs, ...)` with pruning.
@@ -433,7 +498,7 @@ class ARRCOCQwen:
         inputs = model_tensors(kwargs)
         gen_kwargs = {k: v for k, v in kwargs.items() if k not in inputs}
         t0 = time.perf_counter()
-        _, new, traces = self._generate_from_inputs(inputs, budget, method, budget_mode, **gen_kwargs)
+        _, new, traces = self._generate_from_inputs(inputs, budget, method, budget_mode, encode, **gen_kwargs)
         r = new.shape[0] // inputs["input_ids"].shape[0]
         prompt = inputs["input_ids"].to(new.device).repeat_interleave(r, dim=0)
         sequences = torch.cat([prompt, new], dim=1)
