@@ -210,3 +210,50 @@ def test_a_failing_gist_falls_back_for_that_image_only(tiny_vlm, monkeypatch):
     assert traces[0].fallback[0] != "keep_all" and traces[0].kept_tokens < traces[0].total_tokens
     assert traces[1].fallback == ["keep_all"] and "gist exploded" in traces[1].error
     assert traces[1].kept_tokens == traces[1].total_tokens
+
+
+# --------------------------------------------------------------- cost, counted with the tower's attention
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_the_flop_counter_counts_the_vision_towers_attention(tiny_vlm, attn):
+    """FLOPs(n patches) = a*n + b*n^2 exactly; b must be the attention's 2 * 2 * d per layer (QK^T and AV),
+    which a counter blind to the CPU flash kernel would report as 0."""
+    from arr_coc.evaluation.flops import count_flops
+
+    vlm = _noise_vlm(tiny_vlm, "qwen2_vl", attn)
+    visual = vlm.model.model.visual
+    flops = {}
+    for side in (112, 224):
+        inputs = vlm.build_inputs([[_noise(side, side, 0)]], [Q])
+        n = int(inputs["image_grid_thw"].prod())
+        flops[n] = count_flops(visual, inputs["pixel_values"], grid_thw=inputs["image_grid_thw"])[1]
+    (n1, f1), (n2, f2) = sorted(flops.items())
+    quadratic = (f2 * n1 - f1 * n2) / (n1 * n2 * (n2 - n1))
+    cfg = visual.config
+    assert quadratic == 2 * 2 * cfg.embed_dim * cfg.depth
+
+
+def test_eval_reports_vision_and_end_to_end_flops_per_mode(tmp_path):
+    """On a tiny model: `eval --encode before` spends less of the vision tower on the methods that choose
+    before encoding; FastV (it reads the encoded tokens) runs after and says so."""
+    import json
+
+    from arr_coc.cli import main
+    from arr_coc.qwen.tiny import build_tiny_qwen
+    from arr_coc.shapes import write_split
+
+    model, processor = build_tiny_qwen("qwen2_vl", seed=0)
+    model.save_pretrained(tmp_path / "m")
+    processor.save_pretrained(str(tmp_path / "m"))
+    split = write_split(tmp_path / "d", split="test", n=6, seed=0)
+    rows = {}
+    for mode in ("after", "before"):
+        out = tmp_path / f"{mode}.json"
+        assert main(["eval", "--model", str(tmp_path / "m"), "--data", str(split), "--methods", "none,arr_coc,fastv",
+                     "--budgets", "0.1", "--encode", mode, "--out", str(out), "--quiet"]) == 0
+        rows[mode] = {r["method"]: r for r in json.loads(out.read_text())["results"]}
+    after, before = rows["after"], rows["before"]
+    assert before["arr_coc"]["encode"] == "before" and before["fastv"]["encode"] == "after"
+    assert before["arr_coc"]["vision_flops_mean"] < 0.5 * after["arr_coc"]["vision_flops_mean"]
+    assert after["arr_coc"]["vision_flops_mean"] == after["none"]["vision_flops_mean"] > 0
+    for r in (after["arr_coc"], before["arr_coc"], before["fastv"]):
+        assert r["e2e_flops_mean"] == pytest.approx(r["vision_flops_mean"] + r["prefill_flops_mean"])

@@ -30,3 +30,28 @@ def add_budget_mode(parser: argparse.ArgumentParser) -> None:
                         help="how ARR-COC meets the budget: exact (every image keeps it), mean (a trained layer lets "
                              "it follow the question, at most the budget on average), adaptive (the layer picks); "
                              "default: the layer's own")
+
+
+def add_encode(parser: argparse.ArgumentParser) -> None:
+    """--encode after|before and the before mode's gist, margin and periphery."""
+    parser.add_argument("--encode", choices=("after", "before"), default="after",
+                        help="after: the vision tower encodes every patch, then ARR-COC selects (default); before: a "
+                             "gist of the image, select, then the tower encodes only the chosen cells")
+    parser.add_argument("--gist", type=float, default=0.25,
+                        help="--encode before: the gist's share of the image's tokens (default 0.25; 0: none)")
+    parser.add_argument("--margin", type=int, default=0,
+                        help="--encode before: rings of context cells encoded around the chosen ones, not passed to "
+                             "the language model (default 0)")
+    parser.add_argument("--periphery", action="store_true",
+                        help="--encode before: the language model also reads the gist tokens of the regions not "
+                             "encoded at full resolution")
+
+
+def encode_config(args: argparse.Namespace):
+    """The EncodeConfig the --encode options describe (argparse's error on a bad combination)."""
+    from arr_coc.qwen.encoding import EncodeConfig
+
+    try:
+        return EncodeConfig(mode=args.encode, gist=args.gist, margin=args.margin, periphery=args.periphery)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None

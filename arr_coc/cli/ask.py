@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from .args import add_budget_mode, budget_arg
+from .args import add_budget_mode, add_encode, budget_arg, encode_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="share of visual tokens to keep (0.1, 10%%) or a token count (64, 64tok); "
                              "default: the layer's own (0.25)")
     add_budget_mode(parser)
+    add_encode(parser)
     parser.add_argument("--method", default="arr_coc",
                         help="arr_coc (default), none (baseline, all tokens), or a registered anchor method")
     parser.add_argument("--arr-coc", dest="arr_coc", default=None,
@@ -59,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
                          "pass --model PATH to a local model folder")
     budget: Any = 1.0 if args.method == "none" else args.budget
     answer, trace = wrapper.generate(image, args.question, budget=budget, method=args.method,
-                                     max_new_tokens=args.max_new_tokens, budget_mode=args.budget_mode)
+                                     max_new_tokens=args.max_new_tokens, budget_mode=args.budget_mode,
+                                     encode=encode_config(args) if args.method != "none" else None)
     result = {
         "answer": answer,
         "kept_tokens": trace.kept_tokens,
@@ -67,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
         "latency_s": round(trace.total_s, 4),
         "method": args.method,
         "budget": trace.budget,
+        "encode": trace.encode,
+        "encoded_tokens": sum(int(c.numel()) for c in trace.encoded_cells),
+        "vision_s": round(trace.vision_s, 4),
     }
     if args.json:
         print(json.dumps(result))

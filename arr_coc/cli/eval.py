@@ -12,9 +12,9 @@ import argparse
 import os
 import sys
 
-from .args import add_budget_mode, budgets_arg
+from .args import add_budget_mode, add_encode, budgets_arg, encode_config
 
-DEFAULT_BUDGETS = "0.05,0.1,0.25,0.5,1.0"
+DEFAULT_BUDGETS = "0.02,0.03,0.05,0.1,0.25,0.5,1.0"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--budgets", default=DEFAULT_BUDGETS, type=budgets_arg,
                         help=f"comma list of shares (0.1, 10%%) or token counts (64) (default: {DEFAULT_BUDGETS})")
     add_budget_mode(parser)
+    add_encode(parser)
     parser.add_argument("--limit", type=int, default=None, help="evaluate the first N items only")
     parser.add_argument("--batch-size", type=int, default=8, help="questions per forward pass (default: 8)")
     parser.add_argument("--seed", type=int, default=0, help="seed of random selections (default: 0)")
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     report = evaluate(
         wrapper, records, methods, args.budgets, batch_size=args.batch_size, seed=args.seed,
         max_new_tokens=args.max_new_tokens, fastv_layer=args.fastv_layer, arr_coc_weights=args.arr_coc_weights,
-        progress=not args.quiet, strict=args.strict, budget_mode=args.budget_mode,
+        progress=not args.quiet, strict=args.strict, budget_mode=args.budget_mode, encode=encode_config(args),
     )
     report = {"model": model, "data": args.data, "arr_coc_weights": args.arr_coc_weights, **report,
               "skipped": skipped}

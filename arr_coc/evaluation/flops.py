@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from ..selection import SelectionContext, Selection, Selector
+from ..selection import Selection, SelectionContext, Selector, selects_before_encoding
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ class CountedSelector:
     def __init__(self, fn: Selector, name: str):
         self.fn = fn
         self.__name__ = name
+        self.selects_before_encoding = selects_before_encoding(fn)
         self.ctx: SelectionContext | None = None
 
     def __call__(self, ctx: SelectionContext) -> Selection | Any:

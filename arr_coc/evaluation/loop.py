@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..budget import Budget, BudgetMode, resolve_count
 from ..data import VQARecord
+from ..qwen.encoding import EncodeConfig
 from .flops import count_flops
 from .plans import MethodPlan
 
@@ -107,6 +108,7 @@ class _Rows:
     total: list[int] = dataclasses.field(default_factory=list)
     prefill_flops: list[float | None] = dataclasses.field(default_factory=list)    # None: unknown
     selector_flops: list[float | None] = dataclasses.field(default_factory=list)   # None: unknown
+    vision_flops: list[int] = dataclasses.field(default_factory=list)      # per item: gist + tower, as run
     latency: list[float] = dataclasses.field(default_factory=list)   # per item, one entry per batch
     fallback: list[str | None] = dataclasses.field(default_factory=list)   # per item: None | "grid" | "keep_all"
     errors: list[str] = dataclasses.field(default_factory=list)      # distinct failures of the method
@@ -130,7 +132,7 @@ def configs_for(methods: Sequence[str], budgets: Sequence[Budget]) -> list[tuple
 def evaluate(wrapper: ARRCOCQwen, records: Sequence[VQARecord], methods: Sequence[str], budgets: Sequence[Budget],
              batch_size: int = 8, seed: int = 0, max_new_tokens: int = 8, fastv_layer: int = 2,
              arr_coc_weights: str | None = None, progress: bool = True, strict: bool = True,
-             budget_mode: BudgetMode | None = None) -> dict[str, Any]:
+             budget_mode: BudgetMode | None = None, encode: EncodeConfig | None = None) -> dict[str, Any]:
     """Run every (method, budget) on `records`; returns {"n", "results", ...} (see the module docstring)."""
     import torch
 
@@ -148,7 +150,8 @@ def evaluate(wrapper: ARRCOCQwen, records: Sequence[VQARecord], methods: Sequenc
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(batches) * len(configs), desc="eval", unit="run", dynamic_ncols=True)
-    flops_memo: dict[int, int] = {}   # LM prefill FLOPs depend only on the prompt length
+    encode = encode or EncodeConfig()
+    flops_memo: dict[Any, int] = {}   # LM prefill FLOPs depend only on the prompt length, the tower's on the grid
     t_start = time.perf_counter()
     for batch in batches:
         images = [rec.load_image() for rec in batch]
@@ -167,10 +170,11 @@ def evaluate(wrapper: ARRCOCQwen, records: Sequence[VQARecord], methods: Sequenc
                 if everything is None:
                     everything = run_one(wrapper, plans["none"] if "none" in plans else MethodPlan("none", wrapper),
                                          batch, images, inputs, build_s, 1.0, grids, max_new_tokens, flops_memo)
+                    # every token kept: the stock full encoding, whatever the mode
                 rows[config].extend(everything)
             else:
                 got = run_one(wrapper, plans[method], batch, images, inputs, build_s, budget, grids, max_new_tokens,
-                              flops_memo, strict=strict, budget_mode=budget_mode)
+                              flops_memo, strict=strict, budget_mode=budget_mode, encode=encode)
                 rows[config].extend(got)
                 if strict and got.errors:
                     failed[config] = got.errors[0]
@@ -180,18 +184,23 @@ def evaluate(wrapper: ARRCOCQwen, records: Sequence[VQARecord], methods: Sequenc
                 bar.update(1)
     if bar is not None:
         bar.close()
-    results = [summarise(method, budget, rows[(method, budget)], failed.get((method, budget)))
+    results = [summarise(method, budget, rows[(method, budget)], failed.get((method, budget)),
+                         encode.mode if plans[method].selects_before and budget != 1.0 else "after")
                for method, budget in configs]
     return {
         "n": len(records), "ids": [rec.id for rec in records], "results": results,
         "methods": list(methods), "budgets": list(budgets),
         "seed": seed, "batch_size": batch_size, "fastv_layer": fastv_layer, "strict": strict,
         "budget_mode": budget_mode,
+        "encode": dataclasses.asdict(encode),
         "seconds": round(time.perf_counter() - t_start, 2),
         "notes": {
             "prefill_flops_mean": "FlopCounterMode: LM prefill of the item's pruned prompt (no padding, last-position "
                                   "logits) + the selector's own FLOPs per item; vision tower excluded; null when the "
                                   "selector's FLOPs could not be counted",
+            "vision_flops_mean": "the vision tower as the row ran it: every patch (encode after) or the gist plus the "
+                                 "encoded cells (encode before); attention included",
+            "e2e_flops_mean": "vision_flops_mean + prefill_flops_mean: the whole prefill (vision tower, selector, LM)",
             "latency_s_median": "per item: processor + vision tower + selection + rewrite + LM prefill; median "
                                 "over batches",
             "coverage": "share of the JSONL boxes' cells kept, mean over items with boxes; null for downscale",
@@ -206,8 +215,8 @@ def evaluate(wrapper: ARRCOCQwen, records: Sequence[VQARecord], methods: Sequenc
 
 def run_one(wrapper: ARRCOCQwen, plan: MethodPlan, batch: Sequence[VQARecord], images: Sequence[Any],
             inputs: dict[str, Any], build_s: float, budget: Budget, grids: Sequence[tuple[int, int]],
-            max_new_tokens: int, flops_memo: dict[int, int], strict: bool = False,
-            budget_mode: BudgetMode | None = None) -> _Rows:
+            max_new_tokens: int, flops_memo: dict[Any, int], strict: bool = False,
+            budget_mode: BudgetMode | None = None, encode: EncodeConfig | None = None) -> _Rows:
     """One (method, budget) on one batch: per-item measurements (or the failure, in strict mode)."""
     import torch
 
@@ -215,6 +224,7 @@ def run_one(wrapper: ARRCOCQwen, plan: MethodPlan, batch: Sequence[VQARecord], i
     from ..geometry import box_cell_set
     from ..methods import downscale
     from ..qwen import SelectorFailed
+    from .vision_cost import vision_flops
 
     rows = _Rows()
     t0 = time.perf_counter()
@@ -224,7 +234,8 @@ def run_one(wrapper: ARRCOCQwen, plan: MethodPlan, batch: Sequence[VQARecord], i
     try:
         with run.around, torch.no_grad():
             pruned, traces = wrapper.prepare(run.inputs, budget=None if run.method == "none" else budget,
-                                             method=run.method, budget_mode=budget_mode, strict=strict)
+                                             method=run.method, budget_mode=budget_mode, strict=strict,
+                                             encode=encode if plan.selects_before and run.method != "none" else None)
     except SelectorFailed as exc:
         rows.errors.append(str(exc))
         return rows
@@ -237,6 +248,7 @@ def run_one(wrapper: ARRCOCQwen, plan: MethodPlan, batch: Sequence[VQARecord], i
     rows.latency.append((prep_s + (t2 - t1) + (t3 - t2)) / len(batch))
 
     select_flops = run.counted.flops() if run.counted is not None else 0
+    vision = vision_flops(wrapper, run.inputs, traces, (encode or EncodeConfig()).gist, flops_memo)
     sequences, _ = wrapper.generate_pruned(pruned, max_new_tokens=max_new_tokens)
     answers = wrapper.tokenizer.batch_decode(sequences[:, pruned.input_ids.shape[1]:], skip_special_tokens=True)
     unit = downscale.pixel_unit(getattr(wrapper.processor, "image_processor", wrapper.processor))
@@ -254,6 +266,7 @@ def run_one(wrapper: ARRCOCQwen, plan: MethodPlan, batch: Sequence[VQARecord], i
         per_item = None if select_flops is None else select_flops / len(batch)
         rows.prefill_flops.append(None if per_item is None else flops_memo[length] + per_item)
         rows.selector_flops.append(per_item)
+        rows.vision_flops.append(vision[b])
         if plan.name != "downscale" and rec.boxes:
             h, w = grids[b]
             cells = box_cell_set(rec.boxes, (h, w), (w * unit, h * unit), images[b].size)
@@ -288,10 +301,12 @@ def _known_mean(xs: Sequence[float | None]) -> float | None:
     return None if any(x is None for x in xs) else _mean(xs)  # type: ignore[arg-type]
 
 
-def summarise(method: str, budget: Budget, r: _Rows, error: str | None = None) -> dict[str, Any]:
+def summarise(method: str, budget: Budget, r: _Rows, error: str | None = None,
+              encode: str = "after") -> dict[str, Any]:
     """The report row of one (method, budget); a failed row reports its error and no accuracy."""
     if error is not None:
-        return {"method": method, "budget": budget, "status": "failed", "error": error, "accuracy": None,
+        return {"method": method, "budget": budget, "encode": encode, "status": "failed", "error": error,
+                "accuracy": None, "vision_flops_mean": None, "e2e_flops_mean": None,
                 "coverage": None, "full_coverage": None, "kept_tokens_mean": None, "total_tokens_mean": None,
                 "prefill_flops_mean": None, "latency_s_median": None, "per_type": {}, "kept_share": None,
                 "selector_flops_mean": None, "n": 0, "n_with_boxes": 0, "fallbacks": {}, "correct": [],
@@ -304,6 +319,7 @@ def summarise(method: str, budget: Budget, r: _Rows, error: str | None = None) -
     return {
         "method": method,
         "budget": budget,
+        "encode": encode,
         "status": "ok",
         "accuracy": _mean(r.correct),
         "coverage": _mean(covered) if method != "downscale" else None,
@@ -312,6 +328,8 @@ def summarise(method: str, budget: Budget, r: _Rows, error: str | None = None) -
         "kept_tokens_mean": kept,
         "total_tokens_mean": total,
         "prefill_flops_mean": _known_mean(r.prefill_flops),
+        "vision_flops_mean": _mean(r.vision_flops),
+        "e2e_flops_mean": _known_mean([None if p is None else p + v for p, v in zip(r.prefill_flops, r.vision_flops)]),
         "latency_s_median": float(statistics.median(r.latency)) if r.latency else None,
         "per_type": {t: _mean(v) for t, v in sorted(by_type.items())},
         "kept_share": kept / total if kept is not None and total else None,

@@ -20,7 +20,7 @@ import torch
 
 from ..budget import Budget
 from ..data import VQARecord
-from ..selection import get_selector
+from ..selection import get_selector, selects_before_encoding
 from .flops import CountedSelector
 
 if TYPE_CHECKING:
@@ -64,6 +64,10 @@ class MethodPlan:
             self.selector = arrcoc.trained_selector(wrapper, arr_coc_weights)
         elif name not in ("none", "downscale", "oracle", "visionzip"):
             self.selector = get_selector(name)   # unknown names fail here, before any batch runs
+        # encode="before" applies to methods that choose without the encoded tokens; the others (FastV,
+        # VisionZip, DivPrune, CDPruner) and downscale (a new input) run after the tower, and say so.
+        self.selects_before = name in ("none", "oracle") or (
+            self.selector is not None and selects_before_encoding(self.selector))
 
     def for_batch(self, wrapper: ARRCOCQwen, records: Sequence[VQARecord], images: Sequence[Any],
                   inputs: dict[str, torch.Tensor], build_s: float, budget: Budget,

@@ -116,16 +116,18 @@ def markdown_table(report: dict[str, Any]) -> str:
     """The README's tables: accuracy by budget, then every measured column."""
     out = [f"Accuracy (coverage of the answer's box cells) on {report['n']} items of `{report.get('data', '')}`, "
            f"model `{report.get('model', '')}`:", "", accuracy_table(report),
-           "| method | budget | kept / total tokens | accuracy | coverage | prefill GFLOPs | selector GFLOPs | "
-           "latency ms |", "|---|---|---|---|---|---|---|---|"]
+           "| method | budget | encode | kept / total tokens | accuracy | coverage | prefill GFLOPs | selector GFLOPs | "
+           "vision GFLOPs | end-to-end GFLOPs | latency ms |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         if r.get("status") == "failed":
-            out.append(f"| {r['method']} | {fmt_budget(r['budget'])} | failed: {r.get('error', '')} | | | | | |")
+            out.append(f"| {r['method']} | {fmt_budget(r['budget'])} | {r.get('encode', 'after')} | "
+                       f"failed: {r.get('error', '')} | | | | | | | |")
             continue
         out.append(
-            f"| {r['method']} | {fmt_budget(r['budget'])} | {_fmt(r['kept_tokens_mean'], 1)} / "
-            f"{_fmt(r['total_tokens_mean'], 1)} | {_fmt(r['accuracy'])} | {_fmt(r['coverage'], 2)} | "
-            f"{_gflops(r['prefill_flops_mean'])} | {_gflops(r.get('selector_flops_mean'))} | "
+            f"| {r['method']} | {fmt_budget(r['budget'])} | {r.get('encode', 'after')} | "
+            f"{_fmt(r['kept_tokens_mean'], 1)} / {_fmt(r['total_tokens_mean'], 1)} | {_fmt(r['accuracy'])} | "
+            f"{_fmt(r['coverage'], 2)} | {_gflops(r['prefill_flops_mean'])} | {_gflops(r.get('selector_flops_mean'))} | "
+            f"{_gflops(r.get('vision_flops_mean'))} | {_gflops(r.get('e2e_flops_mean'))} | "
             f"{_fmt((r['latency_s_median'] or 0) * 1e3, 1)} |")
     best = "arr_coc_trained" if any(r["method"] == "arr_coc_trained" for r in report["results"]) else "arr_coc"
     paired = paired_table(report, best)
@@ -137,9 +139,10 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 
 def write_plot(report: dict[str, Any], path: str) -> None:
-    """Three panels, one line per method: accuracy and coverage of the answer's cells against the
-    share of visual tokens kept, and accuracy against prefill FLOPs (the method's own work included,
-    as a share of the full-token prefill), where a selector that pays for its choice shows it.
+    """Up to four panels, one line per method: accuracy and coverage of the answer's cells against the
+    share of visual tokens kept, accuracy against LM prefill FLOPs (the method's own work included,
+    vision tower excluded) and against end-to-end FLOPs (vision tower + method + LM), each as a share
+    of the full model's, where a selector that pays for its choice, or for the full tower, shows it.
 
     The oracle is drawn as the ceiling (dashed black), all tokens as a dotted line.
     """
@@ -150,16 +153,20 @@ def write_plot(report: dict[str, Any], path: str) -> None:
 
     full = next((r["prefill_flops_mean"] for r in report["results"] if r["method"] == "none"), None) or next(
         (r["prefill_flops_mean"] for r in report["results"] if r["budget"] == 1.0), None)
+    full_e2e = next((r.get("e2e_flops_mean") for r in report["results"] if r["method"] == "none"), None)
     by_method: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in report["results"]:
         if r.get("status", "ok") == "ok" and r["accuracy"] is not None and r.get("kept_share") is not None:
             flops_share = r["prefill_flops_mean"] / full if full and r.get("prefill_flops_mean") else None
-            by_method[r["method"]].append({**r, "flops_share": flops_share})
+            e2e_share = r["e2e_flops_mean"] / full_e2e if full_e2e and r.get("e2e_flops_mean") else None
+            by_method[r["method"]].append({**r, "flops_share": flops_share, "e2e_share": e2e_share})
     panels = [("kept_share", "accuracy", "accuracy")]
     if any(r.get("coverage") is not None for rs in by_method.values() for r in rs):
         panels.append(("kept_share", "coverage", "coverage of the answer's box cells"))
     if full:
         panels.append(("flops_share", "accuracy", "accuracy"))
+    if full_e2e:
+        panels.append(("e2e_share", "accuracy", "accuracy"))
     fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.8), dpi=120, squeeze=False)
     styles = {"oracle": dict(color="black", linestyle="--", linewidth=2.2, marker="^", label="oracle (ceiling)"),
               "arr_coc": dict(color="tab:red", linewidth=2.4, marker="o", label="arr_coc"),
@@ -194,9 +201,13 @@ def write_plot(report: dict[str, Any], path: str) -> None:
         if xkey == "kept_share":
             ax.set_xlabel("visual tokens kept (share of the original image's tokens)")
             ax.set_title(f"{label} vs. visual-token budget ({report['n']} items)", fontsize=10)
+        elif xkey == "flops_share":
+            ax.set_xlabel("LM prefill FLOPs incl. the method's own, vision tower excluded (share of the full)")
+            ax.set_title(f"{label} vs. language-model compute ({report['n']} items)", fontsize=10)
         else:
-            ax.set_xlabel("prefill FLOPs incl. the method's own (share of the full-token prefill)")
-            ax.set_title(f"{label} vs. compute ({report['n']} items)", fontsize=10)
+            ax.set_xlabel("end-to-end prefill FLOPs: vision tower + method + LM (share of the full model's)")
+            ax.set_title(f"{label} vs. end-to-end compute ({report['n']} items, encode "
+                         f"{report.get('encode', {}).get('mode', 'after')})", fontsize=10)
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="best", ncol=2)
