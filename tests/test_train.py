@@ -220,3 +220,21 @@ def test_feature_cache_reuses_the_vlms_features_until_the_vlm_or_data_change(set
         with torch.no_grad():
             embed[0, 0] = original  # exactly (x + 1 - 1 need not be x): the model is shared by this module's tests
     assert len(list((tmp_path / "cache").iterdir())) == 2 and file.exists()
+
+
+def test_features_for_encode_before_are_the_gists_tokens_and_keep_the_full_encoding_for_the_lm(setup):
+    """train --gist: the layer learns from what it reads with encode='before' (the gist's token under each
+    cell), while stage 2's language model keeps reading the full encoding."""
+    from arr_coc.qwen.foveation import encode_gist, nearest_cells
+
+    wrapper, data = setup
+    records = list(read_jsonl(data))[:2]
+    plain = extract_features(wrapper, records, progress=False)
+    gist = extract_features(wrapper, records, progress=False, gist=0.25)
+    for p, g in zip(plain, gist):
+        assert g.lm_tokens is not None and torch.equal(g.lm_tokens, p.visual_tokens) and p.lm_tokens is None
+        assert g.visual_tokens.shape == p.visual_tokens.shape and not torch.equal(g.visual_tokens, p.visual_tokens)
+        h, w = g.grid_hw
+        ref = encode_gist(wrapper.model, wrapper.processor, [g.image.float() / 255], [(h, w)], 0.25)
+        assert torch.allclose(g.visual_tokens, ref.on_full_grid[0].float(), atol=1e-5)
+        assert len(set(nearest_cells((h, w), ref.grid_hw[0]).tolist())) == ref.grid_hw[0][0] * ref.grid_hw[0][1]

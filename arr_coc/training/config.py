@@ -26,6 +26,7 @@ class TrainConfig:
     budgets: tuple[float, ...] = (0.05, 0.1, 0.25)  # stage 2: budget drawn per step
     rank_weight: float = 0.0       # stage 2: + this x stage 1's ranking loss (keeps the answer's cells covered)
     attn_dim: int | None = None    # participatory width of a fresh layer (None: the config's default); not with `init`
+    gist: float = 0.0              # > 0: the layer reads the gist's tokens, as with encode="before" (that share)
     spread_tau: float = 0.02       # saved layer: budget scaled by the relevant cells at this softmax T (0: exact)
     val_fraction: float = 0.1
     eval_every: int = 50

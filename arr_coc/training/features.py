@@ -38,33 +38,48 @@ class Features:
     image_path: str
     input_ids: torch.Tensor      # [1, S] the unpruned prompt (stage 2 appends the answer)
     image_grid_thw: torch.Tensor  # [1, 3]
+    lm_tokens: torch.Tensor | None = None   # [h * w, D] what the LM reads in stage 2 when the layer reads
+                                            # something else (encode="before": the gist); None: visual_tokens
 
 
 @torch.no_grad()
-def extract_features(wrapper: ARRCOCQwen, records: Sequence[VQARecord], progress: bool = True) -> list[Features]:
-    """Vision tower + question embeddings per record through the wrapper's own path."""
+def extract_features(wrapper: ARRCOCQwen, records: Sequence[VQARecord], progress: bool = True,
+                     gist: float = 0.0) -> list[Features]:
+    """Vision tower + question embeddings per record through the wrapper's own path.
+
+    gist > 0: the layer's visual tokens are what it reads with encode="before" (the gist's token under
+    each cell, from a gist of that share of the tokens); the full encoding is kept as `lm_tokens`.
+    """
+    from ..qwen.encoding import EncodeConfig
+    from ..selection import choose_before_encoding
     from PIL import Image
     from tqdm import tqdm
 
     feats: list[Features] = []
     captured: list = []
 
+    @choose_before_encoding
     def capture(ctx):
         captured.append(ctx)
         return [torch.arange(h * w) for h, w in ctx.grid_hw]
+
+    before = EncodeConfig("before", gist=gist) if gist > 0 else None
 
     for rec in tqdm(records, desc="features", disable=not progress, dynamic_ncols=True):
         image = Image.open(rec.image).convert("RGB")
         captured.clear()
         inputs = wrapper.build_inputs([[image]], [rec.question])
         wrapper.prepare(inputs, method=capture)
-        ctx = captured[0]
+        if before is not None:
+            wrapper.prepare(inputs, method=capture, encode=before)
+        ctx = captured[-1]
         h, w = ctx.grid_hw[0]
         target = answer_target(rec.boxes, image.size, tuple(ctx.images[0].shape[-2:]), (h, w))
         pixels = (ctx.images[0].float().clamp(0, 1) * 255).round().to(torch.uint8)
         feats.append(Features(pixels, (h, w), ctx.visual_tokens[0].float(), ctx.query_embeds[0].float(),
                               target, rec.answers[0], rec.question, str(rec.image),
-                              inputs["input_ids"], inputs["image_grid_thw"]))
+                              inputs["input_ids"], inputs["image_grid_thw"],
+                              captured[0].visual_tokens[0].float() if before is not None else None))
     return feats
 
 
@@ -102,12 +117,13 @@ def features_key(wrapper: ARRCOCQwen, path: str, records: Sequence[VQARecord]) -
 
 
 def load_features(wrapper: ARRCOCQwen, path: str, records: Sequence[VQARecord], cache: str | None,
-                  progress: bool = True) -> list[Features]:
+                  progress: bool = True, gist: float = 0.0) -> list[Features]:
     """`extract_features`, or its copy in the `cache` folder if the same VLM already read the same data."""
     if not cache:
-        return extract_features(wrapper, records, progress=progress)
+        return extract_features(wrapper, records, progress=progress, gist=gist)
     stem = os.path.splitext(os.path.basename(path))[0]
-    file = os.path.join(cache, f"{stem}-{len(records)}-{features_key(wrapper, path, records)}.pt")
+    mode = f"-gist{gist:g}" if gist > 0 else ""
+    file = os.path.join(cache, f"{stem}-{len(records)}{mode}-{features_key(wrapper, path, records)}.pt")
     if os.path.isfile(file):
         from PIL import Image
 
@@ -119,7 +135,7 @@ def load_features(wrapper: ARRCOCQwen, path: str, records: Sequence[VQARecord], 
             with Image.open(rec.image) as image:  # reads the header only
                 f.target = answer_target(rec.boxes, image.size, tuple(f.image.shape[-2:]), f.grid_hw)
         return feats
-    feats = extract_features(wrapper, records, progress=progress)
+    feats = extract_features(wrapper, records, progress=progress, gist=gist)
     os.makedirs(cache, exist_ok=True)
     torch.save([{k.name: getattr(f, k.name) for k in fields(Features)} for f in feats], file + ".tmp")
     os.replace(file + ".tmp", file)

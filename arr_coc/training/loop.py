@@ -84,7 +84,7 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
         if not records:
             raise ValueError(f"{path} holds no records")
         n_val = max(1, int(len(records) * cfg.val_fraction))
-        feats = load_features(wrapper, path, records, feature_cache, progress=progress)
+        feats = load_features(wrapper, path, records, feature_cache, progress=progress, gist=cfg.gist)
         train_set, val_set = train_set + feats[n_val:], val_set + feats[:n_val]
     if cfg.stage == 1 and not any(f.target.any() for f in train_set):
         raise ValueError("stage 1 needs boxes in the JSONL records (the answer's pixel boxes); none were found")

@@ -93,7 +93,8 @@ def answer_loss(wrapper: ARRCOCQwen, items: list[Features], relevance: torch.Ten
         pos = pos[-3:]
         with torch.no_grad():
             embeds = model.get_input_embeddings()(full)
-            embeds[full == wrapper.image_token_id] = f.visual_tokens.to(embeds.dtype)
+            lm = f.lm_tokens if f.lm_tokens is not None else f.visual_tokens
+            embeds[full == wrapper.image_token_id] = lm.to(embeds.dtype)
         h, w = f.grid_hw
         m = soft_keep(relevance[i, :h, :w].reshape(-1), resolve_count(budget, h * w), temperature)
         s = full.shape[1]
