@@ -139,3 +139,22 @@ def test_command_help_loads_no_torch(command):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "usage:" in out.stdout and out.stdout.strip().endswith("NO-TORCH"), out.stdout[-300:]
+
+
+def test_every_name_the_scripts_and_the_app_import_from_the_library_exists():
+    """Scripts are not run by the suite; a moved name would break them silently."""
+    import importlib
+
+    missing = []
+    for path in [*(ROOT / "scripts").glob("*.py"), ROOT / "app.py", *(ROOT / "microscope").glob("*.py"),
+                 ROOT / "assets" / "examples" / "make_examples.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("arr_coc"):
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    if not hasattr(module, alias.name):
+                        try:
+                            importlib.import_module(f"{node.module}.{alias.name}")
+                        except ImportError:
+                            missing.append(f"{path.name}: {node.module}.{alias.name}")
+    assert missing == []
