@@ -206,7 +206,7 @@ def test_a_failing_gist_falls_back_for_that_image_only(tiny_vlm, monkeypatch):
         return real(model, processor, images, grid_hw, share)
 
     monkeypatch.setattr("arr_coc.qwen.wrapper.encode_gist", flaky)
-    _, traces = vlm.generate([a, b], [Q, Q], budget=0.25, encode="before", max_new_tokens=1)
+    _, traces = vlm.generate([a, b], [Q, Q], budget=0.25, encode=EncodeConfig("before", gist=0.25), max_new_tokens=1)
     assert traces[0].fallback[0] != "keep_all" and traces[0].kept_tokens < traces[0].total_tokens
     assert traces[1].fallback == ["keep_all"] and "gist exploded" in traces[1].error
     assert traces[1].kept_tokens == traces[1].total_tokens

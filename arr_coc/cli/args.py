@@ -37,8 +37,9 @@ def add_encode(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encode", choices=("after", "before"), default="after",
                         help="after: the vision tower encodes every patch, then ARR-COC selects (default); before: a "
                              "gist of the image, select, then the tower encodes only the chosen cells")
-    parser.add_argument("--gist", type=float, default=0.25,
-                        help="--encode before: the gist's share of the image's tokens (default 0.25; 0: none)")
+    parser.add_argument("--gist", type=float, default=0.0,
+                        help="--encode before: the gist's share of the image's tokens, e.g. 0.25 (default 0: no gist; "
+                             "the selector reads the texture array and the question)")
     parser.add_argument("--margin", type=int, default=0,
                         help="--encode before: rings of context cells encoded around the chosen ones, not passed to "
                              "the language model (default 0)")
