@@ -35,6 +35,9 @@ from .rewrite import (PrunedInputs, expand_budgets, image_spans, model_tensors, 
                       validate_kept)
 from .selecting import run_selector, slice_output
 from .trace import PrefillOutput, Trace
+from ..inputs import check_items, limits_for  # issue 27: the one input validator
+from .cancel import checkpoint, stopping_kwargs  # issue 27: cancelled work stops at step boundaries
+from .processing import encode_prompts  # issue 27: questions are tokenized as plain text
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -128,13 +131,7 @@ class ARRCOCQwen:
 
     def build_inputs(self, images: Sequence[Sequence[Any]], questions: Sequence[str]) -> dict[str, torch.Tensor]:
         """Processor tensors for a batch: images[b] is the list of images of question b (left padding)."""
-        texts = [render_prompt(self.processor, len(ims), q) for ims, q in zip(images, questions)]
-        flat = [im for ims in images for im in ims]
-        kw: dict[str, Any] = {"text": texts, "padding": True, "padding_side": "left", "return_tensors": "pt"}
-        if flat:
-            kw["images"] = flat
-        out = self.processor(**kw)
-        return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+        return encode_prompts(self.processor, images, questions)
 
     def _question_tokens(self, row_ids: torch.Tensor) -> torch.Tensor:
         """Question token ids of one unpadded row: text after the last <|vision_end|> up to <|im_end|>.
@@ -199,6 +196,7 @@ class ARRCOCQwen:
             kept, arr_out, fallback, errors, replaced = run_selector(fn, ctx, name, strict=strict)
         kept, fallback, errors = validate_kept(kept, batch.n_tokens, fallback, errors)
         select_s = time.perf_counter() - t0
+        checkpoint("selection")
 
         pruned = rewrite(batch.input_ids, batch.attention_mask, batch.pos3, batch.spans, batch.feats, batch.deep,
                          kept, batch.encoder_output_cls, batch.item_of_image, batch.grid_hw, self.pad_token_id)
@@ -256,6 +254,7 @@ class ARRCOCQwen:
         deep = getattr(enc, "deepstack_features", None)
         deep = [tuple(layer) for layer in deep] if deep is not None else None
         vision_s = time.perf_counter() - t0
+        checkpoint("vision")
 
         pos3, _ = core.get_rope_index(                                       # [3, B, S], zeros on padding
             input_ids, mm_token_type_ids=mm, image_grid_thw=grid_thw, attention_mask=attention_mask
@@ -341,6 +340,7 @@ class ARRCOCQwen:
         h2 = self.model.register_forward_hook(post_hook, with_kwargs=True)
         try:
             kw = {"do_sample": False, "pad_token_id": self.pad_token_id, **gen_kwargs}
+            kw = stopping_kwargs(kw)
             seqs = self.model.generate(**pruned.model_kwargs(), **kw)
         finally:
             h1.remove()
@@ -377,6 +377,7 @@ class ARRCOCQwen:
         if len(images) != len(questions):
             raise ValueError(f"got {len(images)} image entries for {len(questions)} questions; pass one per question")
         item_images = [list(im) if isinstance(im, (list, tuple)) else ([] if im is None else [im]) for im in images]
+        item_images, questions, _ = check_items(item_images, questions, limits_for(self.processor))
         inputs = self.build_inputs(item_images, questions)
         sequences, new_tokens, traces = self._generate_from_inputs(
             inputs, budget, method, budget_mode, max_new_tokens=max_new_tokens, **gen_kwargs)
@@ -396,6 +397,7 @@ class ARRCOCQwen:
         """-> (sequences as generate returns them on the pruned prompt, new tokens only, traces)."""
         if inputs.get("pixel_values") is None:  # text-only: nothing to prune
             kw = {"do_sample": False, "pad_token_id": self.pad_token_id, **gen_kwargs}
+            kw = stopping_kwargs(kw)
             with torch.no_grad():
                 seqs = self.model.generate(**{k: v.to(self.device) for k, v in inputs.items()}, **kw)
             S = inputs["input_ids"].shape[1]
