@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .budget import DEFAULT_BUDGET, MAX_COUNT, Budget, BudgetError, parse_budget
+from .cancel import Cancelled, checkpoint
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -167,6 +168,21 @@ class OpenedImage:
             self.file = None
 
 
+class _CheckedFile:
+    """A file whose every read is a step boundary (`arr_coc.cancel.checkpoint`): a cancelled request stops
+    decoding a huge image between two reads instead of decoding all of it first."""
+
+    def __init__(self, f: Any):
+        self._f = f
+
+    def read(self, n: int = -1) -> bytes:
+        checkpoint("decoding")
+        return self._f.read(n)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+
 def _silence_pil_bomb_warning() -> None:
     """PIL warns above 89 MP; the validator refuses at `max_decode_pixels` (80 MP) before decoding, so the
     warning says nothing the verdict does not. Filtered once, for this warning class only."""
@@ -230,7 +246,7 @@ def open_image(value: Any, limits: InputLimits = LIMITS, name: str | None = None
     if isinstance(value, (bytes, bytearray, memoryview)):
         import io
 
-        return _open_file(io.BytesIO(bytes(value)), len(value), None, limits, name or "the image")
+        return _open_file(_CheckedFile(io.BytesIO(bytes(value))), len(value), None, limits, name or "the image")
     if not isinstance(value, (str, os.PathLike)):
         raise InputError(f"Could not use a {type(value).__name__} as an image; give a file path or a PIL image.",
                          "image_unreadable")
@@ -243,7 +259,7 @@ def open_image(value: Any, limits: InputLimits = LIMITS, name: str | None = None
         raise InputError(f"No image file at {shown}: check the path.", "image_missing")
     try:
         size = os.path.getsize(path)
-        f = open(path, "rb")
+        f = _CheckedFile(open(path, "rb"))
     except OSError as exc:
         raise InputError(f"Could not open {shown} ({_reason(exc, path)}). Check that it can be read.",
                          "image_unreadable") from None
@@ -266,6 +282,8 @@ def _open_file(f: Any, size: int, path: str | None, limits: InputLimits, shown: 
                              f"{2 * Image.MAX_IMAGE_PIXELS / 1e6:.0f} MP; the limit is "
                              f"{limits.max_decode_pixels / 1e6:.0f} MP). Downscale it and try again.",
                              "image_too_large") from None
+        except Cancelled:
+            raise
         except Exception as exc:  # noqa: BLE001 - PIL raises many kinds for non-images
             raise InputError(f"Could not read the file as an image ({_reason(exc, path)}). Give a {FORMATS} file.",
                              "image_unreadable") from None
@@ -306,7 +324,7 @@ def plan_size(w: int, h: int, limits: InputLimits = LIMITS) -> tuple[tuple[int, 
     scale = min(1.0, math.sqrt(limits.max_image_pixels / (long * canvas_short)))
     if scale < 1.0:
         long1 = max(1, math.floor(long * scale))
-        short1 = max(1, round(short * scale))
+        short1 = max(1, math.floor(short * scale))
         if short * limits.max_aspect >= long:       # not padded: round the short side up if the limit needs it
             short1 = max(short1, math.ceil(long1 / limits.max_aspect))
     else:
@@ -337,6 +355,8 @@ def finish_image(opened: OpenedImage, limits: InputLimits = LIMITS) -> tuple[Ima
             im.draft(None, size)  # decode at a reduced scale, at least `size`: far less memory for huge JPEGs
         try:
             im.load()
+        except Cancelled:
+            raise
         except Exception as exc:  # noqa: BLE001 - truncated or corrupt data
             raise InputError(f"The image file is truncated or damaged ({_reason(exc)}). Re-save it and try again.",
                              "image_damaged") from None

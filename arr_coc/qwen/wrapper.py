@@ -36,7 +36,7 @@ from .rewrite import (PrunedInputs, expand_budgets, image_spans, model_tensors, 
 from .selecting import run_selector, slice_output
 from .trace import PrefillOutput, Trace
 from ..inputs import check_items, limits_for  # issue 27: the one input validator
-from .cancel import checkpoint, stopping_kwargs  # issue 27: cancelled work stops at step boundaries
+from ..cancel import checkpoint, stopping_kwargs  # issue 27: cancelled work stops at step boundaries
 from .processing import encode_prompts  # issue 27: questions are tokenized as plain text
 
 if TYPE_CHECKING:
