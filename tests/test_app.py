@@ -255,7 +255,7 @@ def test_every_bad_input_gets_its_message(scope, bad_inputs):
                                                    ("lots", "arr_coc", "'lots' is not a budget"),
                                                    ("1", "arr_coc", "'1' is ambiguous"),
                                                    ("150%", "arr_coc", "as a share must lie in (0, 1]"),
-                                                   (0.25, "nope", "Unknown method 'nope'")])
+                                                   (0.25, "nope", "unknown method 'nope'")])
 def test_bad_controls_get_messages(scope, good_image, budget, method, message):
     error = handler.ask(scope, good_image, "Is there a circle?", True, budget, False, method).error
     assert message in error and error.startswith("**Error:**")
