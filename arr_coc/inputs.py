@@ -106,8 +106,9 @@ def check_question(question: Any, limits: InputLimits = LIMITS) -> tuple[str, li
 
 def check_budget(value: Any, default: Budget | None = None, limits: InputLimits = LIMITS) -> Budget | None:
     """A budget as any caller writes it (0.25, "10%", 64, "64tok"), read by `arr_coc.budget.parse_budget`;
-    None or "" is `default`. A refusal carries the budget parser's own message."""
-    if value is None or (isinstance(value, str) and not value.strip()):
+    None (not given) is `default`. A refusal carries the budget parser's own message ("" is not a budget,
+    as on the command line and in `generate`)."""
+    if value is None:
         return default
     try:
         budget = parse_budget(value)
@@ -121,10 +122,10 @@ def check_budget(value: Any, default: Budget | None = None, limits: InputLimits 
 
 
 def check_method(method: Any, default: str = "arr_coc") -> str:
-    """A selector name that `arr_coc.selection.get_selector` resolves (None or "" is `default`)."""
+    """A selector name that `arr_coc.selection.get_selector` resolves (None, not given, is `default`)."""
     from .selection import available_methods, unknown_method_message
 
-    if method is None or (isinstance(method, str) and not method.strip()):
+    if method is None:
         return default
     if not isinstance(method, str) or method not in available_methods():
         raise InputError(unknown_method_message(method), "method")
@@ -253,10 +254,11 @@ def open_image(value: Any, limits: InputLimits = LIMITS, name: str | None = None
     path = os.fspath(value)
     shown = repr(name) if name else "the uploaded file"
     if os.path.isdir(path):
-        raise InputError(f"{shown[0].upper() + shown[1:]} is a folder, not an image file: give one image ({FORMATS}).",
-                         "image_missing")
+        raise InputError(f"{repr(name) if name else 'The upload'} is a folder, not an image file: give one image "
+                         f"file ({FORMATS}).", "image_missing")
     if not os.path.isfile(path):
-        raise InputError(f"No image file at {shown}: check the path.", "image_missing")
+        raise InputError(f"Could not find the image file {name!r}: check the path and try again." if name else
+                         "Could not find the uploaded image file: upload it again.", "image_missing")
     try:
         size = os.path.getsize(path)
         f = _CheckedFile(open(path, "rb"))

@@ -23,7 +23,12 @@ MAX_ASPECT = LIMITS.max_aspect
 
 
 class Unreadable(str):
-    """Marker for an upload the Image component itself could not hand over (the message says why)."""
+    """Marker for an upload the Image component itself could not hand over: the reason, or (`Refused`) the
+    whole message."""
+
+
+class Refused(Unreadable):
+    """An upload the app refuses before reading it (a URL, a path it was not given); the text is the message."""
 
 
 def reason(exc: BaseException) -> str:
@@ -39,8 +44,8 @@ def check_question(question: Any, limits: InputLimits = LIMITS) -> tuple[str, li
 
 
 def read_budget(value: Any) -> Budget:
-    """The budget as the slider or an API client sent it -> a share (float) or a token count (int); nothing
-    (None or "") is the library's default. Read by `arr_coc.budget.parse_budget`, like the command line."""
+    """The budget as the slider or an API client sent it -> a share (float) or a token count (int); None (not
+    given) is the library's default. Read by `arr_coc.budget.parse_budget`, like the command line."""
     from arr_coc.budget import DEFAULT_BUDGET
     from arr_coc.inputs import check_budget
 
@@ -57,6 +62,8 @@ def open_upload(value: Any, limits: InputLimits = LIMITS) -> OpenedImage:
     """The upload opened and its header checked (not decoded: the handler admits it by its pixels first)."""
     from arr_coc.inputs import open_image
 
+    if isinstance(value, Refused):
+        raise InputError(str(value), "image_refused")
     if isinstance(value, Unreadable):
         raise InputError(f"Could not read the file as an image ({value}). Give a {FORMATS} file.", "image_unreadable")
     return open_image(value, limits)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from microscope import handler, lifetime
 from microscope.handler import OUTPUT_NAMES, STATS_HEADERS, Microscope
-from microscope.inputs import Unreadable, reason
+from microscope.inputs import Refused, Unreadable, reason
 from microscope.memory import release_memory
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def _hand_raw_uploads_to_the_handler(image: gr.Image) -> gr.Image:
         if path and not str(path).startswith(("data:", "http://", "https://")):
             return str(path)
         if _url_of(path or getattr(payload, "url", None)):
-            return Unreadable(URL_REFUSED)
+            return Refused(URL_REFUSED)
         try:
             return stock(payload)
         except Exception as exc:  # noqa: BLE001
@@ -123,9 +123,9 @@ def _hand_raw_methods_to_the_handler(dropdown: gr.Dropdown) -> gr.Dropdown:
     return dropdown
 
 
-URL_REFUSED = "the app does not fetch images from URLs: download the image and upload the file"
-NOT_UPLOADED = ("the file was not uploaded to this app (a path on the server is not read): upload it first, "
-                "e.g. with gradio_client's handle_file")
+URL_REFUSED = "The app does not fetch images from URLs: download the image and upload the file."
+NOT_UPLOADED = ("The file was not uploaded to this app, and it reads no other files: upload the image, e.g. with "
+                "gradio_client's handle_file(path).")
 
 
 def _url_of(payload: Any) -> str | None:
@@ -143,7 +143,7 @@ def _take_requests_as_the_api_describes_them(demo: gr.Blocks) -> gr.Blocks:
       rest, which the handler reads as the defaults (Gradio refuses a short list with `{"error": null}`).
     - An image URL is not fetched (no outbound requests from a public Space): the handler says so.
     - An image payload Gradio cannot take in (a path outside the app's folders, a malformed file object)
-      reaches the handler as `Unreadable`, with a message that names no server path.
+      reaches the handler as `Refused`, with a message that names no server path.
     Patched on this one instance, like the components above.
     """
     stock = demo.preprocess_data
@@ -162,11 +162,11 @@ def _take_requests_as_the_api_describes_them(demo: gr.Blocks) -> gr.Blocks:
                 raise
             logger.info("an image payload was refused before the handler: %s", type(exc).__name__)
             problem = NOT_UPLOADED if type(exc).__name__ == "InvalidPathError" else (
-                f"the file could not be taken in ({type(exc).__name__}): upload it again")
+                f"The image could not be taken in ({type(exc).__name__}): upload the file again.")
             inputs[0] = None
             processed = await stock(block_fn, inputs, state, explicit_call)
         if problem:
-            processed[0] = Unreadable(problem)
+            processed[0] = Refused(problem)
         return processed
 
     demo.preprocess_data = preprocess_data

@@ -6,7 +6,6 @@ selecting.py  running a selector with per-item fallback
 trace.py      Trace (what happened to one item), PrefillOutput
 loading.py    checkpoints (hub id or folder) and the ARR-COC layer that goes with them
 processing.py chat prompts (questions tokenized as plain text), the image-only processor, un-patchify
-cancel.py     cancellation: checkpoints at step boundaries, a StoppingCriteria per generated token
 tiny.py       tiny random models of the three families, for tests
 """
 
