@@ -334,8 +334,13 @@ def test_every_bad_input_gets_the_same_verdict_and_words_everywhere(files, wrapp
         nxt = api(live, good, Q)
         assert (nxt["answer_baseline"], nxt["answer_arr"], nxt["error"]) == \
             (ref_api["answer_baseline"], ref_api["answer_arr"], ref_api["error"]), case.name
-        table.append((case.name, "exit 2" if rc == 2 else "answer", (api_error or "answer")[:70]))
-    print("\n" + "\n".join(" | ".join(row) for row in table))
+        cli_said = err.strip().splitlines()[-1].split("error: ", 1)[-1] if rc == 2 else \
+            "; ".join(json.loads(out)["notes"])
+        app_said = api_error.replace("**Error:** ", "").replace("**Note:** ", "").replace("\n\n", "; ")
+        table.append((case.name, f"{'exit 2' if rc == 2 else 'answer'}: {cli_said[:90]}",
+                      f"{'refused' if case.verdict == 'refused' else 'answer'}: {app_said[:90]}", "same answer"))
+    print("\n| case | CLI | app (API) | next good request |\n|---|---|---|---|\n"
+          + "\n".join("| " + " | ".join(row) + " |" for row in table))
 
 
 def test_an_exif_rotated_image_is_shown_upright_everywhere(files, wrapper, live):
