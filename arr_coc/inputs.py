@@ -89,7 +89,7 @@ def check_question(question: Any, limits: InputLimits = LIMITS) -> tuple[str, li
     """A question -> (the text to ask, notes). Control characters (NUL, ...) are removed, with a note;
     blank or over-long questions are refused."""
     text = "" if question is None else question if isinstance(question, str) else str(question)
-    kept = "".join(c for c in text if c in "\t\n" or unicodedata.category(c) != "Cc")
+    kept = "".join(c for c in text if c in "\t\n\r" or unicodedata.category(c) != "Cc")
     notes = []
     if len(kept) != len(text):
         n = len(text) - len(kept)
@@ -473,14 +473,15 @@ def validate(image: Any, question: Any, budget: Any = None, method: Any = None, 
 def check_items(images: list[list[Any]], questions: list[Any], limits: InputLimits = LIMITS
                 ) -> tuple[list[list[Any]], list[str], list[list[str]]]:
     """The library's entry check (`ARRCOCQwen.generate`): per question its images, checked and normalised,
-    and the question text -> (images, questions, notes per question). Tensors pass through unchanged."""
+    and the question text -> (images, questions, notes per question). Images are PIL images, file paths or
+    bytes; arrays and tensors pass through unchanged (the processor reads them as it always did)."""
     out_images, out_questions, notes = [], [], []
     for ims, q in zip(images, questions):
         text, q_notes = check_question(q, limits)
         checked = []
         for im in ims:
-            if type(im).__module__.startswith("torch"):
-                checked.append(im)   # a tensor: the processor's business
+            if type(im).__module__.startswith(("torch", "numpy")):
+                checked.append(im)   # an array: the processor's business
                 continue
             picture, info = check_image(im, limits, name=os.fspath(im) if isinstance(im, (str, os.PathLike)) else None)
             checked.append(picture)

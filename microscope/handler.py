@@ -186,6 +186,7 @@ def _answer(scope: Microscope, opened: Any, question: str, arr_on: bool, budget:
 
     arr, arr_failed = (_run_pruned(scope, picture, question, method, budget, adaptive, base, notes)
                        if arr_on else (None, None))
+    checkpoint("the pruned run")
     heatmap, maps, channels, weights_md = _pictures(scope, picture, method, arr, notes)
     answer_arr = arr.answer if arr is not None else (base.answer if arr_failed else "")
     record = trace_record(scope, question, info, method, budget, adaptive, arr_on, base, arr, arr_failed, notes)
