@@ -275,7 +275,7 @@ def _open_file(f: Any, size: int, path: str | None, limits: InputLimits, shown: 
         if size == 0:
             raise InputError(f"Could not read the file as an image (it is empty). Give a {FORMATS} file.", "image_empty")
         if size > limits.max_file_bytes:
-            raise InputError(f"The file is {size / 2**20:.1f} MB; the limit is {limits.max_file_bytes / 2**20:.0f} MB. "
+            raise InputError(f"The file is {size:,} bytes, over the {limits.max_file_bytes / 2**20:.0f} MB limit. "
                              "Save the image smaller (JPEG, or fewer pixels) and try again.", "file_too_large")
         try:
             im = Image.open(f)

@@ -135,7 +135,7 @@ CASES = [
     Case("144MP", "refused", "too large to decode", image="megapixels_144"),
     Case("decompression_bomb", "refused", "too large to decode safely", image="bomb"),
     Case("100000:1", "refused", "too thin to use", image="too_thin"),
-    Case("over_25MB", "refused", "the limit is 25 MB", image="over_25mb", api="exceeds the maximum file size"),
+    Case("over_25MB", "refused", "over the 25 MB limit", image="over_25mb", api="exceeds the maximum file size"),
     Case("png_named_jpg", "answered", image="png_named"),
     Case("animated_gif", "answered", "Animated image (3 frames)", image="animated"),
     Case("cmyk", "answered", "CMYK image", image="cmyk"),
