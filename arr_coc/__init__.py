@@ -31,6 +31,9 @@ _EXPORTS = {
     "BudgetError": "arr_coc.budget",
     "DEFAULT_BUDGET": "arr_coc.budget",
     "parse_budget": "arr_coc.budget",
+    "InputError": "arr_coc.inputs",
+    "InputLimits": "arr_coc.inputs",
+    "LIMITS": "arr_coc.inputs",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -38,6 +41,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from .budget import DEFAULT_BUDGET, Budget, BudgetError, parse_budget
     from .config import ARRCOCConfig
+    from .inputs import LIMITS, InputError, InputLimits
     from .layer import ARRCOCLayer, ARRCOCOutput
     from .qwen import ARRCOCQwen, Trace
     from .texture import channel_names, generate_texture_array

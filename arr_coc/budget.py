@@ -4,8 +4,8 @@ How a budget is written, everywhere (Python API, `ask`, `eval`, `train`, `bench`
 
 - a **share** of an image's visual tokens in (0, 1]: a Python float (`0.1`, `1.0`), or a string
   with a decimal point or a percent sign (`"0.1"`, `"1.0"`, `"10%"`);
-- a **count** of visual tokens >= 1: a Python int (`64`), or a whole number in a string (`"64"`),
-  optionally followed by `tok` (`"64tok"`).
+- a **count** of visual tokens in [1, MAX_COUNT]: a Python int (`64`), or a whole number in a string
+  (`"64"`), optionally followed by `tok` (`"64tok"`).
 
 The string `"1"` is refused as ambiguous (every token, or one token?): write `1.0` / `100%` for
 every token, `1tok` for one. A count larger than an image's tokens keeps them all; a share keeps
@@ -41,6 +41,7 @@ BudgetMode = Literal["exact", "mean", "adaptive"]
 
 BUDGET_MODES: tuple[str, ...] = ("exact", "mean", "adaptive")
 DEFAULT_BUDGET: float = 0.25
+MAX_COUNT: int = 1_000_000           # more visual tokens than any image has (Qwen-VL: 16,384 at most)
 HOW_TO_WRITE = "write a share like 0.1, 1.0 or 10%, or a token count like 64 (or 64tok)"
 
 _COUNT = re.compile(r"^(\d+)\s*(tok|tokens?)?$")
@@ -57,6 +58,9 @@ def check_budget(budget: object, name: str = "budget") -> Budget:
     if isinstance(budget, numbers.Integral):
         if budget < 1:
             raise BudgetError(f"{name}={budget} as a token count must be >= 1; {HOW_TO_WRITE}")
+        if budget > MAX_COUNT:
+            raise BudgetError(f"{name}={budget:.3g} as a token count is more than any image has (the limit is "
+                              f"{MAX_COUNT:,}); {HOW_TO_WRITE}")
         return int(budget)
     value = float(budget)
     if not math.isfinite(value) or not 0.0 < value <= 1.0:
@@ -73,6 +77,8 @@ def parse_budget(value: object, name: str = "budget") -> Budget:
     if not isinstance(value, str):
         return check_budget(value, name)
     text = value.strip().lower()
+    if len(text) > 32:
+        raise BudgetError(f"{name} {value[:20]!r}... ({len(value):,} characters) is not a budget; {HOW_TO_WRITE}")
     if text.startswith("-"):
         raise BudgetError(f"{name} {value!r} is negative; {HOW_TO_WRITE}")
     match = _COUNT.match(text)

@@ -141,8 +141,7 @@ def get_selector(name: str) -> Selector:
     if name not in SELECTORS and name in BUILTIN:
         importlib.import_module(BUILTIN[name])
     if name not in SELECTORS:
-        raise ValueError(f"unknown method {name!r}; registered methods: {available_methods()} "
-                         "(or register your own with arr_coc.selection.register_selector)")
+        raise ValueError(unknown_method_message(name))
     return SELECTORS[name]
 
 
@@ -155,6 +154,13 @@ def choose_before_encoding(fn: Selector) -> Selector:
 
 def selects_before_encoding(fn: Selector) -> bool:
     return bool(getattr(fn, "selects_before_encoding", False))
+
+
+def unknown_method_message(name: object) -> str:
+    """What every caller says about a method name nothing resolves (the library, the CLI, the app)."""
+    shown = repr(name) if len(repr(name)) <= 60 else repr(name)[:55] + "...'"
+    return (f"unknown method {shown}; choose one of the registered methods, {', '.join(available_methods())} "
+            "(or register your own with arr_coc.selection.register_selector)")
 
 
 def selector_name(method: str | Selector) -> str:

@@ -1,7 +1,9 @@
 """The ARR-COC microscope: a Gradio app that runs the baseline VLM and the ARR-COC VLM side by side.
 
-    inputs    upload reading and normalising, question / budget / method checks, InputError
+    inputs    the library's input validator (arr_coc.inputs) plus the app's own upload cases, InputError
     handler   one request (`ask`): both runs, the stats rows, the trace record, the files it writes
+    admission how much work is taken on at once (requests, image pixels): "busy, try again" beyond it
+    lifetime  a client's cancel or disconnect -> the request's CancelToken (its model work stops)
     page      the Gradio Blocks layout, its CSS and examples (`build_demo`)
     memory    glibc malloc tuning that keeps the server's resident memory flat
     server    command-line arguments, loading the model (`load` -> `Microscope`), `serve`, `main`

@@ -1,9 +1,14 @@
 """One request of the microscope: the baseline run, the ARR-COC run, and what the page shows of them.
 
-`ask` checks the inputs (`microscope.inputs`), runs the same `ARRCOCQwen` twice, one instrumented
+`ask` checks the inputs (`microscope.inputs`, i.e. the library's one validator), admits the request by
+its image's pixels (`microscope.admission`), runs the same `ARRCOCQwen` twice, one instrumented
 `generate()` each (method="none": every visual token; then the chosen method), draws the pictures
 with `arr_coc.viz`, and writes them and the JSON trace into a fresh folder. It never raises: a bad
 input or a failure comes back as `Result.error`, and a failing ARR-COC run falls back to the baseline.
+
+Run inside `arr_coc.cancel.cancellable(token)` (the page does), a cancelled request stops at the
+next step boundary: after decoding, when it gets the model, inside each run (after the vision tower,
+the selection, the prefill and each generated token) and between the runs.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from microscope.inputs import ImageInfo, InputError, check_method, check_question, read_budget, read_image, reason
+from arr_coc.inputs import LIMITS, InputLimits, answer_notes, finish_image
+from microscope.admission import Admission
+from microscope.inputs import ImageInfo, InputError, check_method, check_question, open_upload, read_budget, reason
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -49,6 +56,8 @@ class Microscope:
     max_new_tokens: int = 32
     layer_name: str = "untrained"    # which ARR-COC scorer weights: "trained (<folder>)" or "untrained"
     lock: threading.Lock = field(default_factory=threading.Lock)
+    limits: InputLimits = LIMITS     # arr_coc.inputs.limits_for(this model's processor)
+    admission: Admission = field(default_factory=Admission)
 
     @property
     def cell_px(self) -> int:
@@ -88,17 +97,40 @@ class Result:
 # ----------------------------------------------------------------------------- the request
 
 
-def ask(scope: Microscope, image: Any, question: Any, arr_coc: bool = True, budget: Any = None,
-        adaptive: bool = False, method: Any = "arr_coc") -> Result:
+CANCELLED = "**Error:** the request was cancelled."
+
+
+def read_flag(value: Any, name: str, default: bool) -> bool:
+    """A checkbox as the page or an API client sent it: a bool, 0/1, "true"/"false"; None is the default."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return default
+    if isinstance(value, (bool, int)) and value in (0, 1):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    raise InputError(f"{name} must be true or false, not {str(value)[:40]!r}.", "flag")
+
+
+def ask(scope: Microscope, image: Any, question: Any, arr_coc: Any = True, budget: Any = None,
+        adaptive: Any = False, method: Any = "arr_coc") -> Result:
     """The `ask` event: never raises; problems come back as `Result.error` (shown in the page).
 
     `budget` is what the page or an API client sent: a share (0.25, "0.25", "10%") or a token count
-    (64, "64", "64tok"), read by `arr_coc.budget.parse_budget`; None is the library's default.
+    (64, "64", "64tok"), read by `arr_coc.budget.parse_budget`. Every input but the image and the
+    question is optional: None means its default (ARR-COC on, the library's budget, not adaptive, arr_coc).
     """
+    from arr_coc.cancel import Cancelled
+
     try:
-        return _ask(scope, image, question, bool(arr_coc), budget, bool(adaptive), method)
+        return _ask(scope, image, question, arr_coc, budget, adaptive, method)
     except InputError as exc:
         return Result(error=f"**Error:** {exc}")
+    except Cancelled:
+        logger.info("a request was cancelled; its work stopped")
+        return Result(error=CANCELLED)
     except Exception as exc:  # noqa: BLE001 - keep serving, say what happened
         logger.exception("ask failed")
         return Result(error=f"**Error:** the request failed ({reason(exc)}). Try another image or question; "
@@ -106,28 +138,55 @@ def ask(scope: Microscope, image: Any, question: Any, arr_coc: bool = True, budg
 
 
 def _generate(scope: Microscope, image: Image, question: str, method: Any, budget: Budget | None) -> Run:
-    with scope.lock:
+    from arr_coc.cancel import checkpoint
+
+    while not scope.lock.acquire(timeout=0.1):   # a cancelled request stops waiting for the model
+        checkpoint("waiting for the model")
+    try:
+        checkpoint("waiting for the model")
         answer, trace = scope.wrapper.generate(image, question, budget=budget, method=method,
                                                max_new_tokens=scope.max_new_tokens)
+    finally:
+        scope.lock.release()
     return Run(answer=str(answer).strip(), trace=trace)
 
 
-def _ask(scope: Microscope, image: Any, question: Any, arr_on: bool, budget: Any, adaptive: bool,
+def _ask(scope: Microscope, image: Any, question: Any, arr_on: Any, budget: Any, adaptive: Any,
          method: Any) -> Result:
-    question = check_question(question)
+    # the validator's order (arr_coc.inputs.validate): budget, method, question, image
+    arr_on = read_flag(arr_on, "arr_coc", True)
+    adaptive = read_flag(adaptive, "adaptive", False)
     budget = read_budget(budget)
     method = check_method(method)
-    picture, info = read_image(image)
-    notes = list(info.notes)
+    question, notes = check_question(question, scope.limits)
+    opened = open_upload(image, scope.limits)
+    try:
+        with scope.admission.admit(opened.pixels):
+            return _answer(scope, opened, question, arr_on, budget, adaptive, method, notes)
+    finally:
+        opened.close()
 
+
+def _answer(scope: Microscope, opened: Any, question: str, arr_on: bool, budget: Budget, adaptive: bool,
+            method: str, notes: list[str]) -> Result:
+    from arr_coc.cancel import Cancelled, checkpoint
+
+    picture, info = finish_image(opened, scope.limits)
+    notes = notes + info.notes
+    checkpoint("decoding")
     try:
         base = _generate(scope, picture, question, "none", 1.0)
+    except Cancelled:
+        raise
     except Exception as exc:  # noqa: BLE001
         logger.exception("baseline generate failed")
         raise InputError(f"The model could not answer on this input ({reason(exc)}).")
+    checkpoint("the baseline run")
+    notes += answer_notes(base.answer, question, scope.wrapper.tokenizer)
 
     arr, arr_failed = (_run_pruned(scope, picture, question, method, budget, adaptive, base, notes)
                        if arr_on else (None, None))
+    checkpoint("the pruned run")
     heatmap, maps, channels, weights_md = _pictures(scope, picture, method, arr, notes)
     answer_arr = arr.answer if arr is not None else (base.answer if arr_failed else "")
     record = trace_record(scope, question, info, method, budget, adaptive, arr_on, base, arr, arr_failed, notes)
@@ -150,6 +209,8 @@ def _run_pruned(scope: Microscope, picture: Image, question: str, method: str, b
                 base: Run, notes: list[str]) -> tuple[Run | None, str | None]:
     """The pruned run -> (run, None), or (None, why) when it failed; what the user should know goes to notes."""
     from arr_coc.budget import budget_label
+    from arr_coc.cancel import Cancelled
+
     selector, arr_budget = method, budget
     if adaptive and method == "arr_coc":
         selector, arr_budget = "arr_coc_adaptive", None
@@ -158,6 +219,8 @@ def _run_pruned(scope: Microscope, picture: Image, question: str, method: str, b
                      f"{budget_label(budget)}.")
     try:
         arr = _generate(scope, picture, question, selector, arr_budget)
+    except Cancelled:
+        raise
     except Exception as exc:  # noqa: BLE001 - ARR-COC must never cost the user the answer
         logger.exception("ARR-COC generate failed; falling back to the baseline")
         notes.append(f"ARR-COC failed ({reason(exc)}): the ARR-COC column shows the baseline answer "

@@ -2,17 +2,25 @@
 
 One event, `ask` (api_name="ask"), wired to `microscope.handler.ask`; its inputs and outputs are
 documented in docs/APP.md. Gradio is imported when the page is built, not before.
+
+The event is a coroutine that runs the handler on a worker thread under a cancellation token
+(`arr_coc.cancel`): when the client cancels or disconnects (`microscope.lifetime`), the token is
+cancelled and the model work stops at its next step boundary; the coroutine waits for that (a few
+seconds at most), so the request's memory is free before its slot is.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
-from microscope import handler
+from microscope import handler, lifetime
 from microscope.handler import OUTPUT_NAMES, STATS_HEADERS, Microscope
-from microscope.inputs import Unreadable, reason
+from microscope.inputs import Refused, Unreadable, reason
 from microscope.memory import release_memory
 
 if TYPE_CHECKING:
@@ -21,9 +29,13 @@ if TYPE_CHECKING:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES_DIR = os.path.join(ROOT, "assets", "examples")
 
+logger = logging.getLogger("arr_coc.app")
+
 MIN_BUDGET = 0.02                    # the slider's range only: the handler reads any budget parse_budget takes
 QUEUE_SIZE = 32
 DEFAULT_CONCURRENCY = 2              # model calls are serialised by a lock; the second slot overlaps I/O and drawing
+WATCH_EVERY_S = 0.25                 # how often a running request checks that its client is still connected
+STOP_WAIT_S = 3.0                    # how long a cancelled request waits for its work to stop before it lets go
 
 CSS = """
 #answer-baseline textarea, #answer-arr textarea { font-size: 1.2rem; font-weight: 600; }
@@ -63,8 +75,10 @@ def _hand_raw_uploads_to_the_handler(image: gr.Image) -> gr.Image:
         if payload is None:
             return None
         path = getattr(payload, "path", None)
-        if path and not str(path).startswith("data:"):
+        if path and not str(path).startswith(("data:", "http://", "https://")):
             return str(path)
+        if _url_of(path or getattr(payload, "url", None)):
+            return Refused(URL_REFUSED)
         try:
             return stock(payload)
         except Exception as exc:  # noqa: BLE001
@@ -98,6 +112,67 @@ def _hand_raw_budgets_to_the_handler(slider: gr.Slider) -> gr.Slider:
     return slider
 
 
+def _hand_raw_methods_to_the_handler(dropdown: gr.Dropdown) -> gr.Dropdown:
+    """Make this gr.Dropdown instance pass the method to the handler as sent: an API client's unknown name
+    gets the validator's message (the known names), not Gradio's generic one. Patched on this one instance."""
+
+    def preprocess(payload):
+        return payload
+
+    dropdown.preprocess = preprocess
+    return dropdown
+
+
+URL_REFUSED = "The app does not fetch images from URLs: download the image and upload the file."
+NOT_UPLOADED = ("The file was not uploaded to this app, and it reads no other files: upload the image, e.g. with "
+                "gradio_client's handle_file(path).")
+
+
+def _url_of(payload: Any) -> str | None:
+    """The URL an API client sent as the image, if it sent one (a FileData dict or a plain string)."""
+    if isinstance(payload, dict):
+        payload = payload.get("path") or payload.get("url")
+    text = str(payload or "")
+    return text if text.startswith(("http://", "https://")) else None
+
+
+def _take_requests_as_the_api_describes_them(demo: gr.Blocks) -> gr.Blocks:
+    """Make this Blocks instance read `ask` requests as docs/APP.md describes them, before Gradio's own checks.
+
+    - Inputs left out are optional: a raw HTTP call with only the image and the question gets None for the
+      rest, which the handler reads as the defaults (Gradio refuses a short list with `{"error": null}`).
+    - An image URL is not fetched (no outbound requests from a public Space): the handler says so.
+    - An image payload Gradio cannot take in (a path outside the app's folders, a malformed file object)
+      reaches the handler as `Refused`, with a message that names no server path.
+    Patched on this one instance, like the components above.
+    """
+    stock = demo.preprocess_data
+
+    async def preprocess_data(block_fn, inputs, state, explicit_call=False):
+        if getattr(block_fn, "api_name", None) != "ask":
+            return await stock(block_fn, inputs, state, explicit_call)
+        inputs = list(inputs) + [None] * (len(block_fn.inputs) - len(inputs))
+        problem = URL_REFUSED if _url_of(inputs[0]) else None
+        if problem:
+            inputs[0] = None
+        try:
+            processed = await stock(block_fn, inputs, state, explicit_call)
+        except Exception as exc:  # noqa: BLE001 - only the image payload can fail here (the rest are patched)
+            if inputs[0] is None:
+                raise
+            logger.info("an image payload was refused before the handler: %s", type(exc).__name__)
+            problem = NOT_UPLOADED if type(exc).__name__ == "InvalidPathError" else (
+                f"The image could not be taken in ({type(exc).__name__}): upload the file again.")
+            inputs[0] = None
+            processed = await stock(block_fn, inputs, state, explicit_call)
+        if problem:
+            processed[0] = Refused(problem)
+        return processed
+
+    demo.preprocess_data = preprocess_data
+    return demo
+
+
 def _maybe_gpu(fn: Callable) -> Callable:
     """On a Hugging Face ZeroGPU Space, run the handler under spaces.GPU; elsewhere unchanged."""
     try:
@@ -116,15 +191,41 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
 
     from arr_coc.budget import DEFAULT_BUDGET
 
+    from arr_coc.cancel import CancelToken, cancellable
+
     examples = read_examples() if examples is None else examples
+    # Every request's model work runs here (not on Gradio's thread pool), so it can be told to stop.
+    workers = ThreadPoolExecutor(max_workers=max(2, scope.admission.max_requests), thread_name_prefix="ask")
+    answer = _maybe_gpu(lambda *args: handler.ask(scope, *args).outputs())
 
-    def run_ask(image, question, arr_coc, budget, adaptive, method):
+    def work(token: CancelToken, args: tuple) -> tuple:
+        with cancellable(token):
+            try:
+                return answer(*args)
+            finally:
+                release_memory()
+
+    async def run_ask(image, question, arr_coc, budget, adaptive, method, request: gr.Request):
+        token = CancelToken()
+        job = asyncio.get_running_loop().run_in_executor(
+            workers, work, token, (image, question, arr_coc, budget, adaptive, method))
+        watcher = asyncio.create_task(lifetime.watch(demo, lifetime.current_event_id(),
+                                                     getattr(request, "session_hash", None), token, WATCH_EVERY_S))
         try:
-            return handler.ask(scope, image, question, arr_coc, budget, adaptive, method).outputs()
+            return await asyncio.shield(job)
+        except asyncio.CancelledError:
+            token.cancel("the client cancelled")
+            try:   # the work stops at its next step boundary; its memory is freed before the slot is
+                await asyncio.wait_for(asyncio.shield(job), STOP_WAIT_S)
+            except Exception:  # noqa: BLE001 - nobody is waiting for this answer (admission still counts it)
+                pass
+            logger.info("request cancelled by its client; its work stopped after %s",
+                        token.stopped_at or "its end" if job.done() else "(still stopping)")
+            raise
         finally:
-            release_memory()
+            watcher.cancel()
 
-    run_ask = _maybe_gpu(run_ask)
+    run_ask.__annotations__["request"] = gr.Request   # resolved here: this module imports gradio lazily
 
     with gr.Blocks(title="ARR-COC microscope", delete_cache=(3600, 3600)) as demo:
         gr.Markdown(
@@ -150,9 +251,9 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
                     label="budget: share of visual tokens kept",
                     info="the trained layer keeps it on average: more for a question about many objects, "
                          "fewer for one about one"))
-                method = gr.Dropdown(choices=scope.methods, value="arr_coc", label="method (pruned column)",
-                                     elem_id="method",
-                                     info="arr_coc, or a method registered with arr_coc.selection.register_selector")
+                method = _hand_raw_methods_to_the_handler(gr.Dropdown(
+                    choices=scope.methods, value="arr_coc", label="method (pruned column)", elem_id="method",
+                    info="arr_coc, or a method registered with arr_coc.selection.register_selector"))
                 run = gr.Button("Ask both models", variant="primary", elem_id="run")
                 if examples:
                     gr.Examples(examples=[[e["image"], e["question"]] for e in examples], inputs=[image, question],
@@ -187,4 +288,4 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
               inputs=[image, question, arr_toggle, budget, adaptive, method], outputs=outputs,
               api_name="ask", concurrency_limit=concurrency)
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=concurrency)
-    return demo
+    return _take_requests_as_the_api_describes_them(demo)

@@ -17,6 +17,8 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
+from arr_coc.inputs import LIMITS
+from microscope.admission import Admission
 from microscope.handler import Microscope
 from microscope.inputs import reason
 from microscope.memory import limit_malloc_arenas
@@ -27,7 +29,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("arr_coc.app")
 
-MAX_UPLOAD = "25mb"
 EMBEDDED_NAME = "embedded ShapesVQA Qwen2-VL (checkpoints/shapes-qwen2vl)"
 HUB_EXAMPLE = "Qwen/Qwen2-VL-2B-Instruct"
 # The app's defaults; a variable already set in the environment wins.
@@ -137,7 +138,7 @@ def load_failure(model: str, exc: BaseException) -> str:
 
 
 def load(model: str | None = None, device: str = "auto", arr_coc: str | None = None,
-         max_new_tokens: int = 32, retries: int = 3) -> Microscope:
+         max_new_tokens: int = 32, retries: int = 3, concurrency: int = DEFAULT_CONCURRENCY) -> Microscope:
     """Load the VLM (default: the embedded checkpoint) into a `Microscope`; LoadError says what to do.
 
     A local folder is retried a few times: the embedded checkpoint may be being re-saved by a
@@ -148,6 +149,7 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     import torch
 
     from arr_coc import ARRCOCQwen
+    from arr_coc.inputs import limits_for
     from arr_coc.paths import resolve_layer
     from arr_coc.selection import available_methods
 
@@ -173,8 +175,12 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     # every registered method (built-in modules load on first use), ARR-COC first; adaptive is a checkbox
     methods = ["arr_coc"] + [m for m in available_methods() if m not in ("arr_coc", "arr_coc_adaptive")]
     layer = f"trained ({os.path.relpath(layer_path)})" if layer_path else "untrained"
+    # Admission: twice the requests Gradio runs at once (the rest are still unwinding after a cancel), and
+    # two of the largest images the validator decodes.
     return Microscope(wrapper=wrapper, model_name=EMBEDDED_NAME if model is None else str(model), methods=methods,
-                      max_new_tokens=int(max_new_tokens), layer_name=layer)
+                      max_new_tokens=int(max_new_tokens), layer_name=layer, limits=limits_for(wrapper.processor),
+                      admission=Admission(max_requests=2 * max(1, int(concurrency)),
+                                          max_pixels=2 * LIMITS.max_decode_pixels))
 
 
 # ----------------------------------------------------------------------------- serving
@@ -183,9 +189,13 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
 def serve(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, share: bool = False, **kwargs: Any):
     """Launch with the page's theme/CSS and file settings (Gradio 6 takes them in launch())."""
     import gradio as gr
+    from starlette.middleware import Middleware
 
+    from microscope.lifetime import ResetMeansCancel
+
+    kwargs.setdefault("app_kwargs", {"middleware": [Middleware(ResetMeansCancel, blocks=demo)]})
     return demo.launch(server_name=host, server_port=port, share=share, css=CSS, theme=gr.themes.Soft(),
-                       allowed_paths=[EXAMPLES_DIR], max_file_size=MAX_UPLOAD, ssr_mode=False, max_threads=8,
+                       allowed_paths=[EXAMPLES_DIR], max_file_size=LIMITS.max_file_bytes, ssr_mode=False, max_threads=8,
                        footer_links=["api", "gradio", "settings"], **kwargs)
 
 
@@ -196,7 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio polling itself at start-up
     limit_malloc_arenas()
     try:
-        scope = load(args.model, device=args.device, arr_coc=args.arr_coc, max_new_tokens=args.max_new_tokens)
+        scope = load(args.model, device=args.device, arr_coc=args.arr_coc, max_new_tokens=args.max_new_tokens,
+                     concurrency=args.concurrency)
     except LoadError as exc:
         raise SystemExit(str(exc)) from None
     serve(build_demo(scope, concurrency=args.concurrency), host=args.host, port=args.port, share=args.share)

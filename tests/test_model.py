@@ -340,8 +340,10 @@ def test_from_pretrained_offline_folder(tiny_vlm, make_image, family, tmp_path, 
     with caplog.at_level(logging.WARNING, logger="arr_coc.qwen.processing"):
         w = ARRCOCQwen.from_pretrained(str(tmp_path))
     assert w.family == family and not any(p.requires_grad for p in w.model.parameters()) and not w.model.training
-    if isinstance(w.processor, ImageOnlyQwenProcessor):  # no torchvision here: the fallback must say so
-        assert "image-only" in caplog.text
+    if isinstance(w.processor, ImageOnlyQwenProcessor):  # no torchvision here: quiet until a video is passed
+        assert "torchvision" not in caplog.text and "image-only" not in caplog.text
+        with pytest.raises(ValueError, match="torchvision"):
+            w.processor(text=["a video"], videos=[[make_image(56, 56, 0)] * 2])
     ref = _wrapper(tiny_vlm, family)
     img = make_image(120, 150, 0)
     assert w.generate(img, Q, budget=0.25, method="grid", max_new_tokens=4)[0] == \

@@ -35,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from PIL import Image
-
+    from arr_coc.inputs import (InputError, answer_notes, check_method, check_question, finish_image, limits_for,
+                                open_image)
     from arr_coc.paths import CHECKPOINTS, default_model_path, resolve_layer
 
     model_path = args.model or default_model_path()
@@ -45,10 +45,12 @@ def run(args: argparse.Namespace) -> int:
             f"no embedded model found under {CHECKPOINTS}; pass --model PATH "
             "(a local Qwen-VL folder, or a hub id such as Qwen/Qwen2-VL-2B-Instruct when online)"
         )
-    try:
-        image = Image.open(args.image).convert("RGB")
-    except OSError as exc:
-        raise SystemExit(f"cannot read image {args.image!r}: {exc}")
+    try:  # issue 27: the one validator (arr_coc.inputs), before the model loads
+        args.method = check_method(args.method)
+        question, notes = check_question(args.question)
+        opened = open_image(args.image, name=args.image)
+    except InputError as exc:
+        return refuse(exc)
     from arr_coc.qwen import ARRCOCQwen
 
     try:
@@ -58,8 +60,12 @@ def run(args: argparse.Namespace) -> int:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SystemExit(f"could not load a Qwen-VL model from {model_path!r} ({first}); "
                          "pass --model PATH to a local model folder")
+    try:  # issue 27: decoded and normalised with this model's limits
+        image, info = finish_image(opened, limits_for(wrapper.processor))
+    except InputError as exc:
+        return refuse(exc)
     budget: Any = 1.0 if args.method == "none" else args.budget
-    answer, trace = wrapper.generate(image, args.question, budget=budget, method=args.method,
+    answer, trace = wrapper.generate(image, question, budget=budget, method=args.method,
                                      max_new_tokens=args.max_new_tokens, budget_mode=args.budget_mode,
                                      encode=encode_config(args) if args.method != "none" else None)
     result = {
@@ -73,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
         "encoded_tokens": sum(int(c.numel()) for c in trace.encoded_cells),
         "vision_s": round(trace.vision_s, 4),
     }
+    result["notes"] = notes = notes + info.notes + answer_notes(answer, question, wrapper.tokenizer)  # issue 27
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(result))
     else:
@@ -81,3 +90,9 @@ def run(args: argparse.Namespace) -> int:
               f"{trace.total_s:.2f} s (prefill {trace.prefill_s:.2f} s), method {args.method}, budget {trace.budget}"
               + (f" [fallback: {trace.error}]" if trace.error else ""), file=sys.stderr)
     return 0
+
+
+def refuse(exc: Exception) -> int:
+    """An input problem: its message as argparse words a bad option (the same words as the library and the app)."""
+    print(f"python -m arr_coc ask: error: {exc}", file=sys.stderr)
+    return 2

@@ -5,7 +5,7 @@ rewrite.py    the pure input rewrite (spans, per-image budgets, kept-index check
 selecting.py  running a selector with per-item fallback
 trace.py      Trace (what happened to one item), PrefillOutput
 loading.py    checkpoints (hub id or folder) and the ARR-COC layer that goes with them
-processing.py chat prompts, the image-only processor, un-patchify
+processing.py chat prompts (questions tokenized as plain text), the image-only processor, un-patchify
 tiny.py       tiny random models of the three families, for tests
 """
 

@@ -75,6 +75,60 @@ def render_prompt(processor: Any, n_images: int, question: str) -> str:
     )
 
 
+def encode_prompts(processor: Any, images: Sequence[Sequence[Any]], questions: Sequence[str]) -> dict[str, torch.Tensor]:
+    """Processor tensors for a batch (images[b]: the images of question b; left padding), every question
+    tokenized as plain text.
+
+    User text is text: a question holding `<|im_end|>`, `<|image_pad|>` or any other special-token string
+    must not end its turn, forge another or add an image placeholder. So the chat template is rendered
+    with an empty question and run through the processor as usual (images expanded to their pads, any
+    processor: the stock one or `ImageOnlyQwenProcessor`), each question is tokenized on its own with
+    special tokens split (`split_special_tokens=True`: the characters <, |, i, m, ... never the control
+    token), and its tokens are spliced in where the question goes: right before the `<|im_end|>` that
+    closes the user turn, the last one in the prompt (which ends with the assistant's generation prompt).
+    A question without special-token strings gets exactly the ids of the whole rendered prompt: it sits
+    between two special tokens, where tokenizers split the text anyway (tests/test_fuzz.py checks this on
+    every family and the embedded model).
+    """
+    tok = getattr(processor, "tokenizer", processor)
+    texts = [render_prompt(processor, len(ims), "") for ims in images]
+    flat = [im for ims in images for im in ims]
+    kw: dict[str, Any] = {"text": texts, "padding": True, "padding_side": "left", "return_tensors": "pt"}
+    if flat:
+        kw["images"] = flat
+    tensors = {k: v for k, v in processor(**kw).items() if isinstance(v, torch.Tensor)}
+    ids = tensors["input_ids"]
+    mask = tensors.get("attention_mask")
+    if mask is None:
+        mask = tensors["attention_mask"] = torch.ones_like(ids)
+    im_end = tok.convert_tokens_to_ids(IM_END)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    rows_of = [k for k, v in tensors.items() if v.dim() >= 2 and tuple(v.shape[:2]) == tuple(ids.shape)]
+    rows: list[dict[str, torch.Tensor]] = []
+    for b, question in enumerate(questions):
+        q = torch.tensor(tok(question, add_special_tokens=False, split_special_tokens=True)["input_ids"],
+                         dtype=ids.dtype)
+        keep = mask[b].bool()
+        ends = (ids[b][keep] == im_end).nonzero().flatten()
+        if len(ends) == 0:
+            raise ValueError(f"the chat template rendered no {IM_END} to close the user turn; "
+                             "load the processor and chat template that ship with the Qwen-VL checkpoint")
+        at = int(ends[-1])
+        row = {}
+        for k in rows_of:
+            v = tensors[k][b][keep]
+            fill = q if k == "input_ids" else torch.full((len(q), *v.shape[1:]), 1 if k == "attention_mask" else 0,
+                                                          dtype=v.dtype)
+            row[k] = torch.cat([v[:at], fill.to(v.device), v[at:]])
+        rows.append(row)
+    length = max(len(r["input_ids"]) for r in rows)
+    for k in rows_of:
+        value = pad if k == "input_ids" else 0
+        tensors[k] = torch.stack([torch.cat([torch.full((length - len(r[k]), *r[k].shape[1:]), value,
+                                                        dtype=r[k].dtype), r[k]]) for r in rows])
+    return tensors
+
+
 class ImageOnlyQwenProcessor:
     """The stock Qwen-VL processor's image path, with no torchvision and no video processor.
 
@@ -87,6 +141,7 @@ class ImageOnlyQwenProcessor:
         self.tokenizer = tokenizer
         self.chat_template = chat_template or getattr(tokenizer, "chat_template", None) or QWEN_CHAT_TEMPLATE
         self.image_token = IMAGE_TOKEN
+        self.fallback_reason = "the stock Qwen-VL processor needs torchvision for videos"
         self.image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
         self.video_token_id = tokenizer.convert_tokens_to_ids(VIDEO_TOKEN)
         if self.image_token_id is None or self.image_token_id == tokenizer.unk_token_id:
@@ -111,6 +166,9 @@ class ImageOnlyQwenProcessor:
     ):
         from transformers import BatchFeature
 
+        if kwargs.get("videos") is not None:
+            raise ValueError(f"this processor reads images only, not videos ({self.fallback_reason}); pass a video as "
+                             "a list of frames (images), or install a torchvision that imports beside this torch")
         texts = [text] if isinstance(text, str) else list(text)
         vision: dict[str, Any] = {}
         if images is not None:
@@ -170,13 +228,15 @@ def load_processor(path: str, **kwargs: Any) -> Any:
     except Exception as exc:  # noqa: BLE001 - any failure means: use the image-only fallback
         text = str(exc).strip()
         reason = f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
-    logger.warning(
-        "AutoProcessor could not be built for %s (%s); using the PIL image processor + tokenizer "
-        "(image-only: videos are not supported in this environment)", path, reason,
-    )
+    # Nothing a user can act on while they pass images (the image path is the same tensors), so this is a
+    # debug line; the reason is kept and said when a video is actually passed (ImageOnlyQwenProcessor).
+    logger.debug("AutoProcessor could not be built for %s (%s); using the PIL image processor + tokenizer "
+                 "(image-only)", path, reason)
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     image_processor = _load_pil_image_processor(path)
-    return ImageOnlyQwenProcessor(image_processor, tokenizer, chat_template=_read_chat_template(path, tokenizer))
+    processor = ImageOnlyQwenProcessor(image_processor, tokenizer, chat_template=_read_chat_template(path, tokenizer))
+    processor.fallback_reason = f"the stock processor could not be built here: {reason}"
+    return processor
 
 
 def _load_pil_image_processor(path: str) -> Any:

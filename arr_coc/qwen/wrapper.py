@@ -28,12 +28,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from ..budget import Budget, BudgetMode, BudgetSpec, check_mode, resolve_count
+from ..cancel import checkpoint, stopping_kwargs
+from ..inputs import check_items, limits_for
 from ..layer import ARRCOCLayer
 from ..selection import SelectionContext, Selector, get_selector, selector_name, selects_before_encoding
 from .encoding import EncodeConfig, EncodeMode, as_encode_config, encoder_output_class
 from .foveation import Gist, encode_gist, foveate, merge_gists
 from .loading import MODEL_CLASSES, LayerSpec, build_layer, load_vlm
-from .processing import IM_END, VISION_END, image_processor_of, render_prompt, unpatchify_images
+from .processing import IM_END, VISION_END, encode_prompts, image_processor_of, unpatchify_images
 from .rewrite import (PrunedInputs, expand_budgets, image_spans, model_tensors, replacement, rewrite,
                       validate_kept)
 from .selecting import run_selector, slice_output
@@ -133,13 +135,7 @@ class ARRCOCQwen:
 
     def build_inputs(self, images: Sequence[Sequence[Any]], questions: Sequence[str]) -> dict[str, torch.Tensor]:
         """Processor tensors for a batch: images[b] is the list of images of question b (left padding)."""
-        texts = [render_prompt(self.processor, len(ims), q) for ims, q in zip(images, questions)]
-        flat = [im for ims in images for im in ims]
-        kw: dict[str, Any] = {"text": texts, "padding": True, "padding_side": "left", "return_tensors": "pt"}
-        if flat:
-            kw["images"] = flat
-        out = self.processor(**kw)
-        return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+        return encode_prompts(self.processor, images, questions)
 
     def _question_tokens(self, row_ids: torch.Tensor) -> torch.Tensor:
         """Question token ids of one unpadded row: text after the last <|vision_end|> up to <|im_end|>.
@@ -203,6 +199,7 @@ class ARRCOCQwen:
             t0 = time.perf_counter()
             gist, gist_failed = self._gist(images, batch.grid_hw, encoding.gist, strict)
             batch.vision_s += time.perf_counter() - t0
+            checkpoint("gist")
 
         t0 = time.perf_counter()
         n = len(batch.n_tokens)
@@ -222,6 +219,7 @@ class ARRCOCQwen:
             kept[i], fallback[i], errors[i] = torch.arange(batch.n_tokens[i]), "keep_all", f"gist failed: {why}"
         kept, fallback, errors = validate_kept(kept, batch.n_tokens, fallback, errors)
         select_s = time.perf_counter() - t0
+        checkpoint("selection")
 
         lm_cells, fovea = kept, None
         if before:
@@ -230,6 +228,7 @@ class ARRCOCQwen:
                             gist)
             batch.feats, batch.deep, lm_cells = fovea.feats, fovea.deep, fovea.lm_cells
             batch.vision_s += time.perf_counter() - t0
+            checkpoint("vision")
 
         pruned = rewrite(batch.input_ids, batch.attention_mask, batch.pos3, batch.spans, batch.feats, batch.deep,
                          lm_cells, batch.encoder_output_cls, batch.item_of_image, batch.grid_hw, self.pad_token_id)
@@ -316,6 +315,7 @@ class ARRCOCQwen:
             deep = [tuple(layer) for layer in deep] if deep is not None else None
             enc_cls = type(enc)
         vision_s = time.perf_counter() - t0
+        checkpoint("vision")
 
         pos3, _ = core.get_rope_index(                                       # [3, B, S], zeros on padding
             input_ids, mm_token_type_ids=mm, image_grid_thw=grid_thw, attention_mask=attention_mask
@@ -403,6 +403,7 @@ class ARRCOCQwen:
         h2 = self.model.register_forward_hook(post_hook, with_kwargs=True)
         try:
             kw = {"do_sample": False, "pad_token_id": self.pad_token_id, **gen_kwargs}
+            kw = stopping_kwargs(kw)
             seqs = self.model.generate(**pruned.model_kwargs(), **kw)
         finally:
             h1.remove()
@@ -441,6 +442,7 @@ class ARRCOCQwen:
         if len(images) != len(questions):
             raise ValueError(f"got {len(images)} image entries for {len(questions)} questions; pass one per question")
         item_images = [list(im) if isinstance(im, (list, tuple)) else ([] if im is None else [im]) for im in images]
+        item_images, questions, _ = check_items(item_images, questions, limits_for(self.processor))
         inputs = self.build_inputs(item_images, questions)
         sequences, new_tokens, traces = self._generate_from_inputs(
             inputs, budget, method, budget_mode, encode, max_new_tokens=max_new_tokens, **gen_kwargs)
@@ -460,6 +462,7 @@ class ARRCOCQwen:
         """-> (sequences as generate returns them on the pruned prompt, new tokens only, traces)."""
         if inputs.get("pixel_values") is None:  # text-only: nothing to prune
             kw = {"do_sample": False, "pad_token_id": self.pad_token_id, **gen_kwargs}
+            kw = stopping_kwargs(kw)
             with torch.no_grad():
                 seqs = self.model.generate(**{k: v.to(self.device) for k, v in inputs.items()}, **kw)
             S = inputs["input_ids"].shape[1]

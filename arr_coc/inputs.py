@@ -1,0 +1,523 @@
+"""The one validator of what a user sends: images, questions, budgets and methods.
+
+`ARRCOCQwen.generate`, `python -m arr_coc ask` and the microscope app all check their inputs here, so the
+same input gets the same verdict and the same words everywhere. A problem is an `InputError` whose
+message says what is wrong and what to do, and never names a server's file paths; `InputError.code`
+names the case for programs and tests. What can be made valid safely is made valid, with a note:
+
+| input | verdict |
+|---|---|
+| animated image | the first frame, with a note |
+| 16-bit / 32-bit, CMYK, palette, transparency | 8-bit RGB (alpha flattened onto white), with a note |
+| EXIF orientation | applied |
+| more than `max_image_pixels` | downscaled keeping its aspect ratio inside the model's limit, with a note |
+| aspect ratio beyond `max_aspect` (200:1, what Qwen-VL takes) up to `max_pad_aspect` | padded with white to 200:1, with a note |
+| fewer than `min_image_pixels` (1 x 1, 20 x 20), thinner than `max_pad_aspect`, more than `max_decode_pixels` (checked before decoding; decompression bombs), a file over `max_file_bytes`, empty, truncated, not an image, a folder, missing | refused |
+| a question: empty or blank, over `max_question_chars` | refused |
+| a question with NUL or other control characters | those removed, with a note |
+| a budget: not a share in (0, 1] or a count in [1, `max_budget_count`] (`arr_coc.budget` reads it) | refused |
+| an unknown method | refused, naming the known ones |
+
+Special-token strings in a question (`<|im_end|>`, `<|image_pad|>`, ...) are not an input problem: the
+question is tokenized as plain text (`arr_coc.qwen.processing.encode_prompts`), so they are characters.
+The limits are `LIMITS` (an `InputLimits`); `limits_for(processor)` raises the downscale cap to a model's
+own input size when that is larger. Nothing heavy is imported until an image is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import unicodedata
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .budget import DEFAULT_BUDGET, MAX_COUNT, Budget, BudgetError, parse_budget
+from .cancel import Cancelled, checkpoint
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+FORMATS = "PNG, JPEG, WebP, BMP or GIF"
+
+
+@dataclass(frozen=True)
+class InputLimits:
+    """What the validator accepts. Every refusal message quotes the limit it applied."""
+
+    max_question_chars: int = 1000
+    min_image_pixels: int = 28 * 28          # one merged visual token of Qwen2-VL / 2.5-VL; fewer: nothing to see
+    max_aspect: float = 200.0                # Qwen-VL's smart_resize refuses anything thinner
+    max_pad_aspect: float = 10_000.0         # thinner than this is refused rather than padded to max_aspect
+    max_decode_pixels: int = 80_000_000      # refused before decoding (PIL itself warns at 89 MP)
+    max_image_pixels: int = 2048 * 2048      # larger images are downscaled to this before the processor
+    max_file_bytes: int = 25 * 2**20         # 25 MiB: also the app's upload limit
+    max_budget_count: int = MAX_COUNT        # token counts above this are refused (shares are in (0, 1])
+
+    def describe(self) -> dict[str, Any]:
+        """The limits as plain values (for documentation, an API description, a log line)."""
+        return {**dataclasses.asdict(self), "budget_share_range": "(0, 1]", "budget_count_range": f"[1, {MAX_COUNT}]"}
+
+
+LIMITS = InputLimits()
+
+
+class InputError(ValueError):
+    """A problem with an input; the message is for the user as it is. `code` names the case."""
+
+    def __init__(self, message: str, code: str = "invalid"):
+        super().__init__(message)
+        self.code = code
+
+
+def limits_for(processor: Any = None, limits: InputLimits = LIMITS) -> InputLimits:
+    """`limits`, with the downscale cap raised to the model's own largest input when that is larger
+    (a Qwen2-VL-2B processor resizes up to 12.8 MP; the embedded model's to 0.8 MP)."""
+    ip = getattr(processor, "image_processor", processor)
+    size = getattr(ip, "size", None) or {}
+    most = getattr(ip, "max_pixels", None) or (size.get("longest_edge") if isinstance(size, dict) else None)
+    if not most or int(most) <= limits.max_image_pixels:
+        return limits
+    return dataclasses.replace(limits, max_image_pixels=int(min(int(most), limits.max_decode_pixels)))
+
+
+# ----------------------------------------------------------------------------- the controls
+
+
+def check_question(question: Any, limits: InputLimits = LIMITS) -> tuple[str, list[str]]:
+    """A question -> (the text to ask, notes). Control characters (NUL, ...) are removed, with a note;
+    blank or over-long questions are refused."""
+    text = "" if question is None else question if isinstance(question, str) else str(question)
+    kept = "".join(c for c in text if c in "\t\n\r" or unicodedata.category(c) != "Cc")
+    notes = []
+    if len(kept) != len(text):
+        n = len(text) - len(kept)
+        notes.append(f"Removed {n} control character{'s' if n > 1 else ''} (such as NUL) from the question.")
+    kept = kept.strip()
+    if not kept:
+        raise InputError("The question is empty: type a question about the image, e.g. \"What color is the circle?\"",
+                         "question_empty")
+    if len(kept) > limits.max_question_chars:
+        raise InputError(f"The question is {len(kept):,} characters long; the limit is {limits.max_question_chars:,}. "
+                         "Ask one short question about the image.", "question_too_long")
+    return kept, notes
+
+
+def check_budget(value: Any, default: Budget | None = None, limits: InputLimits = LIMITS) -> Budget | None:
+    """A budget as any caller writes it (0.25, "10%", 64, "64tok"), read by `arr_coc.budget.parse_budget`;
+    None (not given) is `default`. A refusal carries the budget parser's own message ("" is not a budget,
+    as on the command line and in `generate`)."""
+    if value is None:
+        return default
+    try:
+        budget = parse_budget(value)
+    except BudgetError as exc:
+        raise InputError(str(exc), "budget") from None
+    if isinstance(budget, int) and budget > limits.max_budget_count:
+        raise InputError(f"budget={budget} as a token count is more than any image has (limit "
+                         f"{limits.max_budget_count:,}); write a share like 0.1, 1.0 or 10%, or a smaller count",
+                         "budget")
+    return budget
+
+
+def check_method(method: Any, default: str = "arr_coc") -> str:
+    """A selector name that `arr_coc.selection.get_selector` resolves (None, not given, is `default`)."""
+    from .selection import available_methods, unknown_method_message
+
+    if method is None:
+        return default
+    if not isinstance(method, str) or method not in available_methods():
+        raise InputError(unknown_method_message(method), "method")
+    return method
+
+
+# ----------------------------------------------------------------------------- the image
+
+
+@dataclass
+class ImageInfo:
+    """What happened to an image on its way to the model (for the page, the trace and the CLI)."""
+
+    original_size: tuple[int, int] | None = None
+    used_size: tuple[int, int] | None = None
+    mode: str | None = None
+    format: str | None = None
+    frames: int = 1
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class OpenedImage:
+    """An image whose header passed the size checks, not decoded yet (`finish_image` decodes it).
+
+    `pixels` is what decoding will hold, for callers that admit work by memory (the app)."""
+
+    image: Any                      # a lazily opened PIL image
+    info: ImageInfo
+    file: Any = None                # the open file, closed by finish_image / close
+    name: str = "the image"
+
+    @property
+    def pixels(self) -> int:
+        w, h = self.info.original_size or (0, 0)
+        return w * h
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+class _CheckedFile:
+    """A file whose every read is a step boundary (`arr_coc.cancel.checkpoint`): a cancelled request stops
+    decoding a huge image between two reads instead of decoding all of it first."""
+
+    def __init__(self, f: Any):
+        self._f = f
+
+    def read(self, n: int = -1) -> bytes:
+        checkpoint("decoding")
+        return self._f.read(n)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+
+def _silence_pil_bomb_warning() -> None:
+    """PIL warns above 89 MP; the validator refuses at `max_decode_pixels` (80 MP) before decoding, so the
+    warning says nothing the verdict does not. Filtered once, for this warning class only."""
+    import warnings
+
+    from PIL import Image
+
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
+
+def _reason(exc: BaseException, path: str | None = None) -> str:
+    """'Type: first line', with any file path taken out (messages never show a server's paths)."""
+    from PIL import UnidentifiedImageError
+
+    if isinstance(exc, UnidentifiedImageError):
+        return "not an image format this reader knows"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    for p in filter(None, {path, getattr(exc, "filename", None)}):
+        text = text.replace(str(p), "the file").replace(repr(str(p)), "the file")
+    if os.sep in text:  # still a path in there: say less rather than leak it
+        text = ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _check_header(w: int, h: int, limits: InputLimits) -> None:
+    if w * h > limits.max_decode_pixels:
+        raise InputError(f"The image is {w}x{h} px ({w * h / 1e6:.0f} megapixels): too large to decode here "
+                         f"(limit {limits.max_decode_pixels / 1e6:.0f} MP). Downscale it and try again.", "image_too_large")
+    if w * h < limits.min_image_pixels:
+        side = math.isqrt(limits.min_image_pixels)
+        raise InputError(f"The image is {w}x{h} px: too small to show anything. Give an image of at least "
+                         f"{side}x{side} px (one visual token covers {side}x{side} px).", "image_too_small")
+    ratio = max(w, h) / min(w, h)
+    if ratio > limits.max_pad_aspect:
+        raise InputError(f"The image is {w}x{h} px, an aspect ratio of {ratio:,.0f}:1: too thin to use (Qwen-VL takes "
+                         f"up to {limits.max_aspect:.0f}:1; thinner images are padded up to "
+                         f"{limits.max_pad_aspect:,.0f}:1). Crop it closer to the region of interest.", "image_too_thin")
+
+
+def open_image(value: Any, limits: InputLimits = LIMITS, name: str | None = None) -> OpenedImage:
+    """Open an image (a path, bytes, a PIL image or an HxW[xC] uint8 array) and check its header.
+
+    `name` is how messages call a file (the CLI passes the path the user typed; the app nothing, so its
+    temporary paths never show). Raises InputError; nothing is decoded yet.
+    """
+    import numpy as np
+    from PIL import Image
+
+    _silence_pil_bomb_warning()
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise InputError(f"No image: give an image ({FORMATS}).", "image_missing")
+    if isinstance(value, Image.Image):
+        return _opened(value, None, limits, name or "the image")
+    if isinstance(value, np.ndarray):
+        try:
+            im = Image.fromarray(value)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"Could not use the array as an image ({_reason(exc)}); pass HxW or HxWx3 uint8 values.",
+                             "image_unreadable") from None
+        return _opened(im, None, limits, name or "the array")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        import io
+
+        return _open_file(_CheckedFile(io.BytesIO(bytes(value))), len(value), None, limits, name or "the image")
+    if not isinstance(value, (str, os.PathLike)):
+        raise InputError(f"Could not use a {type(value).__name__} as an image; give a file path or a PIL image.",
+                         "image_unreadable")
+    path = os.fspath(value)
+    shown = repr(name) if name else "the uploaded file"
+    if os.path.isdir(path):
+        raise InputError(f"{repr(name) if name else 'The upload'} is a folder, not an image file: give one image "
+                         f"file ({FORMATS}).", "image_missing")
+    if not os.path.isfile(path):
+        raise InputError(f"Could not find the image file {name!r}: check the path and try again." if name else
+                         "Could not find the uploaded image file: upload it again.", "image_missing")
+    try:
+        size = os.path.getsize(path)
+        f = _CheckedFile(open(path, "rb"))
+    except OSError as exc:
+        raise InputError(f"Could not open {shown} ({_reason(exc, path)}). Check that it can be read.",
+                         "image_unreadable") from None
+    return _open_file(f, size, path, limits, shown)
+
+
+def _open_file(f: Any, size: int, path: str | None, limits: InputLimits, shown: str) -> OpenedImage:
+    from PIL import Image
+
+    try:
+        if size == 0:
+            raise InputError(f"Could not read the file as an image (it is empty). Give a {FORMATS} file.", "image_empty")
+        if size > limits.max_file_bytes:
+            raise InputError(f"The file is {size:,} bytes, over the {limits.max_file_bytes / 2**20:.0f} MB limit. "
+                             "Save the image smaller (JPEG, or fewer pixels) and try again.", "file_too_large")
+        try:
+            im = Image.open(f)
+        except Image.DecompressionBombError:
+            raise InputError(f"The image is too large to decode safely (its header declares more than "
+                             f"{2 * Image.MAX_IMAGE_PIXELS / 1e6:.0f} MP; the limit is "
+                             f"{limits.max_decode_pixels / 1e6:.0f} MP). Downscale it and try again.",
+                             "image_too_large") from None
+        except Cancelled:
+            raise
+        except Exception as exc:  # noqa: BLE001 - PIL raises many kinds for non-images
+            raise InputError(f"Could not read the file as an image ({_reason(exc, path)}). Give a {FORMATS} file.",
+                             "image_unreadable") from None
+        return _opened(im, f, limits, shown)
+    except BaseException:
+        f.close()
+        raise
+
+
+def _opened(im: Any, f: Any, limits: InputLimits, shown: str) -> OpenedImage:
+    w, h = im.size
+    info = ImageInfo(original_size=(w, h), mode=im.mode, format=getattr(im, "format", None))
+    try:
+        _check_header(w, h, limits)
+    except InputError:
+        if f is not None:
+            f.close()
+        raise
+    return OpenedImage(image=im, info=info, file=f, name=shown)
+
+
+def check_image(value: Any, limits: InputLimits = LIMITS, name: str | None = None) -> tuple[Image, ImageInfo]:
+    """Any image a caller passes -> (8-bit RGB PIL image the model can take, ImageInfo). Raises InputError."""
+    return finish_image(open_image(value, limits, name), limits)
+
+
+# Modes resized as they are; the others are converted first (palette and bilevel images resize poorly).
+_RESIZABLE = {"RGB", "RGBA", "L", "LA", "CMYK", "YCbCr", "I", "F", "I;16", "I;16L", "I;16B", "I;16N"}
+
+
+def plan_size(w: int, h: int, limits: InputLimits = LIMITS) -> tuple[tuple[int, int], tuple[int, int]]:
+    """-> ((width, height) to resize to, (width, height) of the canvas it is padded onto).
+
+    The canvas stays within `max_aspect` (padding a thinner image) and about `max_image_pixels`
+    (downscaling keeps the aspect ratio, rounded so it never crosses `max_aspect`)."""
+    long, short = max(w, h), min(w, h)
+    canvas_short = max(short, math.ceil(long / limits.max_aspect))
+    scale = min(1.0, math.sqrt(limits.max_image_pixels / (long * canvas_short)))
+    if scale < 1.0:
+        long1 = max(1, math.floor(long * scale))
+        short1 = max(1, math.floor(short * scale))
+        if short * limits.max_aspect >= long:       # not padded: round the short side up if the limit needs it
+            short1 = max(short1, math.ceil(long1 / limits.max_aspect))
+    else:
+        long1, short1 = long, short
+    canvas1 = max(short1, math.ceil(long1 / limits.max_aspect))
+    if w >= h:
+        return (long1, short1), (long1, canvas1)
+    return (short1, long1), (canvas1, long1)
+
+
+def finish_image(opened: OpenedImage, limits: InputLimits = LIMITS) -> tuple[Image, ImageInfo]:
+    """Decode and normalise: first frame, 8 bits, RGB (alpha flattened onto white), downscaled and padded as
+    `plan_size` says, EXIF orientation applied. Raises InputError (truncated or damaged data, exotic modes)."""
+    from PIL import Image
+
+    im, info = opened.image, opened.info
+    try:
+        frames = int(getattr(im, "n_frames", 1) or 1)
+        if frames > 1:
+            info.frames = frames
+            info.notes.append(f"Animated image ({frames} frames): only the first frame is used.")
+            im.seek(0)
+        w, h = im.size
+        size, canvas = plan_size(w, h, limits)
+        deep = im.mode.startswith("I;16") or im.mode in ("I", "F") or any(
+            ";16" in str(getattr(t, "args", "")) for t in (getattr(im, "tile", None) or []))
+        if size != (w, h) and getattr(im, "format", None) == "JPEG":
+            im.draft(None, size)  # decode at a reduced scale, at least `size`: far less memory for huge JPEGs
+        try:
+            im.load()
+        except Cancelled:
+            raise
+        except Exception as exc:  # noqa: BLE001 - truncated or corrupt data
+            raise InputError(f"The image file is truncated or damaged ({_reason(exc)}). Re-save it and try again.",
+                             "image_damaged") from None
+        orientation = _orientation(im)
+    finally:
+        opened.close()
+    mode = im.mode
+    try:
+        if mode not in _RESIZABLE:
+            im = im.convert("RGBA" if _has_alpha(im) else "RGB")
+        if im.size != size:
+            im = im.resize(size, Image.LANCZOS, reducing_gap=3.0)
+        im = _to_8_bits(im)
+        if _has_alpha(im):
+            rgba = im.convert("RGBA")
+            im = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
+            info.notes.append(f"Image with transparency ({info.mode}): flattened onto a white background.")
+        if im.mode != "RGB":
+            im = im.convert("RGB")
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - exotic modes (LAB, HSV, ...)
+        raise InputError(f"Could not convert the {mode} image to RGB ({_reason(exc)}). Save it as an RGB PNG or JPEG.",
+                         "image_unreadable") from None
+    if deep:
+        info.notes.append(f"{'32' if mode in ('F', 'I') else '16'}-bit image ({info.mode}): converted to 8 bits "
+                          "per channel.")
+    if mode == "CMYK":
+        info.notes.append("CMYK image: converted to RGB (colours may shift a little without its colour profile).")
+    if size != (w, h):
+        info.notes.append(f"Large image ({w}x{h} px, {w * h / 1e6:.1f} MP): downscaled to {size[0]}x{size[1]} "
+                          f"(cap {limits.max_image_pixels / 1e6:.1f} MP); the model resizes to its own input size "
+                          "anyway.")
+    if canvas != size:
+        padded = Image.new("RGB", canvas, (255, 255, 255))
+        padded.paste(im, ((canvas[0] - size[0]) // 2, (canvas[1] - size[1]) // 2))
+        im = padded
+        info.notes.append(f"Very thin image ({w}x{h} px, {max(w, h) / min(w, h):,.0f}:1): padded with white to "
+                          f"{canvas[0]}x{canvas[1]} px, because Qwen-VL takes aspect ratios up to "
+                          f"{limits.max_aspect:.0f}:1.")
+    if orientation not in (None, 1):
+        im = _apply_orientation(im, orientation)
+    info.used_size = im.size
+    return im, info
+
+
+def _orientation(im: Any) -> int | None:
+    try:
+        return int(im.getexif().get(0x0112) or 1)
+    except Exception:  # noqa: BLE001 - a broken EXIF block is no reason to refuse the picture
+        return None
+
+
+def _apply_orientation(im: Any, orientation: int) -> Any:
+    from PIL import Image
+
+    ops = {2: [Image.Transpose.FLIP_LEFT_RIGHT], 3: [Image.Transpose.ROTATE_180], 4: [Image.Transpose.FLIP_TOP_BOTTOM],
+           5: [Image.Transpose.TRANSPOSE], 6: [Image.Transpose.ROTATE_270], 7: [Image.Transpose.TRANSVERSE],
+           8: [Image.Transpose.ROTATE_90]}
+    for op in ops.get(orientation, []):
+        im = im.transpose(op)
+    return im
+
+
+def _has_alpha(im: Any) -> bool:
+    return im.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (im.mode == "P" and "transparency" in im.info)
+
+
+def _to_8_bits(im: Any) -> Any:
+    """16-bit and 32-bit grey images -> 8-bit "L" (16-bit scaled by 1/257, 32-bit stretched to its range)."""
+    import numpy as np
+    from PIL import Image
+
+    mode = im.mode
+    if not (mode.startswith("I;16") or mode in ("I", "F")):
+        return im
+    arr = np.asarray(im, dtype=np.float32)
+    if mode.startswith("I;16"):
+        arr = arr / 257.0
+    else:
+        lo, hi = float(arr.min()), float(arr.max())
+        arr = (arr - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(arr)
+    return Image.fromarray(np.clip(arr + 0.5, 0, 255).astype(np.uint8), "L")
+
+
+# ----------------------------------------------------------------------------- a whole request
+
+
+@dataclass
+class CheckedRequest:
+    """Everything a request sends, checked, in the order the validator checks it."""
+
+    budget: Budget | None
+    method: str
+    question: str
+    image: Any                      # RGB PIL image, or None when no image was asked for
+    info: ImageInfo | None
+    notes: list[str]
+
+
+def validate(image: Any, question: Any, budget: Any = None, method: Any = None, limits: InputLimits = LIMITS,
+             name: str | None = None, default_budget: Budget | None = DEFAULT_BUDGET) -> CheckedRequest:
+    """Check a whole request in one fixed order (budget, method, question, image), so a request with
+    several problems gets the same first verdict everywhere. Raises InputError."""
+    checked_budget = check_budget(budget, default_budget, limits)
+    checked_method = check_method(method)
+    text, notes = check_question(question, limits)
+    picture, info = check_image(image, limits, name)
+    return CheckedRequest(checked_budget, checked_method, text, picture, info, notes + info.notes)
+
+
+def check_items(images: list[list[Any]], questions: list[Any], limits: InputLimits = LIMITS
+                ) -> tuple[list[list[Any]], list[str], list[list[str]]]:
+    """The library's entry check (`ARRCOCQwen.generate`): per question its images, checked and normalised,
+    and the question text -> (images, questions, notes per question). Images are PIL images, file paths or
+    bytes; arrays and tensors pass through unchanged (the processor reads them as it always did)."""
+    out_images, out_questions, notes = [], [], []
+    for ims, q in zip(images, questions):
+        text, q_notes = check_question(q, limits)
+        checked = []
+        for im in ims:
+            if type(im).__module__.startswith(("torch", "numpy")):
+                checked.append(im)   # an array: the processor's business
+                continue
+            picture, info = check_image(im, limits, name=os.fspath(im) if isinstance(im, (str, os.PathLike)) else None)
+            checked.append(picture)
+            q_notes += info.notes
+        out_images.append(checked)
+        out_questions.append(text)
+        notes.append(q_notes)
+    return out_images, out_questions, notes
+
+
+# ----------------------------------------------------------------------------- after the answer
+
+
+def _foreign(question: str) -> bool:
+    """True when the question leans on characters outside Latin scripts: emoji, symbols, CJK, Cyrillic, ..."""
+    letters = [c for c in question if c.isalpha() or unicodedata.category(c) in ("So", "Sk")]
+    if not letters:
+        return bool(question.strip()) and any(unicodedata.category(c) in ("So", "Sk", "Cs") for c in question)
+    foreign = [c for c in letters if ord(c) > 0x24F]
+    return len(foreign) * 2 >= len(letters)
+
+
+def answer_notes(answer: Any, question: str, tokenizer: Any = None) -> list[str]:
+    """Notes for an answer the user may not expect: an empty one, and why it may be empty."""
+    text = answer if isinstance(answer, str) else " ".join(map(str, answer)) if isinstance(answer, list) else str(answer)
+    if text.strip():
+        return []
+    unknown = 0
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is not None:
+        try:
+            ids = tokenizer(question, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            unknown = sum(1 for t in ids if t == unk) / max(1, len(ids))
+        except Exception:  # noqa: BLE001 - a note is never worth a failure
+            unknown = 0
+    if _foreign(question) or unknown >= 0.5:
+        return ["The model gave an empty answer. Most of the question is in characters this model does not read "
+                "(emoji or a non-Latin script): ask in English words."]
+    return ["The model gave an empty answer. Try asking the question another way."]
