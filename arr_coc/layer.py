@@ -8,7 +8,6 @@ that image keeps all its tokens and the output says why (`fallback`, `errors`).
 
 from __future__ import annotations
 
-import json
 import os
 import traceback
 from dataclasses import dataclass

@@ -4,6 +4,7 @@ subprocess, a tiny saved model, and the catalogue of bad inputs with the message
 from __future__ import annotations
 
 import io
+import json
 import os
 import socket
 import subprocess
@@ -192,3 +193,27 @@ def leaky_main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     leaky_main(sys.argv[1:])
+
+
+def predict(client, image, question, arr_coc=True, budget=0.25, adaptive=False, method="arr_coc"):
+    from gradio_client import handle_file
+
+    out = client.predict(handle_file(image) if image else None, question, arr_coc, budget, adaptive, method,
+                         api_name="/ask")
+    from microscope import handler
+
+    return dict(zip(handler.OUTPUT_NAMES, out))
+
+
+def check_full_answer(out: dict, question: str) -> dict:
+    assert out["error"] == "" or out["error"].startswith("**Note:**"), out["error"]
+    assert isinstance(out["answer_baseline"], str) and isinstance(out["answer_arr"], str)
+    rows = {r[0]: r[1:] for r in out["stats"]["data"]}
+    assert int(rows["visual tokens (kept)"][1].split()[0]) < int(rows["visual tokens (total)"][1])
+    heat = Image.open(out["heatmap"])
+    assert heat.format == "PNG" and min(heat.size) >= 28
+    assert [m["caption"].split(" ")[0] for m in out["maps"]][-1] == "relevance"
+    assert len(out["channels"]) >= 10 and all(Path(c["image"]).exists() for c in out["channels"])
+    record = json.loads(Path(out["trace"]).read_text())
+    assert record["question"] == question
+    return record

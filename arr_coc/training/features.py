@@ -85,7 +85,7 @@ def extract_features(wrapper: ARRCOCQwen, records: Sequence[VQARecord], progress
 
 def answer_target(boxes, original_wh: tuple[int, int], image_hw: tuple[int, int], grid_hw: tuple[int, int]):
     """[h * w] float: the answer's boxes (original pixels) as cell shares on the grid of the resized image."""
-    (hs, ws), (h, w) = image_hw, grid_hw
+    (hs, ws), (_, w) = image_hw, grid_hw
     scaled = scale_boxes(boxes or [], original_wh, (ws, hs))  # the processor may have resized the image
     return torch.from_numpy(boxes_to_cell_shares(scaled, (ws, hs), ws // w)).reshape(-1).float()
 
