@@ -193,7 +193,9 @@ class ARRCOCQwen:
         if before and fn is not None and not selects_before_encoding(fn):
             raise ValueError(f"method {name!r} reads the encoded visual tokens, so it cannot choose before the "
                              "vision tower; run it with encode='after'")
-        images = unpatchify_images(batch.inputs["pixel_values"], batch.grid_thw, image_processor_of(self.processor))
+        # the resized images the selector reads (texture, gist); no selector (every token kept), no work
+        images = unpatchify_images(batch.inputs["pixel_values"], batch.grid_thw, image_processor_of(self.processor)) \
+            if fn is not None else []
         gist, gist_failed = None, {}
         if before and fn is not None and encoding.gist > 0:
             t0 = time.perf_counter()
