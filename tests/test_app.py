@@ -114,7 +114,7 @@ def test_a_hub_id_without_the_hub_says_so_and_what_to_do(monkeypatch):
     """The tests run offline (HF_HUB_OFFLINE=1): a hub id that is not cached fails at once, and says why."""
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
     with pytest.raises(SystemExit) as info:
-        app.main(["--model", "Qwen/Qwen2-VL-2B-Instruct", "--device", "cpu"])
+        app.main(["--model", "some-org/an-uncached-vl-model", "--device", "cpu"])   # a hub id, never fetched
     message = str(info.value)
     assert "HF_HUB_OFFLINE is set" in message and "unset HF_HUB_OFFLINE" in message
     assert "pass --model with a local folder" in message
@@ -128,7 +128,7 @@ def test_a_hub_id_without_the_hub_says_so_and_what_to_do(monkeypatch):
     except FileNotFoundError as exc:
         error = OSError("We couldn't connect to 'https://huggingface.co' to load the files")
         error.__cause__ = exc
-    message = server.load_failure("Qwen/Qwen2-VL-2B-Instruct", error)
+    message = server.load_failure("some-org/an-uncached-vl-model", error)
     assert "could not be reached" in message and "go online" in message and "local folder" in message
     # A reason the hub itself gave (a typo in the id, a non-Qwen model) is not blamed on the network.
     assert "could not be reached" not in server.load_failure("Qwen/nope", ValueError("'llama' model"))
