@@ -56,18 +56,14 @@ class _PrefixDone(Exception):
 
 def encoder_output(model: Any, visual_tokens: list[torch.Tensor], deepstack: list[list[torch.Tensor]] | None = None):
     """A vision-encoder output carrying precomputed visual tokens (and Qwen3-VL deepstack features)."""
+    from ..qwen.encoding import encoder_output_class
+
+    cls = encoder_output_class(model)
     if deepstack is None:
-        from transformers.modeling_outputs import BaseModelOutputWithPooling
-
-        return BaseModelOutputWithPooling(pooler_output=tuple(visual_tokens))
-    import importlib
-
-    module = importlib.import_module(type(model.model).__module__)
+        return cls(pooler_output=tuple(visual_tokens))
     n_layers = len(deepstack[0]) if deepstack else 0
-    return module.BaseModelOutputWithDeepstackFeatures(
-        pooler_output=tuple(visual_tokens),
-        deepstack_features=[tuple(img[l] for img in deepstack) for l in range(n_layers)],
-    )
+    return cls(pooler_output=tuple(visual_tokens),
+               deepstack_features=[tuple(img[l] for img in deepstack) for l in range(n_layers)])
 
 
 @torch.no_grad()

@@ -55,7 +55,7 @@ def nearest_cells(full_hw: tuple[int, int], coarse_hw: tuple[int, int]) -> torch
     return (rows[:, None] * wg + cols[None, :]).reshape(-1)
 
 
-def centre_cells(full_hw: tuple[int, int], coarse_hw: tuple[int, int]) -> torch.Tensor:
+def coarse_centres(full_hw: tuple[int, int], coarse_hw: tuple[int, int]) -> torch.Tensor:
     """LongTensor[h_g * w_g]: the full cell under each coarse cell's centre (inside that coarse cell's footprint)."""
     (h, w), (hg, wg) = full_hw, coarse_hw
     rows = ((torch.arange(hg) + 0.5) * h / hg).floor().long().clamp_max(h - 1)
@@ -119,7 +119,7 @@ def foveate(model: PreTrainedModel, pixel_values: torch.Tensor, grid_thw: torch.
             covered = torch.zeros(gist.grid_hw[i][0] * gist.grid_hw[i][1], dtype=torch.bool)
             covered[nearest_cells(g, gist.grid_hw[i])[c]] = True
             regions = (~covered).nonzero().squeeze(1)             # gist cells with no chosen cell inside
-            extra = centre_cells(g, gist.grid_hw[i])[regions]
+            extra = coarse_centres(g, gist.grid_hw[i])[regions]
             full[i][extra.to(full[i].device)] = gist.tokens[i][regions.to(full[i].device)].to(full[i].dtype)
             if full_deep is not None:
                 for l in range(n_layers):
