@@ -56,3 +56,24 @@ def encode_config(args: argparse.Namespace):
         return EncodeConfig(mode=args.encode, gist=args.gist, margin=args.margin, periphery=args.periphery)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
+
+
+def add_runtime(parser: argparse.ArgumentParser) -> None:
+    """--device, --dtype and --attn-implementation, with `arr_coc.runtime`'s one meaning."""
+    from arr_coc.runtime import ATTN_IMPLEMENTATIONS, DEVICE_HELP, DTYPE_CHOICES
+
+    parser.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default auto)")
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                        help="auto: float32 on cpu, bfloat16 on a GPU that has it, else float16 (default auto)")
+    parser.add_argument("--attn-implementation", default=None, choices=ATTN_IMPLEMENTATIONS,
+                        help="the VLM's attention kernels (default: transformers' own, sdpa)")
+
+
+def runtime(args: argparse.Namespace):
+    """The `Runtime` the --device/--dtype/--attn-implementation options describe (argparse-style exit if wrong)."""
+    from arr_coc.runtime import Runtime, RuntimeChoiceError
+
+    try:
+        return Runtime.resolve(args.device, args.dtype, args.attn_implementation)
+    except RuntimeChoiceError as exc:
+        raise SystemExit(f"error: {exc}") from None

@@ -14,6 +14,7 @@ import torch
 
 from ..config import ARRCOCConfig
 from ..layer import ARRCOCLayer
+from ..runtime import Runtime
 from .processing import load_processor
 
 if TYPE_CHECKING:
@@ -47,10 +48,14 @@ def load_vlm(
     model_id_or_path: str | os.PathLike, device: str | torch.device = "cpu",
     dtype: torch.dtype | str | None = None, attn_implementation: str | None = None, **kwargs: Any,
 ) -> tuple[PreTrainedModel, Any]:
-    """(model, processor) for any of the three families, from a hub id or a local folder."""
+    """(model, processor) for any of the three families, from a hub id or a local folder.
+
+    device, dtype and attn_implementation mean what `arr_coc.runtime` says (dtype None: auto).
+    """
     import transformers
     from transformers import AutoConfig
 
+    run = Runtime.resolve(device, dtype, attn_implementation)  # wrong names fail before any loading
     path = os.fspath(model_id_or_path)
     local = os.path.isdir(path)
     if local:
@@ -65,13 +70,11 @@ def load_vlm(
     if family not in MODEL_CLASSES:
         raise ValueError(f"{path!r} is a {family!r} model; ARRCOCQwen supports {sorted(MODEL_CLASSES)}")
     model_cls = getattr(transformers, MODEL_CLASSES[family])
-    if dtype is None:
-        dtype = torch.float32 if torch.device(device).type == "cpu" else "auto"
-    load_kw: dict[str, Any] = {"dtype": dtype}
-    if attn_implementation is not None:
-        load_kw["attn_implementation"] = attn_implementation
+    load_kw: dict[str, Any] = {"dtype": run.dtype}
+    if run.attn_implementation is not None:
+        load_kw["attn_implementation"] = run.attn_implementation
     try:
-        model = model_cls.from_pretrained(path, **load_kw, **kwargs).to(device)
+        model = model_cls.from_pretrained(path, **load_kw, **kwargs).to(run.device)
     except OSError as exc:
         if local:
             raise

@@ -1,0 +1,93 @@
+"""Where and how a model runs: device, dtype and attention implementation, with one meaning everywhere.
+
+`ask`, `eval`, `train`, `bench`, the app and `ARRCOCQwen.from_pretrained` all take these three
+and resolve them here, so "auto" or "bfloat16" means the same thing in every entry point:
+
+    device               auto (cuda when available, else cpu) | cpu | cuda | cuda:N
+    dtype                auto (float32 on cpu, bfloat16 on cuda when supported, else float16)
+                         | float32 | bfloat16 | float16
+    attn_implementation  sdpa | eager | flash_attention_2 (None: transformers' default, sdpa)
+
+Every name is checked before a model is loaded, and a wrong one says what is accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_CHOICES = ("auto", *DTYPES)
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+DEVICE_HELP = "auto (cuda when available, else cpu), cpu, cuda or cuda:N"
+
+
+class RuntimeChoiceError(ValueError):
+    """A device, dtype or attention implementation that is not one of the accepted names."""
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """`auto` -> cuda when available, else cpu; a cuda device that is not there is refused with a reason."""
+    if isinstance(device, torch.device):
+        return device
+    name = str(device).strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise RuntimeChoiceError(f"device {device!r} is not one of: {DEVICE_HELP}") from None
+    if resolved.type not in ("cpu", "cuda"):
+        raise RuntimeChoiceError(f"device {device!r} is not one of: {DEVICE_HELP}")
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeChoiceError(f"device {device!r}: this torch sees no CUDA device; use --device cpu (or auto)")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise RuntimeChoiceError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """A torch dtype; `auto`/None -> float32 on cpu, bfloat16 on a GPU that has it, else float16."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise RuntimeChoiceError(f"dtype {dtype} is not one of {list(DTYPES)}")
+        return dtype
+    name = "auto" if dtype is None else str(dtype).strip().lower().removeprefix("torch.")
+    if name == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if name not in DTYPES:
+        raise RuntimeChoiceError(f"dtype {dtype!r} is not one of {list(DTYPE_CHOICES)}")
+    return DTYPES[name]
+
+
+def check_attn_implementation(name: str | None) -> str | None:
+    """None (transformers' default) or one of ATTN_IMPLEMENTATIONS."""
+    if name is None:
+        return None
+    if name not in ATTN_IMPLEMENTATIONS:
+        raise RuntimeChoiceError(f"attention implementation {name!r} is not one of {list(ATTN_IMPLEMENTATIONS)}")
+    return name
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A resolved (device, dtype, attention implementation): what `from_pretrained` is given."""
+
+    device: torch.device
+    dtype: torch.dtype
+    attn_implementation: str | None = None
+
+    @classmethod
+    def resolve(cls, device: str | torch.device = "auto", dtype: str | torch.dtype | None = "auto",
+                attn_implementation: str | None = None) -> Runtime:
+        dev = resolve_device(device)
+        return cls(dev, resolve_dtype(dtype, dev), check_attn_implementation(attn_implementation))
+
+    def describe(self) -> str:
+        """e.g. `cpu, float32, sdpa` (for logs and the app's status line)."""
+        dtype = str(self.dtype).removeprefix("torch.")
+        return f"{self.device}, {dtype}, {self.attn_implementation or 'sdpa (default)'}"
