@@ -238,3 +238,39 @@ def test_features_for_encode_before_are_the_gists_tokens_and_keep_the_full_encod
         ref = encode_gist(wrapper.model, wrapper.processor, [g.image.float() / 255], [(h, w)], 0.25)
         assert torch.allclose(g.visual_tokens, ref.on_full_grid[0].float(), atol=1e-5)
         assert len(set(nearest_cells((h, w), ref.grid_hw[0]).tolist())) == ref.grid_hw[0][0] * ref.grid_hw[0][1]
+
+
+@pytest.mark.parametrize("encode", ["before", "after"])
+def test_a_layer_trained_for_encode_before_without_a_gist_never_reads_visual_tokens(setup, tmp_path, monkeypatch,
+                                                                                       encode):
+    """train --encode before (no gist): the layer learns from the texture array and the question only, which
+    is all it gets at inference in that mode, so replacing the VLM's visual tokens by noise changes no weight.
+    Negative control: trained for encode='after', the same noise changes the weights."""
+    import arr_coc.training.loop as loop
+
+    wrapper, data = setup
+    real = loop.load_features
+
+    def noisy(*args, **kwargs):
+        feats = real(*args, **kwargs)
+        g = torch.Generator().manual_seed(5)
+        for f in feats:
+            f.visual_tokens = torch.randn(f.visual_tokens.shape, generator=g)
+        return feats
+
+    weights = []
+    for i, features in enumerate((real, noisy)):
+        monkeypatch.setattr(loop, "load_features", features)
+        cfg = _cfg(tmp_path / str(i), stage=1, steps=6, encode=encode)
+        assert cfg.reads_tokens == (encode == "after")
+        train(cfg, "", data, progress=False, wrapper=wrapper)
+        weights.append(ARRCOCLayer.from_pretrained(cfg.out).state_dict())
+    same = all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert same == (encode == "before")
+
+
+def test_train_config_ties_a_gist_to_encode_before():
+    assert TrainConfig(gist=0.25).encode == "before" and TrainConfig(gist=0.25).reads_tokens
+    assert not TrainConfig(encode="before").reads_tokens and TrainConfig().reads_tokens
+    with pytest.raises(ValueError, match="'after' or 'before'"):
+        TrainConfig(encode="sideways")

@@ -48,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(perplexity of softmax(relevance / T)), calibrated on the training items to average "
                              "1 and raised to at most 2 tokens per such cell, so the tokens kept average at most the "
                              "budget; 0 keeps every image's budget exact (default: 0.02)")
+    parser.add_argument("--encode", choices=("after", "before"), default=d.encode,
+                        help="the mode the layer is trained for: after (it reads the full encoding) or before (it reads "
+                             "the gist with --gist > 0, else only the texture array and the question; stage 2's "
+                             "language model still reads the full encoding)")
     parser.add_argument("--gist", type=float, default=d.gist,
                         help="train the scorers for encode='before': the layer reads the gist's tokens (a gist of this "
                              "share of the image's tokens) instead of the full encoding; stage 2's language model "
@@ -62,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = TrainConfig(stage=args.stage, out=args.out, seed=args.seed, steps=args.steps, batch_size=args.batch_size,
                       lr=args.lr, eval_every=args.eval_every, rank_weight=args.rank_weight, budgets=args.budgets,
-                      attn_dim=args.attn_dim, spread_tau=args.spread_tau, gist=args.gist)
+                      attn_dim=args.attn_dim, spread_tau=args.spread_tau, encode=args.encode, gist=args.gist)
     os.makedirs(cfg.out, exist_ok=True)
     train(cfg, args.model, args.data, init=args.init, resume=args.resume, stop_after=args.stop_after,
           feature_cache=args.feature_cache)

@@ -26,7 +26,19 @@ class TrainConfig:
     budgets: tuple[float, ...] = (0.05, 0.1, 0.25)  # stage 2: budget drawn per step
     rank_weight: float = 0.0       # stage 2: + this x stage 1's ranking loss (keeps the answer's cells covered)
     attn_dim: int | None = None    # participatory width of a fresh layer (None: the config's default); not with `init`
+    encode: str = "after"          # "before": train for encode="before" (gist 0: texture + question only)
     gist: float = 0.0              # > 0: the layer reads the gist's tokens, as with encode="before" (that share)
+
+    def __post_init__(self) -> None:
+        if self.encode not in ("after", "before"):
+            raise ValueError(f"encode={self.encode!r} must be 'after' or 'before'")
+        if self.gist > 0:
+            self.encode = "before"  # a gist exists only in before mode
+
+    @property
+    def reads_tokens(self) -> bool:
+        """Whether the layer reads visual tokens (the full encoding, or the gist's): not in before mode without a gist."""
+        return self.encode == "after" or self.gist > 0
     spread_tau: float = 0.02       # saved layer: budget scaled by the relevant cells at this softmax T (0: exact)
     val_fraction: float = 0.1
     eval_every: int = 50

@@ -30,7 +30,7 @@ class Features:
     image: torch.Tensor          # [3, H, W] uint8: the resized image the VLM saw (a quarter of float32's memory:
                                  # 6,000 large-canvas items as float32 overflowed 24 GiB during stage 2)
     grid_hw: tuple[int, int]
-    visual_tokens: torch.Tensor  # [h * w, D]
+    visual_tokens: torch.Tensor | None  # [h * w, D]; None: the layer reads texture + question only
     query: torch.Tensor          # [L, D]
     target: torch.Tensor         # [h * w] float: share of the answer's boxes in each cell (each box sums to 1)
     answer: str

@@ -85,6 +85,9 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
             raise ValueError(f"{path} holds no records")
         n_val = max(1, int(len(records) * cfg.val_fraction))
         feats = load_features(wrapper, path, records, feature_cache, progress=progress, gist=cfg.gist)
+        if not cfg.reads_tokens:  # encode="before" without a gist: the layer sees no visual token, the LM all of them
+            for f in feats:
+                f.lm_tokens, f.visual_tokens = f.visual_tokens, None
         train_set, val_set = train_set + feats[n_val:], val_set + feats[:n_val]
     if cfg.stage == 1 and not any(f.target.any() for f in train_set):
         raise ValueError("stage 1 needs boxes in the JSONL records (the answer's pixel boxes); none were found")

@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 def batch_scores(layer: ARRCOCLayer, items: list[Features]) -> dict[str, torch.Tensor]:
     """The layer's differentiable maps for a list of items (padded batch); adds 'valid' and 'target'."""
     grids = [f.grid_hw for f in items]
+    tokens = None if any(f.visual_tokens is None for f in items) else [f.visual_tokens for f in items]
     tex, valid, query, qmask, vis = layer.pad_inputs([f.image.float() / 255 for f in items], grids,
-                                                     [f.query for f in items], [f.visual_tokens for f in items])
+                                                     [f.query for f in items], tokens)
     maps = layer.score(tex, valid, query, qmask, vis)
     maps["valid"] = valid
     maps["target"] = pad_grid([f.target.reshape(h, w) for f, (h, w) in zip(items, grids)], *valid.shape[1:])
