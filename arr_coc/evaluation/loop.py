@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import statistics
 import time
 from collections import defaultdict
@@ -84,7 +85,8 @@ def load_wrapper(model: str, device: str = "auto", seed: int = 0, attempts: int 
     from ..runtime import Runtime, RuntimeChoiceError
 
     run = Runtime.resolve(device, dtype, attn_implementation)
-    if os.path.sep in model or model.startswith("."):
+    hub_id = re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", model) is not None   # org/name, e.g. Qwen/Qwen2.5-VL-7B-Instruct
+    if (os.path.sep in model or model.startswith(".")) and not hub_id:
         if not os.path.isdir(model):
             raise SystemExit(f"eval: no model folder at {model}; train the embedded model with "
                              "`python -m arr_coc train-vlm --out checkpoints/shapes-qwen2vl` or pass --model PATH")
