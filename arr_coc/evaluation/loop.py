@@ -74,7 +74,7 @@ def resolve_methods(spec: str, arr_coc_weights: str | None = None) -> tuple[list
     return names, skipped
 
 
-def load_wrapper(model: str, device: str = "auto", seed: int = 0, attempts: int = 3, dtype: str = "auto",
+def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int = 3, dtype: str = "auto",
                  attn_implementation: str | None = None) -> ARRCOCQwen:
     """ARRCOCQwen.from_pretrained with a clear error; retries a moment later if a checkpoint is mid-save.
 

@@ -64,7 +64,7 @@ def check_supported(run: Runtime) -> None:
 
 
 def load_vlm(
-    model_id_or_path: str | os.PathLike, device: str | torch.device = "auto",
+    model_id_or_path: str | os.PathLike, device: str | torch.device = "cpu",
     dtype: torch.dtype | str | None = "auto", attn_implementation: str | None = None, **kwargs: Any,
 ) -> tuple[PreTrainedModel, Any]:
     """(model, processor) for any of the three families, from a hub id or a local folder.

@@ -107,7 +107,7 @@ class ARRCOCQwen:
         cls,
         model_id_or_path: str | os.PathLike,
         arr_coc: LayerSpec = None,
-        device: str | torch.device = "auto",
+        device: str | torch.device = "cpu",
         dtype: torch.dtype | str | None = "auto",
         attn_implementation: str | None = None,
         **kwargs: Any,
@@ -117,8 +117,10 @@ class ARRCOCQwen:
         device ("auto", "cpu", "cuda", "cuda:N"), dtype ("auto", "float32", "bfloat16", "float16") and
         attn_implementation ("sdpa", "eager", "flash_attention_2"; None: transformers' default) mean what
         they mean on every command (`arr_coc.runtime`): "auto" is cuda in bfloat16 (float16 where the GPU
-        lacks it) when a GPU is there, else cpu in float32. Whatever the VLM's dtype, the ARR-COC layer
-        scores on the CPU in float32 (`methods.arrcoc.run_layer`) and the VLM's activations keep theirs.
+        lacks it) when a GPU is there, else cpu in float32. The device defaults to the CPU here (the commands
+        default to "auto"), so library code that never asked for a GPU keeps running where it ran. Whatever
+        the VLM's dtype, the ARR-COC layer scores on the CPU in float32 (`methods.arrcoc.run_layer`) and the
+        VLM's activations keep theirs.
         """
         model, processor = load_vlm(model_id_or_path, device=device, dtype=dtype,
                                     attn_implementation=attn_implementation, **kwargs)
