@@ -8,17 +8,20 @@ and resolve them here, so "auto" or "bfloat16" means the same thing in every ent
                          | float32 | bfloat16 | float16
     attn_implementation  sdpa | eager | flash_attention_2 (None: transformers' default, sdpa)
 
-Every name is checked before a model is loaded, and a wrong one says what is accepted.
+Every name is checked before a model is loaded, and a wrong one says what is accepted. The names import
+no torch (torch is imported inside the functions), so `python -m arr_coc COMMAND --help` stays cheap.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_CHOICES = ("auto", *DTYPES)
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+DTYPE_CHOICES = ("auto", *DTYPE_NAMES)
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 DEVICE_HELP = "auto (cuda when available, else cpu), cpu, cuda or cuda:N"
 
@@ -27,8 +30,22 @@ class RuntimeChoiceError(ValueError):
     """A device, dtype or attention implementation that is not one of the accepted names."""
 
 
+def _dtypes() -> dict[str, torch.dtype]:
+    import torch
+
+    return {name: getattr(torch, name) for name in DTYPE_NAMES}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DTYPES":   # {"float32": torch.float32, ...}, built on first use (it needs torch)
+        return _dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """`auto` -> cuda when available, else cpu; a cuda device that is not there is refused with a reason."""
+    import torch
+
     if isinstance(device, torch.device):
         return device
     name = str(device).strip().lower()
@@ -50,18 +67,21 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     """A torch dtype; `auto`/None -> float32 on cpu, bfloat16 on a GPU that has it, else float16."""
+    import torch
+
+    dtypes = _dtypes()
     if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values():
-            raise RuntimeChoiceError(f"dtype {dtype} is not one of {list(DTYPES)}")
+        if dtype not in dtypes.values():
+            raise RuntimeChoiceError(f"dtype {dtype} is not one of {list(dtypes)}")
         return dtype
     name = "auto" if dtype is None else str(dtype).strip().lower().removeprefix("torch.")
     if name == "auto":
         if device.type != "cuda":
             return torch.float32
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if name not in DTYPES:
+    if name not in dtypes:
         raise RuntimeChoiceError(f"dtype {dtype!r} is not one of {list(DTYPE_CHOICES)}")
-    return DTYPES[name]
+    return dtypes[name]
 
 
 def check_attn_implementation(name: str | None) -> str | None:

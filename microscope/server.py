@@ -2,6 +2,7 @@
 
     python app.py                                   # embedded ShapesVQA model, http://127.0.0.1:7860
     python app.py --model Qwen/Qwen2-VL-2B-Instruct --device cuda --port 7861
+    python app.py --model Qwen/Qwen2.5-VL-7B-Instruct --device cuda:0 --dtype bfloat16 --attn-implementation sdpa
 
 Only a local folder (the embedded model included) runs with the hub offline; a hub id is downloaded
 as usual, and when the hub cannot be reached the error says so and what to do instead.
@@ -17,6 +18,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
+from arr_coc.cli.args import add_runtime
 from arr_coc.inputs import LIMITS
 from microscope.admission import Admission
 from microscope.handler import Microscope
@@ -58,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--arr-coc", dest="arr_coc", default=None,
                    help="trained ARR-COC layer folder, or 'untrained' (default: the trained layer shipped under "
                         "checkpoints/ for the embedded model, else untrained)")
-    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1, ...")
+    add_runtime(p)  # --device, --dtype, --attn-implementation: the same names and meaning as every command
     p.add_argument("--host", default=default_host(),
                    help="interface to listen on (default 127.0.0.1; 0.0.0.0 on a Hugging Face Space or when "
                         "GRADIO_SERVER_NAME says so)")
@@ -138,28 +140,35 @@ def load_failure(model: str, exc: BaseException) -> str:
 
 
 def load(model: str | None = None, device: str = "auto", arr_coc: str | None = None,
-         max_new_tokens: int = 32, retries: int = 3, concurrency: int = DEFAULT_CONCURRENCY) -> Microscope:
+         max_new_tokens: int = 32, retries: int = 3, concurrency: int = DEFAULT_CONCURRENCY,
+         dtype: str = "auto", attn_implementation: str | None = None) -> Microscope:
     """Load the VLM (default: the embedded checkpoint) into a `Microscope`; LoadError says what to do.
 
+    device / dtype / attn_implementation mean what they mean on every command (`arr_coc.runtime`);
+    a wrong name, or cuda without a GPU, is a LoadError with runtime's message, before anything loads.
     A local folder is retried a few times: the embedded checkpoint may be being re-saved by a
     training run at the moment it is read.
     """
     path = model_path(model)
     set_environment(path)
-    import torch
-
     from arr_coc import ARRCOCQwen
     from arr_coc.inputs import limits_for
     from arr_coc.paths import resolve_layer
+    from arr_coc.qwen.loading import check_supported
+    from arr_coc.runtime import Runtime, RuntimeChoiceError
     from arr_coc.selection import available_methods
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        run = Runtime.resolve(device, dtype, attn_implementation)
+        check_supported(run)
+    except RuntimeChoiceError as exc:
+        raise LoadError(str(exc)) from None
     attempts = max(1, retries) if os.path.isdir(path) else 1
     for attempt in range(attempts):
         try:
             layer_path = resolve_layer(path, arr_coc)
-            wrapper = ARRCOCQwen.from_pretrained(path, arr_coc=layer_path, device=device)
+            wrapper = ARRCOCQwen.from_pretrained(path, arr_coc=layer_path, device=run.device, dtype=run.dtype,
+                                                 attn_implementation=run.attn_implementation)
             break
         except Exception as exc:
             if attempt == attempts - 1:
@@ -174,6 +183,7 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
         logger.warning("the ARR-COC layer could not be built (%s); ARR-COC requests will fall back", exc)
     # every registered method (built-in modules load on first use), ARR-COC first; adaptive is a checkbox
     methods = ["arr_coc"] + [m for m in available_methods() if m not in ("arr_coc", "arr_coc_adaptive")]
+    logger.info("loaded %s on %s", path, wrapper.runtime.describe())
     layer = f"trained ({os.path.relpath(layer_path)})" if layer_path else "untrained"
     # Admission: twice the requests Gradio runs at once (the rest are still unwinding after a cancel), and
     # two of the largest images the validator decodes.
@@ -207,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     limit_malloc_arenas()
     try:
         scope = load(args.model, device=args.device, arr_coc=args.arr_coc, max_new_tokens=args.max_new_tokens,
-                     concurrency=args.concurrency)
+                     concurrency=args.concurrency, dtype=args.dtype, attn_implementation=args.attn_implementation)
     except LoadError as exc:
         raise SystemExit(str(exc)) from None
     serve(build_demo(scope, concurrency=args.concurrency), host=args.host, port=args.port, share=args.share)

@@ -2,6 +2,8 @@
 
     python -m arr_coc ask --image cat.png --question "What colour is the cat?" --budget 0.1
     python -m arr_coc ask --model Qwen/Qwen2-VL-2B-Instruct --image cat.png --question ... --json
+    python -m arr_coc ask --model Qwen/Qwen2.5-VL-7B-Instruct --device cuda --dtype bfloat16 \
+        --attn-implementation flash_attention_2 --image cat.png --question ...
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from .args import add_budget_mode, add_encode, budget_arg, encode_config
+from .args import add_budget_mode, add_encode, add_runtime, budget_arg, encode_config, runtime
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="trained ARR-COC layer folder, or 'untrained' (default: the trained layer shipped "
                              "under checkpoints/ for the embedded model, else untrained)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--device", default="cpu")
+    add_runtime(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -39,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
                                 open_image)
     from arr_coc.paths import CHECKPOINTS, default_model_path, resolve_layer
 
+    run_on = runtime(args)  # a wrong device / dtype / attention name, or no GPU for cuda: said before anything loads
     model_path = args.model or default_model_path()
     if model_path is None:
         raise SystemExit(
@@ -52,10 +55,14 @@ def run(args: argparse.Namespace) -> int:
     except InputError as exc:
         return refuse(exc)
     from arr_coc.qwen import ARRCOCQwen
+    from arr_coc.runtime import RuntimeChoiceError
 
     try:
         wrapper = ARRCOCQwen.from_pretrained(model_path, arr_coc=resolve_layer(model_path, args.arr_coc),
-                                             device=args.device)
+                                             device=run_on.device, dtype=run_on.dtype,
+                                             attn_implementation=run_on.attn_implementation)
+    except RuntimeChoiceError as exc:  # e.g. flash_attention_2 without a GPU: not the model's fault
+        raise SystemExit(f"error: {exc}") from None
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SystemExit(f"could not load a Qwen-VL model from {model_path!r} ({first}); "
@@ -78,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         "encode": trace.encode,
         "encoded_tokens": sum(int(c.numel()) for c in trace.encoded_cells),
         "vision_s": round(trace.vision_s, 4),
+        "runtime": wrapper.runtime.describe(),   # as loaded, e.g. "cpu, bfloat16, sdpa"
     }
     result["notes"] = notes = notes + info.notes + answer_notes(answer, question, wrapper.tokenizer)  # issue 27
     for note in notes:

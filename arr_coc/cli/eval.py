@@ -2,6 +2,8 @@
 
     python -m arr_coc eval --data data/shapes/test.jsonl --methods all \
         --budgets 0.05,0.1,0.25,0.5,1.0 --limit 500 --out results.json --plot acc.png --markdown table.md
+    python -m arr_coc eval --model Qwen/Qwen2.5-VL-7B-Instruct --device cuda --dtype bfloat16 \
+        --attn-implementation sdpa --data data/gqa/testdev.jsonl --methods none,arr_coc,fastv --budgets 0.1 --out r.json
 
 What is measured and how: arr_coc/evaluation/loop.py.
 """
@@ -12,7 +14,7 @@ import argparse
 import os
 import sys
 
-from .args import add_budget_mode, add_encode, budgets_arg, encode_config
+from .args import add_budget_mode, add_encode, add_runtime, budgets_arg, encode_config, runtime
 
 DEFAULT_BUDGETS = "0.02,0.03,0.05,0.1,0.25,0.5,1.0"
 
@@ -41,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--no-strict", dest="strict", action="store_false",
                         help="report a method that failed on some items with those items' keep-all fallback "
                              "(default: strict, such a row is reported as failed)")
-    parser.add_argument("--device", default="cpu")
+    add_runtime(parser)
     parser.add_argument("--out", required=True, help="results JSON path")
     parser.add_argument("--plot", default=None, help="accuracy vs. kept-token share plot (PNG)")
     parser.add_argument("--markdown", default=None, help="Markdown table path")
@@ -55,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from arr_coc.evaluation.report import accuracy_table, markdown_table, write_json, write_plot
     from arr_coc.paths import EMBEDDED_MODEL, resolve_layer
 
+    run_on = runtime(args)  # a wrong device / dtype / attention name, or no GPU for cuda: said before anything loads
     model = args.model or EMBEDDED_MODEL
     if args.arr_coc_weights is None:
         args.arr_coc_weights = resolve_layer(model, None)  # the shipped trained layer, embedded model only
@@ -71,14 +74,22 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for name, why in skipped.items():
         print(f"eval: skipping {name}: {why}", file=sys.stderr)
-    wrapper = load_wrapper(model, args.device, args.seed)
+    from arr_coc.qwen import HubUnreachable
+    from arr_coc.runtime import RuntimeChoiceError
+
+    try:
+        wrapper = load_wrapper(model, run_on.device, args.seed, dtype=run_on.dtype,
+                               attn_implementation=run_on.attn_implementation)
+    except (RuntimeChoiceError, HubUnreachable) as exc:  # flash_attention_2 without a GPU; a hub id offline
+        print(f"eval: error: {exc}", file=sys.stderr)
+        return 2
     report = evaluate(
         wrapper, records, methods, args.budgets, batch_size=args.batch_size, seed=args.seed,
         max_new_tokens=args.max_new_tokens, fastv_layer=args.fastv_layer, arr_coc_weights=args.arr_coc_weights,
         progress=not args.quiet, strict=args.strict, budget_mode=args.budget_mode, encode=encode_config(args),
     )
-    report = {"model": model, "data": args.data, "arr_coc_weights": args.arr_coc_weights, **report,
-              "skipped": skipped}
+    report = {"model": model, "data": args.data, "arr_coc_weights": args.arr_coc_weights,
+              "runtime": wrapper.runtime.describe(), **report, "skipped": skipped}
     write_json(report, args.out)
     print(f"wrote {args.out} ({len(report['results'])} rows, {report['n']} items)")
     if args.plot:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 
+from .args import add_runtime, runtime
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the train-vlm options to ``parser`` (a subcommand parser); the defaults are the shipped recipe's."""
@@ -36,6 +38,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count-balance", type=float, default=d.count_balance, metavar="CAP",
                         help="reweight count answers to a uniform 0-9 prior, each weight at most CAP (0 = off; default: %(default)s)")
     parser.add_argument("--vision-crop", type=int, default=d.vision_crop, help="vision-stage crop in cells (0 = whole images)")
+    add_runtime(parser)
+    # The recipe trains a toy-width model on the CPU in float32 with its own supervised-attention kernel
+    # (arr_coc.shapes.trainer): those are its defaults, and anything else is refused before training starts.
+    parser.set_defaults(device="cpu", dtype="float32")
+
+
+def check_runtime(args: argparse.Namespace) -> None:
+    """The recipe's runtime (cpu, float32, its own attention) or a SystemExit that says so and what to pass."""
+    import torch
+
+    run = runtime(args)  # wrong names: arr_coc.runtime's message
+    if run.device.type != "cpu" or run.dtype != torch.float32 or run.attn_implementation not in (None, "sdpa"):
+        raise SystemExit(f"error: train-vlm trains the embedded toy model on the CPU in float32 with its own "
+                         f"supervised attention (arr_coc/shapes/trainer.py), not on {run.describe()}; leave out "
+                         "--device, --dtype and --attn-implementation")
 
 
 def parse_count_heads(text: str) -> tuple[tuple[int, int, float], ...]:
@@ -60,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from arr_coc.shapes.trainer import train
     from arr_coc.shapes.vlm_config import VLMTrainConfig
 
+    check_runtime(args)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     steps = tuple(int(s) for s in args.steps.split(","))
     if len(steps) != 3:

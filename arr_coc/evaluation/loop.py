@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import statistics
 import time
 from collections import defaultdict
@@ -73,19 +74,28 @@ def resolve_methods(spec: str, arr_coc_weights: str | None = None) -> tuple[list
     return names, skipped
 
 
-def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int = 3) -> ARRCOCQwen:
-    """ARRCOCQwen.from_pretrained with a clear error; retries a moment later if a checkpoint is mid-save."""
-    from ..qwen import ARRCOCQwen, HubUnreachable
+def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int = 3, dtype: str = "auto",
+                 attn_implementation: str | None = None) -> ARRCOCQwen:
+    """ARRCOCQwen.from_pretrained with a clear error; retries a moment later if a checkpoint is mid-save.
 
-    if os.path.sep in model or model.startswith("."):
+    device / dtype / attn_implementation: `arr_coc.runtime`'s names (a wrong one raises RuntimeChoiceError
+    at once, before anything loads; it is never retried).
+    """
+    from ..qwen import ARRCOCQwen, HubUnreachable
+    from ..runtime import Runtime, RuntimeChoiceError
+
+    run = Runtime.resolve(device, dtype, attn_implementation)
+    hub_id = re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", model) is not None   # org/name, e.g. Qwen/Qwen2.5-VL-7B-Instruct
+    if (os.path.sep in model or model.startswith(".")) and not hub_id:
         if not os.path.isdir(model):
             raise SystemExit(f"eval: no model folder at {model}; train the embedded model with "
                              "`python -m arr_coc train-vlm --out checkpoints/shapes-qwen2vl` or pass --model PATH")
     for attempt in range(attempts):
         try:
-            wrapper = ARRCOCQwen.from_pretrained(model, device=device)
+            wrapper = ARRCOCQwen.from_pretrained(model, device=run.device, dtype=run.dtype,
+                                                 attn_implementation=run.attn_implementation)
             break
-        except HubUnreachable:
+        except (HubUnreachable, RuntimeChoiceError):   # retrying changes neither
             raise
         except Exception as exc:  # noqa: BLE001 - a training job may be rewriting the folder right now
             if attempt == attempts - 1:

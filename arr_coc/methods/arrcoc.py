@@ -19,6 +19,8 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING
 
+import torch
+
 from ..budget import BudgetMode
 from ..selection import Selection, SelectionContext, Selector, choose_before_encoding, register_selector
 
@@ -26,14 +28,27 @@ if TYPE_CHECKING:
     from ..qwen.wrapper import ARRCOCQwen
 
 
+# Where the layer runs, whatever the VLM's device and dtype: the CPU, in float32. Its texture array is
+# computed from the processor's resized image, which `unpatchify_images` returns on the CPU; its stages
+# build their constants there; and its scores must not depend on the VLM's precision (a bfloat16 VLM gets
+# the same scorers). What crosses over is small: the question embeddings [L, D] and the visual tokens
+# [n, D] of each image. Only kept indices come back, so the VLM's activations keep their own dtype.
+LAYER_DEVICE, LAYER_DTYPE = torch.device("cpu"), torch.float32
+
+
+def _for_layer(t):
+    """A tensor on LAYER_DEVICE in LAYER_DTYPE (anything else, e.g. a PIL image, as it is)."""
+    return t.detach().to(device=LAYER_DEVICE, dtype=LAYER_DTYPE) if isinstance(t, torch.Tensor) else t
+
+
 def run_layer(ctx: SelectionContext, budget_mode: BudgetMode | None) -> Selection:
-    """The wrapper's ARR-COC layer on every image of the context."""
+    """The wrapper's ARR-COC layer on every image of the context (on LAYER_DEVICE, in LAYER_DTYPE)."""
     budgets = ctx.budgets if any(b is not None for b in ctx.budgets) else None
     out = ctx.wrapper.arr_coc_layer(
-        [im.float() for im in ctx.images],
+        [_for_layer(im) for im in ctx.images],
         [tuple(g) for g in ctx.grid_hw],
-        query_embeds=[q.float() for q in ctx.query_embeds],
-        visual_tokens=[v.float() for v in ctx.visual_tokens] if ctx.visual_tokens is not None else None,
+        query_embeds=[_for_layer(q) for q in ctx.query_embeds],
+        visual_tokens=[_for_layer(v) for v in ctx.visual_tokens] if ctx.visual_tokens is not None else None,
         budget=budgets,
         budget_mode=budget_mode,
     )

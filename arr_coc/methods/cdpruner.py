@@ -70,8 +70,8 @@ def dpp_greedy_map(kernel: torch.Tensor, k: int, fallback_scores: torch.Tensor |
     kernel = kernel.double()
     d2 = torch.diagonal(kernel).clone()                                  # [n] marginal gains
     floor = 1e-9 * float(d2.max().clamp_min(1e-30))
-    c = torch.zeros(k, n, dtype=torch.float64)
-    taken = torch.zeros(n, dtype=torch.bool)
+    c = torch.zeros(k, n, dtype=torch.float64, device=kernel.device)   # the tokens' device (a GPU's too)
+    taken = torch.zeros(n, dtype=torch.bool, device=kernel.device)
     chosen: list[int] = []
     for i in range(k):
         gains = d2.masked_fill(taken, -math.inf)

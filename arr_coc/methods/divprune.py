@@ -43,10 +43,10 @@ def divprune_indices(tokens: torch.Tensor, k: int) -> torch.Tensor:
     if n == 1:
         return torch.zeros(1, dtype=torch.long)
     # First token: the largest nearest-neighbour distance (self-distance 0 excluded).
-    nearest = dist.masked_fill(torch.eye(n, dtype=torch.bool), float("inf")).min(dim=1).values
+    nearest = dist.masked_fill(torch.eye(n, dtype=torch.bool, device=dist.device), float("inf")).min(dim=1).values
     first = int(torch.argmax(nearest))
     chosen = [first]
-    taken = torch.zeros(n, dtype=torch.bool)
+    taken = torch.zeros(n, dtype=torch.bool, device=dist.device)      # the tokens' device (a GPU's too)
     taken[first] = True
     to_set = dist[first].clone()                                         # [n] distance to the kept set
     for _ in range(k - 1):

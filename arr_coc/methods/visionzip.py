@@ -86,9 +86,9 @@ def visionzip_select(received: torch.Tensor, keys: torch.Tensor, tokens: torch.T
         kn = F.normalize(keys.float(), dim=-1)
         group = (kn[members] @ kn[targets].T).argmax(dim=1)              # [m] -> target slot
         total = tokens[targets].float().clone()
-        count = torch.ones(c)
+        count = torch.ones(c, device=tokens.device)                      # the tokens' device (a GPU's too)
         total.index_add_(0, group, tokens[members].float())
-        count.index_add_(0, group, torch.ones(members.numel()))
+        count.index_add_(0, group, torch.ones(members.numel(), device=tokens.device))
         out[targets] = (total / count[:, None]).to(tokens.dtype)
     kept = torch.cat([dominant, targets]).sort().values
     return kept, out

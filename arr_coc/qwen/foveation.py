@@ -135,9 +135,10 @@ def merge_gists(parts: Sequence[Gist | None], grid_hw: Sequence[tuple[int, int]]
     grids, tokens, mapped, deep = [], [], [], []
     template = next((p for p in parts if p is not None), None)
     n_layers = len(template.deepstack[0]) if template is not None and template.deepstack else 0
+    like = template.tokens[0] if template is not None else torch.zeros(0)   # the VLM's dtype and device
     for p, g in zip(parts, grid_hw):
         if p is None:
-            zeros = torch.zeros(4, width)
+            zeros = like.new_zeros(4, width)
             grids.append((2, 2))
             tokens.append(zeros)
             mapped.append(zeros[nearest_cells(g, (2, 2))])

@@ -14,7 +14,7 @@ import torch
 
 from ..config import ARRCOCConfig
 from ..layer import ARRCOCLayer
-from ..runtime import Runtime
+from ..runtime import Runtime, RuntimeChoiceError
 from .processing import load_processor
 
 if TYPE_CHECKING:
@@ -44,9 +44,28 @@ def _hub_error(model_id: str, exc: BaseException) -> HubUnreachable:
         "(it is cached afterwards).")
 
 
+def check_supported(run: Runtime) -> None:
+    """Refuse, before loading, a runtime transformers would refuse halfway (flash_attention_2 off a GPU, in
+    float32, or without the flash-attn package), with what to pass instead."""
+    if run.attn_implementation != "flash_attention_2":
+        return
+    if run.device.type != "cuda":
+        raise RuntimeChoiceError(f"attention implementation 'flash_attention_2' runs on CUDA devices only, not "
+                                 f"{run.device}; pass --device cuda, or --attn-implementation sdpa")
+    if run.dtype not in (torch.bfloat16, torch.float16):
+        raise RuntimeChoiceError("attention implementation 'flash_attention_2' needs --dtype bfloat16 or float16, "
+                                 f"not {str(run.dtype).removeprefix('torch.')}; or pass --attn-implementation sdpa")
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is None:
+        raise RuntimeChoiceError("attention implementation 'flash_attention_2' needs the flash-attn package, which is "
+                                 "not installed; `pip install flash-attn --no-build-isolation` (on the CUDA machine), "
+                                 "or pass --attn-implementation sdpa")
+
+
 def load_vlm(
     model_id_or_path: str | os.PathLike, device: str | torch.device = "cpu",
-    dtype: torch.dtype | str | None = None, attn_implementation: str | None = None, **kwargs: Any,
+    dtype: torch.dtype | str | None = "auto", attn_implementation: str | None = None, **kwargs: Any,
 ) -> tuple[PreTrainedModel, Any]:
     """(model, processor) for any of the three families, from a hub id or a local folder.
 
@@ -56,6 +75,7 @@ def load_vlm(
     from transformers import AutoConfig
 
     run = Runtime.resolve(device, dtype, attn_implementation)  # wrong names fail before any loading
+    check_supported(run)
     path = os.fspath(model_id_or_path)
     local = os.path.isdir(path)
     if local:

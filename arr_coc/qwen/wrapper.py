@@ -31,6 +31,7 @@ from ..budget import Budget, BudgetMode, BudgetSpec, check_mode, resolve_count
 from ..cancel import checkpoint, stopping_kwargs
 from ..inputs import check_items, limits_for
 from ..layer import ARRCOCLayer
+from ..runtime import Runtime
 from ..selection import SelectionContext, Selector, get_selector, selector_name, selects_before_encoding
 from .encoding import EncodeConfig, EncodeMode, as_encode_config, encoder_output_class
 from .foveation import Gist, encode_gist, foveate, merge_gists
@@ -107,11 +108,20 @@ class ARRCOCQwen:
         model_id_or_path: str | os.PathLike,
         arr_coc: LayerSpec = None,
         device: str | torch.device = "cpu",
-        dtype: torch.dtype | str | None = None,
+        dtype: torch.dtype | str | None = "auto",
         attn_implementation: str | None = None,
         **kwargs: Any,
     ) -> ARRCOCQwen:
-        """Load any of the three families from a hub id or a local folder (see `loading.load_vlm`)."""
+        """Load any of the three families from a hub id or a local folder (see `loading.load_vlm`).
+
+        device ("auto", "cpu", "cuda", "cuda:N"), dtype ("auto", "float32", "bfloat16", "float16") and
+        attn_implementation ("sdpa", "eager", "flash_attention_2"; None: transformers' default) mean what
+        they mean on every command (`arr_coc.runtime`): "auto" is cuda in bfloat16 (float16 where the GPU
+        lacks it) when a GPU is there, else cpu in float32. The device defaults to the CPU here (the commands
+        default to "auto"), so library code that never asked for a GPU keeps running where it ran. Whatever
+        the VLM's dtype, the ARR-COC layer scores on the CPU in float32 (`methods.arrcoc.run_layer`) and the
+        VLM's activations keep theirs.
+        """
         model, processor = load_vlm(model_id_or_path, device=device, dtype=dtype,
                                     attn_implementation=attn_implementation, **kwargs)
         return cls(model, processor, arr_coc=arr_coc)
@@ -119,6 +129,11 @@ class ARRCOCQwen:
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    @property
+    def runtime(self) -> Runtime:
+        """Where and how the VLM runs, as loaded (`runtime.describe()`: e.g. "cpu, bfloat16, sdpa")."""
+        return Runtime(self.model.device, self.model.dtype, getattr(self.model.config, "_attn_implementation", None))
 
     @property
     def text_hidden_size(self) -> int:
