@@ -4,7 +4,13 @@
         --stage 1 --out checkpoints/arr-coc-shapes
     python -m arr_coc train ... --stage 2 --init checkpoints/arr-coc-shapes --out checkpoints/arr-coc-shapes
 
-What the stages do: arr_coc/training/loop.py.
+Data-parallel, one process per device (--batch-size is then per process; only rank 0 writes):
+
+    accelerate launch --multi_gpu --num_processes 8 -m arr_coc train --data ... --stage 1 --feature-cache DIR
+    accelerate launch --multi_gpu --num_processes 2 -m arr_coc train --device cpu ...   # CPU processes (gloo)
+    torchrun --nproc_per_node 2 -m arr_coc train --device cpu ...
+
+What the stages do: arr_coc/training/loop.py; how the processes share a step: arr_coc/training/distributed.py.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .args import budgets_arg
+from .args import add_runtime, budgets_arg, runtime
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=d.out, help="folder for the trained layer (save_pretrained)")
     parser.add_argument("--init", default=None, help="start from this trained layer folder (e.g. stage 1 output)")
     parser.add_argument("--steps", type=int, default=d.steps)
-    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument("--batch-size", type=int, default=d.batch_size,
+                        help=f"items per step and per process: N processes step on N x this (default {d.batch_size})")
     parser.add_argument("--lr", type=float, default=d.lr)
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--eval-every", type=int, default=d.eval_every)
@@ -56,19 +63,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train the scorers for encode='before': the layer reads the gist's tokens (a gist of this "
                              "share of the image's tokens) instead of the full encoding; stage 2's language model "
                              "still reads the full encoding (default 0: encode='after')")
+    add_runtime(parser)  # the frozen VLM's; the layer trains in float32 on the same device
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--stop-after", type=int, default=None, help="stop at this step (continue later with --resume)")
 
 
 def run(args: argparse.Namespace) -> int:
     from arr_coc.training.config import TrainConfig
+    from arr_coc.training.distributed import LaunchError, Processes
     from arr_coc.training.loop import train
 
+    try:  # under a launcher, this process's device is the launcher's (accelerate's), not a second opinion
+        processes = Processes.start(args.device)
+        args.device = processes.device_for(args.device)
+    except LaunchError as exc:
+        raise SystemExit(f"error: {exc}") from None
     cfg = TrainConfig(stage=args.stage, out=args.out, seed=args.seed, steps=args.steps, batch_size=args.batch_size,
                       lr=args.lr, eval_every=args.eval_every, rank_weight=args.rank_weight, budgets=args.budgets,
                       attn_dim=args.attn_dim, spread_tau=args.spread_tau, encode=args.encode, gist=args.gist)
     os.makedirs(cfg.out, exist_ok=True)
     train(cfg, args.model, args.data, init=args.init, resume=args.resume, stop_after=args.stop_after,
-          feature_cache=args.feature_cache)
-    return 0
+          feature_cache=args.feature_cache, runtime=runtime(args), processes=processes)
+    processes.close()  # (a process that raised exits instead, and its launcher stops the others)
     return 0

@@ -19,6 +19,7 @@ from ..geometry import boxes_to_cell_shares, scale_boxes
 
 if TYPE_CHECKING:
     from ..qwen import ARRCOCQwen
+    from .distributed import Processes
 
 logger = logging.getLogger(__name__)
 
@@ -75,11 +76,13 @@ def extract_features(wrapper: ARRCOCQwen, records: Sequence[VQARecord], progress
         ctx = captured[-1]
         h, w = ctx.grid_hw[0]
         target = answer_target(rec.boxes, image.size, tuple(ctx.images[0].shape[-2:]), (h, w))
-        pixels = (ctx.images[0].float().clamp(0, 1) * 255).round().to(torch.uint8)
-        feats.append(Features(pixels, (h, w), ctx.visual_tokens[0].float(), ctx.query_embeds[0].float(),
+        pixels = (ctx.images[0].float().clamp(0, 1) * 255).round().to(torch.uint8).cpu()
+        # Kept on the CPU whatever device the VLM is on (a no-op there): the cache is device-free and
+        # a GPU holds only a step's batch, not every item.
+        feats.append(Features(pixels, (h, w), ctx.visual_tokens[0].float().cpu(), ctx.query_embeds[0].float().cpu(),
                               target, rec.answers[0], rec.question, str(rec.image),
-                              inputs["input_ids"], inputs["image_grid_thw"],
-                              captured[0].visual_tokens[0].float() if before is not None else None))
+                              inputs["input_ids"].cpu(), inputs["image_grid_thw"].cpu(),
+                              captured[0].visual_tokens[0].float().cpu() if before is not None else None))
     return feats
 
 
@@ -117,26 +120,70 @@ def features_key(wrapper: ARRCOCQwen, path: str, records: Sequence[VQARecord]) -
 
 
 def load_features(wrapper: ARRCOCQwen, path: str, records: Sequence[VQARecord], cache: str | None,
-                  progress: bool = True, gist: float = 0.0) -> list[Features]:
-    """`extract_features`, or its copy in the `cache` folder if the same VLM already read the same data."""
+                  progress: bool = True, gist: float = 0.0, processes: Processes | None = None) -> list[Features]:
+    """`extract_features`, or its copy in the `cache` folder if the same VLM already read the same data.
+
+    Several `processes`: each extracts its contiguous share of the records into its own part file,
+    rank 0 joins the parts into the one cache file a single process would have written and removes
+    them, and every process reads the whole; the folder must be one that every process sees.
+    """
+    world = processes.world if processes is not None else 1
     if not cache:
+        if world > 1:
+            raise ValueError("several processes share their features through files: pass a feature cache folder "
+                             "that every process can read (train --feature-cache DIR)")
         return extract_features(wrapper, records, progress=progress, gist=gist)
     stem = os.path.splitext(os.path.basename(path))[0]
     mode = f"-gist{gist:g}" if gist > 0 else ""
     file = os.path.join(cache, f"{stem}-{len(records)}{mode}-{features_key(wrapper, path, records)}.pt")
+    if processes is not None and world > 1:
+        return _load_sharded(wrapper, records, file, progress, gist, processes)
     if os.path.isfile(file):
-        from PIL import Image
-
         logger.info("features of %s from %s", path, file)
-        feats = [Features(**d) for d in torch.load(file, weights_only=True)]
-        # The VLM's features are the cache's business, the targets the code's: they are cheap to
-        # recompute, and a cache written before their definition changed must not train the old one.
-        for rec, f in zip(records, feats):
-            with Image.open(rec.image) as image:  # reads the header only
-                f.target = answer_target(rec.boxes, image.size, tuple(f.image.shape[-2:]), f.grid_hw)
-        return feats
+        return _read(file, records)
     feats = extract_features(wrapper, records, progress=progress, gist=gist)
-    os.makedirs(cache, exist_ok=True)
+    _write(feats, file)
+    return feats
+
+
+def _load_sharded(wrapper: ARRCOCQwen, records: Sequence[VQARecord], file: str, progress: bool, gist: float,
+                  processes: Processes) -> list[Features]:
+    """Several processes: a shared cache hit, or extraction shared out and joined by rank 0 (see `load_features`)."""
+    if not processes.agree(os.path.isfile(file)):  # one decision (rank 0's), or some processes would wait forever
+        part = processes.share(len(records))
+        mine = extract_features(wrapper, records[part], progress=progress and processes.is_main, gist=gist)
+        _write(mine, _part_file(file, processes.rank, processes.world))  # this process's own file
+        processes.barrier()  # every part is written
+        if processes.is_main:
+            feats: list[Features] = []
+            for rank in range(processes.world):
+                part_file = _part_file(file, rank, processes.world)
+                feats += [Features(**d) for d in torch.load(part_file, weights_only=True)]
+                os.remove(part_file)
+            _write(feats, file)
+        processes.barrier()  # the joined file is complete
+    else:
+        logger.info("features from %s", file)
+    return _read(file, records)
+
+
+def _part_file(file: str, rank: int, world: int) -> str:
+    return f"{file}.part{rank}of{world}"
+
+
+def _write(feats: list[Features], file: str) -> None:
+    os.makedirs(os.path.dirname(file) or ".", exist_ok=True)
     torch.save([{k.name: getattr(f, k.name) for k in fields(Features)} for f in feats], file + ".tmp")
     os.replace(file + ".tmp", file)
+
+
+def _read(file: str, records: Sequence[VQARecord]) -> list[Features]:
+    from PIL import Image
+
+    feats = [Features(**d) for d in torch.load(file, weights_only=True)]
+    # The VLM's features are the cache's business, the targets the code's: they are cheap to
+    # recompute, and a cache written before their definition changed must not train the old one.
+    for rec, f in zip(records, feats):
+        with Image.open(rec.image) as image:  # reads the header only
+            f.target = answer_target(rec.boxes, image.size, tuple(f.image.shape[-2:]), f.grid_hw)
     return feats

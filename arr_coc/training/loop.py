@@ -33,8 +33,9 @@ is the cross?" down to 0.6 times.
 Both stages: AdamW, warm-up + cosine, gradient clipping at 1.0, seeded, tqdm, periodic
 validation of answer-cell coverage at fixed budgets, health checks (collapsed scores,
 exploding gradients, allocations collapsing to one region), a JSON log, resumable.
-Runs as one process here; under `accelerate launch` (if accelerate is installed) it
-wraps the layer and optimiser with `Accelerator`.
+One process, or data-parallel over several under `accelerate launch --multi_gpu` / `torchrun`
+(`distributed.py`: each process scores its share of one global batch, gradients are summed,
+only rank 0 validates and writes; feature extraction is shared out the same way).
 """
 
 from __future__ import annotations
@@ -53,44 +54,67 @@ from ..config import ARRCOCConfig
 from ..data import read_jsonl
 from ..layer import ARRCOCLayer
 from .config import VAL_BUDGETS, TrainConfig
+from .distributed import Processes
 from .features import Features, load_features
 from .losses import answer_loss, batch_scores, coverage, health, ranking_loss
 from .schedule import lr_at
 
 if TYPE_CHECKING:
     from ..qwen import ARRCOCQwen
+    from ..runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
 
 def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | None = None, resume: bool = False,
-          progress: bool = True, wrapper: ARRCOCQwen | None = None, stop_after: int | None = None, feature_cache: str | None = None) -> dict:
+          progress: bool = True, wrapper: ARRCOCQwen | None = None, stop_after: int | None = None,
+          feature_cache: str | None = None, runtime: Runtime | None = None, processes: Processes | None = None) -> dict:
     """Run (or resume) one stage; `stop_after` ends this process early at that step (resumable).
 
     `data` is one JSONL or several; the first `val_fraction` of each file is held out for validation.
     `feature_cache`: a folder where the frozen VLM's features are kept between runs (see `load_features`).
+    `runtime`: where the VLM is loaded (device, dtype, attention); None: this process's device under a
+    launcher, else the CPU in float32. The layer trains in float32 on the VLM's device.
+    `processes`: this process among several (`distributed.Processes`); None: `Processes.start()`, one
+    plain process unless launched by torchrun / accelerate. With several, `cfg.batch_size` is per
+    process, and only rank 0 validates, writes checkpoints and logs (the state it returns is complete).
     """
     from tqdm import tqdm
 
     from ..qwen import ARRCOCQwen
+    from ..runtime import Runtime
 
     if init and cfg.attn_dim is not None:  # before minutes of feature extraction
         raise ValueError(f"attn_dim sets the width of a fresh layer; {init} already has its own (drop --attn-dim)")
+    procs = processes or Processes.start()
+    progress = progress and procs.is_main
+    if procs.world > 1 and not feature_cache:
+        feature_cache = os.path.join(cfg.out, "feature_cache")
+        if procs.is_main:
+            logger.warning("%d processes share their features through files: caching them in %s "
+                           "(--feature-cache chooses the folder)", procs.world, feature_cache)
     torch.manual_seed(cfg.seed)
-    wrapper = wrapper or ARRCOCQwen.from_pretrained(model_path)
+    if wrapper is None:
+        run = runtime or Runtime.resolve(procs.device or "cpu")
+        wrapper = ARRCOCQwen.from_pretrained(model_path, device=run.device, dtype=run.dtype,
+                                             attn_implementation=run.attn_implementation)
     train_set, val_set = [], []
     for path in [data] if isinstance(data, str) else data:
         records = list(read_jsonl(path))
         if not records:
             raise ValueError(f"{path} holds no records")
         n_val = max(1, int(len(records) * cfg.val_fraction))
-        feats = load_features(wrapper, path, records, feature_cache, progress=progress, gist=cfg.gist)
+        feats = load_features(wrapper, path, records, feature_cache, progress=progress, gist=cfg.gist,
+                              processes=procs)
         if not cfg.reads_tokens:  # encode="before" without a gist: the layer sees no visual token, the LM all of them
             for f in feats:
                 f.lm_tokens, f.visual_tokens = f.visual_tokens, None
         train_set, val_set = train_set + feats[n_val:], val_set + feats[:n_val]
     if cfg.stage == 1 and not any(f.target.any() for f in train_set):
         raise ValueError("stage 1 needs boxes in the JSONL records (the answer's pixel boxes); none were found")
+    if len(train_set) < procs.world:
+        raise ValueError(f"{len(train_set)} training items cannot be shared by {procs.world} processes; "
+                         "use more data or fewer processes")
 
     if init:
         layer = ARRCOCLayer.from_pretrained(init)
@@ -98,20 +122,25 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
         config = ARRCOCConfig(strict=True).with_query_dim(wrapper.text_hidden_size)
         layer = ARRCOCLayer(config.replace(knowing={"attn_dim": cfg.attn_dim}) if cfg.attn_dim else config)
     layer.config.strict = True  # training must see errors, not silently keep all tokens
+    layer.to(wrapper.device)  # float32, beside the VLM (a no-op on the CPU)
     layer.train()
     opt = torch.optim.AdamW(layer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     state = {"step": 0, "log": [], "warnings": []}
     state_path = os.path.join(cfg.out, f"train_state_stage{cfg.stage}.pt")
-    if resume and os.path.isfile(state_path):
-        saved = torch.load(state_path, weights_only=True)
+    if procs.agree(resume and os.path.isfile(state_path)):
+        saved = torch.load(state_path, weights_only=True, map_location="cpu")
         layer.load_state_dict(saved["layer"])
         opt.load_state_dict(saved["optimizer"])
         state = saved["state"]
         torch.set_rng_state(saved["rng"])
+        if state.get("processes", 1) != procs.world and procs.is_main:
+            logger.warning("resuming a run of %d process(es) with %d: the global batch changes from here on",
+                           state.get("processes", 1), procs.world)
+    procs.broadcast_module(layer)  # every process starts from rank 0's weights
     state.update(train_items=len(train_set), val_items=len(val_set))
-    accelerator = _maybe_accelerator()
-    if accelerator is not None:
-        layer, opt = accelerator.prepare(layer, opt)
+    if procs.world > 1:
+        state.update(processes=procs.world)
+    params = list(layer.parameters())
     t_start = time.perf_counter()
     bar = tqdm(total=cfg.steps, initial=state["step"], desc=f"train stage {cfg.stage}", disable=not progress,
                dynamic_ncols=True)
@@ -121,34 +150,49 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
         lr = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
         for g in opt.param_groups:
             g["lr"] = lr
-        pick = torch.randint(len(train_set), (min(cfg.batch_size, len(train_set)),), generator=gen).tolist()
-        items = [train_set[i] for i in pick]
+        # The global batch, drawn alike in every process; this process scores its share of it.
+        pick = torch.randint(len(train_set), (min(cfg.batch_size * procs.world, len(train_set)),),
+                             generator=gen).tolist()
+        batch = [train_set[i] for i in pick]
+        items = batch[procs.share(len(batch))]
+        boxed, boxed_all = sum(bool(f.target.any()) for f in items), sum(bool(f.target.any()) for f in batch)
         maps = batch_scores(layer, items)
         rec = {"step": step + 1, "lr": lr}
         if cfg.stage == 1:
-            loss = ranking_loss(maps["relevance"], maps["valid"], maps["target"], cfg.tau)
+            loss = procs.weigh(ranking_loss(maps["relevance"], maps["valid"], maps["target"], cfg.tau),
+                               boxed, boxed_all)
+            logged = procs.sum_values({"loss": float(loss.detach())})  # contributions -> the global batch's
         else:
             budget = cfg.budgets[int(torch.randint(len(cfg.budgets), (1,), generator=gen))]
             t0, t1 = cfg.mask_temperature
             temperature = t0 * (t1 / t0) ** (step / max(1, cfg.steps - 1))
             ans, penalty, share = answer_loss(wrapper, items, maps["relevance"], budget, temperature)
+            ans, penalty = procs.weigh(ans, len(items), len(batch)), procs.weigh(penalty, len(items), len(batch))
             loss = ans + cfg.budget_weight * penalty
             if cfg.rank_weight:
-                rank = ranking_loss(maps["relevance"], maps["valid"], maps["target"], cfg.tau)
+                rank = procs.weigh(ranking_loss(maps["relevance"], maps["valid"], maps["target"], cfg.tau),
+                                   boxed, boxed_all)
                 loss = loss + cfg.rank_weight * rank
-                rec.update(ranking_loss=float(rank.detach()))
-            rec.update(budget=budget, temperature=temperature, soft_kept_share=share, answer_loss=float(ans.detach()))
+            logged = procs.sum_values({"loss": float(loss.detach()), "answer_loss": float(ans.detach()),
+                                       "soft_kept_share": procs.weigh(share, len(items), len(batch)),
+                                       **({"ranking_loss": float(rank.detach())} if cfg.rank_weight else {})})
+            if cfg.rank_weight:
+                rec.update(ranking_loss=logged["ranking_loss"])
+            rec.update(budget=budget, temperature=temperature, soft_kept_share=logged["soft_kept_share"],
+                       answer_loss=logged["answer_loss"])
         opt.zero_grad(set_to_none=True)
-        (accelerator.backward(loss) if accelerator is not None else loss.backward())
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(layer.parameters(), cfg.grad_clip))
+        loss.backward()
+        procs.sum_gradients(params)  # every process now holds the global batch's gradient
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
         opt.step()
         state["step"] += 1
-        loss_value = float(loss.detach())
+        loss_value = logged["loss"]
         rec.update(loss=loss_value, grad_norm=grad_norm, seconds=time.perf_counter() - t_start)
-        for w in health(maps, [f.grid_hw for f in items], grad_norm):
-            logger.warning("step %d: %s", step + 1, w)
+        for w in health(maps, [f.grid_hw for f in items], grad_norm):  # this process's share of the batch
+            if procs.is_main:
+                logger.warning("step %d: %s", step + 1, w)
             state["warnings"].append({"step": step + 1, "warning": w})
-        if state["step"] % cfg.eval_every == 0 or state["step"] == cfg.steps:
+        if (state["step"] % cfg.eval_every == 0 or state["step"] == cfg.steps) and procs.is_main:
             rec["val_coverage"] = validate(layer, val_set)
             bar.write(f"[stage {cfg.stage} step {state['step']}] loss {loss_value:.3f} val coverage "
                       + " ".join(f"{b}:{c:.3f}" for b, c in rec["val_coverage"].items()))
@@ -157,12 +201,14 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
         bar.set_postfix(loss=f"{loss_value:.3f}")
         bar.update(1)
     bar.close()
-    if state["step"] >= cfg.steps:
-        state["budget_spread"] = calibrate_budget_spread(getattr(layer, "module", layer), train_set, cfg.spread_tau)
-        if progress and cfg.spread_tau > 0:
-            tqdm.write("budget follows the question: relevant cells (median {median_cells:.1f}) / reference "
-                       "{reference:.2f}, clipped to [{low}, {high}]".format(**state["budget_spread"]))
-    save(layer, opt, state, cfg, state_path)
+    if procs.is_main:
+        if state["step"] >= cfg.steps:
+            state["budget_spread"] = calibrate_budget_spread(layer, train_set, cfg.spread_tau)
+            if progress and cfg.spread_tau > 0:
+                tqdm.write("budget follows the question: relevant cells (median {median_cells:.1f}) / reference "
+                           "{reference:.2f}, clipped to [{low}, {high}]".format(**state["budget_spread"]))
+        save(layer, opt, state, cfg, state_path)
+    procs.barrier()  # the checkpoint is on disk before any process returns
     return state
 
 
@@ -223,13 +269,3 @@ def save(layer: ARRCOCLayer, opt: torch.optim.Optimizer, state: dict, cfg: Train
     with open(os.path.join(cfg.out, f"training_log_stage{cfg.stage}.json"), "w") as f:
         json.dump({"config": asdict(cfg), **state}, f, indent=1)
 
-
-def _maybe_accelerator():
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 and "ACCELERATE_MIXED_PRECISION" not in os.environ:
-        return None
-    try:
-        from accelerate import Accelerator
-    except ImportError:
-        logger.warning("launched distributed but accelerate is not installed; running as one process")
-        return None
-    return Accelerator()

@@ -24,11 +24,14 @@ def batch_scores(layer: ARRCOCLayer, items: list[Features]) -> dict[str, torch.T
     """The layer's differentiable maps for a list of items (padded batch); adds 'valid' and 'target'."""
     grids = [f.grid_hw for f in items]
     tokens = None if any(f.visual_tokens is None for f in items) else [f.visual_tokens for f in items]
-    tex, valid, query, qmask, vis = layer.pad_inputs([f.image.float() / 255 for f in items], grids,
-                                                     [f.query for f in items], tokens)
+    # The texture arrays are computed where the features live (the CPU), then the padded batch goes to
+    # the layer's device (a no-op on the CPU).
+    padded = layer.pad_inputs([f.image.float() / 255 for f in items], grids, [f.query for f in items], tokens)
+    device = next(layer.parameters()).device
+    tex, valid, query, qmask, vis = (None if t is None else t.to(device) for t in padded)
     maps = layer.score(tex, valid, query, qmask, vis)
     maps["valid"] = valid
-    maps["target"] = pad_grid([f.target.reshape(h, w) for f, (h, w) in zip(items, grids)], *valid.shape[1:])
+    maps["target"] = pad_grid([f.target.reshape(h, w) for f, (h, w) in zip(items, grids)], *valid.shape[1:]).to(device)
     return maps
 
 
@@ -84,29 +87,30 @@ def answer_loss(wrapper: ARRCOCQwen, items: list[Features], relevance: torch.Ten
     """
     model = wrapper.model
     tok = wrapper.tokenizer
+    dev = relevance.device  # the VLM's and the layer's (the cached features live on the CPU)
     losses, shares, kept_share = [], [], []
     for i, f in enumerate(items):
         ids = f.input_ids  # cached at extraction: no image decode or processor call per step
         answer_ids = tok(f.answer, add_special_tokens=False)["input_ids"] + [wrapper.im_end_id]
-        full = torch.cat([ids, torch.tensor([answer_ids])], 1)
+        full = torch.cat([ids, torch.tensor([answer_ids])], 1).to(dev)
         mm = (full == wrapper.image_token_id).int()
-        pos, _ = model.model.get_rope_index(full, mm, image_grid_thw=f.image_grid_thw)
+        pos, _ = model.model.get_rope_index(full, mm, image_grid_thw=f.image_grid_thw.to(dev))
         pos = pos[-3:]
         with torch.no_grad():
             embeds = model.get_input_embeddings()(full)
             lm = f.lm_tokens if f.lm_tokens is not None else f.visual_tokens
-            embeds[full == wrapper.image_token_id] = lm.to(embeds.dtype)
+            embeds[full == wrapper.image_token_id] = lm.to(dev, embeds.dtype)
         h, w = f.grid_hw
         m = soft_keep(relevance[i, :h, :w].reshape(-1), resolve_count(budget, h * w), temperature)
         s = full.shape[1]
-        bias = torch.zeros(s)
+        bias = torch.zeros(s, device=dev)
         bias = bias.index_put((torch.nonzero(full[0] == wrapper.image_token_id)[:, 0],), torch.log(m.clamp_min(1e-6)))
-        causal = torch.full((s, s), float("-inf")).triu(1)
+        causal = torch.full((s, s), float("-inf"), device=dev).triu(1)
         mask = (causal + bias[None, :]).to(embeds.dtype)[None, None]
         hidden = model.model.language_model(inputs_embeds=embeds, position_ids=pos, attention_mask=mask).last_hidden_state
         n_ans = len(answer_ids)
         logits = model.lm_head(hidden[0, -n_ans - 1 : -1])
-        losses.append(F.cross_entropy(logits.float(), torch.tensor(answer_ids)))
+        losses.append(F.cross_entropy(logits.float(), torch.tensor(answer_ids, device=dev)))
         shares.append((m.mean() - resolve_count(budget, h * w) / (h * w)) ** 2)
         kept_share.append(float(m.detach().mean()))
     return torch.stack(losses).mean(), torch.stack(shares).mean(), sum(kept_share) / len(kept_share)
