@@ -81,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(stage=args.stage, out=args.out, seed=args.seed, steps=args.steps, batch_size=args.batch_size,
                       lr=args.lr, eval_every=args.eval_every, rank_weight=args.rank_weight, budgets=args.budgets,
                       attn_dim=args.attn_dim, spread_tau=args.spread_tau, encode=args.encode, gist=args.gist)
+    run_on = runtime(args)  # a wrong --device/--dtype stops here, before anything is written
     os.makedirs(cfg.out, exist_ok=True)
     train(cfg, args.model, args.data, init=args.init, resume=args.resume, stop_after=args.stop_after,
-          feature_cache=args.feature_cache, runtime=runtime(args), processes=processes)
+          feature_cache=args.feature_cache, runtime=run_on, processes=processes)
     processes.close()  # (a process that raised exits instead, and its launcher stops the others)
     return 0
