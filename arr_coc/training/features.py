@@ -125,7 +125,8 @@ def load_features(wrapper: ARRCOCQwen, path: str, records: Sequence[VQARecord], 
 
     Several `processes`: each extracts its contiguous share of the records into its own part file,
     rank 0 joins the parts into the one cache file a single process would have written and removes
-    them, and every process reads the whole; the folder must be one that every process sees.
+    them, and every process maps the whole (one copy in a machine's RAM, not one per process); the
+    folder must be one that every process sees.
     """
     world = processes.world if processes is not None else 1
     if not cache:
@@ -164,7 +165,7 @@ def _load_sharded(wrapper: ARRCOCQwen, records: Sequence[VQARecord], file: str, 
         processes.barrier()  # the joined file is complete
     else:
         logger.info("features from %s", file)
-    return _read(file, records)
+    return _read(file, records, mmap=True)  # memory-mapped: the processes of a machine share one copy in RAM
 
 
 def _part_file(file: str, rank: int, world: int) -> str:
@@ -177,10 +178,10 @@ def _write(feats: list[Features], file: str) -> None:
     os.replace(file + ".tmp", file)
 
 
-def _read(file: str, records: Sequence[VQARecord]) -> list[Features]:
+def _read(file: str, records: Sequence[VQARecord], mmap: bool = False) -> list[Features]:
     from PIL import Image
 
-    feats = [Features(**d) for d in torch.load(file, weights_only=True)]
+    feats = [Features(**d) for d in torch.load(file, weights_only=True, mmap=mmap)]
     # The VLM's features are the cache's business, the targets the code's: they are cheap to
     # recompute, and a cache written before their definition changed must not train the old one.
     for rec, f in zip(records, feats):
