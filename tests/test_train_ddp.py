@@ -54,15 +54,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, world: int, port: int, args: tuple[str, ...]) -> None:
+def _rank(rank: int, world: int, port: int, argv: tuple[str, ...]) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    assert cli_main(["train", "--device", "cpu", *args]) == 0
+    assert cli_main(list(argv)) == 0
 
 
-def _spawn(n: int, *args: str) -> None:
-    """n processes forked from this one (torch already imported: seconds cheaper than a launcher), gloo."""
-    torch.multiprocessing.start_processes(_rank, args=(n, _free_port(), args), nprocs=n, start_method="fork")
+def _spawn(n: int, *args: str, command: str = "train") -> None:
+    """`python -m arr_coc COMMAND --device cpu ARGS` in n processes forked from this one (torch already
+    imported: seconds cheaper than a launcher), on gloo."""
+    argv = (command, "--device", "cpu", *args)
+    torch.multiprocessing.start_processes(_rank, args=(n, _free_port(), argv), nprocs=n, start_method="fork")
 
 
 def _train(*args: str) -> None:
@@ -227,3 +229,19 @@ def test_train_loads_the_vlm_as_asked_and_the_layer_trains_in_float32(data, tmp_
         with pytest.raises(SystemExit, match="no CUDA device"):
             _train("--data", data, "--stage", "1", "--device", "cuda", "--out", str(tmp_path / "never"))
         assert not (tmp_path / "never").exists()
+
+
+def test_eval_shares_its_batches_and_reports_what_one_process_reports(data, tmp_path):
+    """The evaluation harness on the same machinery: two processes run a share of the batches each, and
+    rank 0 writes the report one process writes, item by item (only rank 0 writes)."""
+    common = ["--data", data, "--methods", "none,random,arr_coc_trained", "--budgets", "0.1", "--batch-size", "2",
+              "--limit", "8", "--quiet"]
+    assert cli_main(["eval", "--device", "cpu", *common, "--out", str(tmp_path / "one.json")]) == 0
+    _spawn(2, *common, "--out", str(tmp_path / "two.json"), command="eval")
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    assert two["n"] == one["n"] == 8 and two["ids"] == one["ids"]
+    assert [(r["method"], r["status"]) for r in two["results"]] == [(r["method"], "ok") for r in one["results"]]
+    for a, b in zip(one["results"], two["results"]):
+        for key in ("accuracy", "correct", "answers", "item_coverage", "kept_tokens_mean", "n", "per_type"):
+            assert b[key] == a[key], (a["method"], key)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.json", "two.json"]

@@ -57,6 +57,14 @@ def run(args: argparse.Namespace) -> int:
     from arr_coc.evaluation.report import accuracy_table, markdown_table, write_json, write_plot
     from arr_coc.paths import EMBEDDED_MODEL, resolve_layer
 
+    from arr_coc.training.distributed import LaunchError, Processes
+
+    try:  # under torchrun / accelerate launch: the launcher's device, a share of the batches, rank 0 writes
+        processes = Processes.start(args.device)
+        args.device = processes.device_for(args.device)
+    except LaunchError as exc:
+        print(f"eval: error: {exc}", file=sys.stderr)
+        return 2
     run_on = runtime(args)  # a wrong device / dtype / attention name, or no GPU for cuda: said before anything loads
     model = args.model or EMBEDDED_MODEL
     if args.arr_coc_weights is None:
@@ -87,7 +95,11 @@ def run(args: argparse.Namespace) -> int:
         wrapper, records, methods, args.budgets, batch_size=args.batch_size, seed=args.seed,
         max_new_tokens=args.max_new_tokens, fastv_layer=args.fastv_layer, arr_coc_weights=args.arr_coc_weights,
         progress=not args.quiet, strict=args.strict, budget_mode=args.budget_mode, encode=encode_config(args),
+        processes=processes,
     )
+    processes.close()
+    if not processes.is_main:
+        return 0
     report = {"model": model, "data": args.data, "arr_coc_weights": args.arr_coc_weights,
               "runtime": wrapper.runtime.describe(), **report, "skipped": skipped}
     write_json(report, args.out)

@@ -47,6 +47,7 @@ from .plans import MethodPlan
 
 if TYPE_CHECKING:
     from ..qwen import ARRCOCQwen, PrunedInputs
+    from ..training.distributed import Processes
 
 logger = logging.getLogger(__name__)
 
@@ -142,8 +143,14 @@ def configs_for(methods: Sequence[str], budgets: Sequence[Budget]) -> list[tuple
 def evaluate(wrapper: ARRCOCQwen, records: Sequence[VQARecord], methods: Sequence[str], budgets: Sequence[Budget],
              batch_size: int = 8, seed: int = 0, max_new_tokens: int = 8, fastv_layer: int = 2,
              arr_coc_weights: str | None = None, progress: bool = True, strict: bool = True,
-             budget_mode: BudgetMode | None = None, encode: EncodeConfig | None = None) -> dict[str, Any]:
-    """Run every (method, budget) on `records`; returns {"n", "results", ...} (see the module docstring)."""
+             budget_mode: BudgetMode | None = None, encode: EncodeConfig | None = None,
+             processes: Processes | None = None) -> dict[str, Any]:
+    """Run every (method, budget) on `records`; returns {"n", "results", ...} (see the module docstring).
+
+    `processes` (several, under a launcher: `arr_coc.training.distributed`): each process runs a contiguous
+    share of the batches (the same batches one process runs, so every item's outcome is the same: selection
+    is content-seeded, decoding greedy), and every process returns the whole report.
+    """
     import torch
 
     if batch_size < 1:
@@ -155,6 +162,9 @@ def evaluate(wrapper: ARRCOCQwen, records: Sequence[VQARecord], methods: Sequenc
     rows: dict[tuple[str, Budget], _Rows] = {c: _Rows() for c in configs}
     failed: dict[tuple[str, Budget], str] = {}
     batches = [list(records[i:i + batch_size]) for i in range(0, len(records), batch_size)]
+    if processes is not None:
+        batches = batches[processes.share(len(batches))]
+        progress = progress and processes.is_main
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -194,6 +204,14 @@ def evaluate(wrapper: ARRCOCQwen, records: Sequence[VQARecord], methods: Sequenc
                 bar.update(1)
     if bar is not None:
         bar.close()
+    if processes is not None and processes.world > 1:  # the shares in rank order are the batches in order
+        shares = processes.gather((rows, failed))
+        rows, failed = {c: _Rows() for c in configs}, {}
+        for their_rows, their_failed in shares:
+            for c in configs:
+                rows[c].extend(their_rows[c])
+            for c, error in their_failed.items():
+                failed.setdefault(c, error)  # the first failure in batch order, as one process reports it
     results = [summarise(method, budget, rows[(method, budget)], failed.get((method, budget)),
                          encode.mode if plans[method].selects_before and budget != 1.0 else "after")
                for method, budget in configs]

@@ -25,12 +25,16 @@ device and the launchers; the one collective per step is an all-reduce of the fl
 
 One process (no launcher) takes none of these paths: nothing is weighed, reduced or broadcast,
 and training is bit for bit what it was before this module existed.
+
+`eval` uses the same processes: each runs a contiguous share of the batches and `gather` hands
+every process all of them in batch order (evaluation/loop.py), so rank 0 reports what one process would.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -173,6 +177,16 @@ class Processes:
         t = torch.tensor(list(values.values()), dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
         return dict(zip(values, t.tolist()))
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every process's `obj` (picklable), in rank order, in every process; one process: [obj]."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
 
     def broadcast_module(self, module: torch.nn.Module) -> None:
         """Every process starts from rank 0's parameters and buffers (a seeded init should agree; this makes sure)."""
