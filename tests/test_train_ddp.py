@@ -245,3 +245,15 @@ def test_eval_shares_its_batches_and_reports_what_one_process_reports(data, tmp_
         for key in ("accuracy", "correct", "answers", "item_coverage", "kept_tokens_mean", "n", "per_type"):
             assert b[key] == a[key], (a["method"], key)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one.json", "two.json"]
+
+
+def test_stage2_refuses_an_attention_that_cannot_take_its_soft_mask(data, tmp_path):
+    from types import SimpleNamespace
+
+    from arr_coc.training.config import TrainConfig
+    from arr_coc.training.loop import train
+
+    # Refused before any feature is extracted: a VLM that only says how it attends is enough.
+    vlm = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2")))
+    with pytest.raises(ValueError, match="--attn-implementation sdpa"):
+        train(TrainConfig(stage=2, out=str(tmp_path / "never")), "", data, wrapper=vlm, progress=False)

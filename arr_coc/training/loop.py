@@ -98,6 +98,9 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
         run = runtime or Runtime.resolve(procs.device or "cpu")
         wrapper = ARRCOCQwen.from_pretrained(model_path, device=run.device, dtype=run.dtype,
                                              attn_implementation=run.attn_implementation)
+    if cfg.stage == 2 and getattr(wrapper.model.config, "_attn_implementation", None) == "flash_attention_2":
+        raise ValueError("stage 2 masks visual tokens softly with an additive attention bias, which flash_attention_2 "
+                         "cannot apply: train stage 2 with --attn-implementation sdpa (the default) or eager")
     train_set, val_set = [], []
     for path in [data] if isinstance(data, str) else data:
         records = list(read_jsonl(path))
