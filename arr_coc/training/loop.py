@@ -77,7 +77,7 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
     launcher, else the CPU in float32. The layer trains in float32 on the VLM's device.
     `processes`: this process among several (`distributed.Processes`); None: `Processes.start()`, one
     plain process unless launched by torchrun / accelerate. With several, `cfg.batch_size` is per
-    process, and only rank 0 validates, writes checkpoints and logs (the state it returns is complete).
+    process, and only rank 0 validates and writes checkpoints and logs (its returned state is the full one).
     """
     from tqdm import tqdm
 
@@ -271,4 +271,3 @@ def save(layer: ARRCOCLayer, opt: torch.optim.Optimizer, state: dict, cfg: Train
     os.replace(state_path + ".tmp", state_path)
     with open(os.path.join(cfg.out, f"training_log_stage{cfg.stage}.json"), "w") as f:
         json.dump({"config": asdict(cfg), **state}, f, indent=1)
-
