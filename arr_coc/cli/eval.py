@@ -56,7 +56,6 @@ def run(args: argparse.Namespace) -> int:
     from arr_coc.evaluation.loop import evaluate, load_wrapper, resolve_methods
     from arr_coc.evaluation.report import accuracy_table, markdown_table, write_json, write_plot
     from arr_coc.paths import EMBEDDED_MODEL, resolve_layer
-
     from arr_coc.training.distributed import LaunchError, Processes
 
     try:  # under torchrun / accelerate launch: the launcher's device, a share of the batches, rank 0 writes
