@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import torch
 from accelerate import Accelerator
 from lmms_eval.api.instance import GenerationResult, Instance, TokenCounts
 from lmms_eval.api.model import lmms
@@ -90,7 +91,10 @@ class ARRCOCLmms(lmms):
             raise ValueError(f"batch_size must be at least 1, got {batch_size} (lmms-eval's 'auto' is not supported)")
         self.max_new_tokens = int(max_new_tokens)
 
-        self.accelerator = Accelerator()
+        # On a machine without CUDA (or with device=cpu) the processes of `torchrun` / `accelerate launch` meet over
+        # gloo (accelerate's MULTI_CPU); on GPUs each process takes cuda:LOCAL_RANK (MULTI_GPU).
+        on_cpu = str(device or "auto").startswith("cpu") or not torch.cuda.is_available()
+        self.accelerator = Accelerator(cpu=on_cpu)
         if self.accelerator.num_processes > 1:   # accelerate launch: this process's device, its shard of the requests
             if device not in (None, "auto") and str(device) != str(self.accelerator.device):
                 logger.warning(f"arr_coc: device={device} ignored under accelerate launch; process "
