@@ -43,7 +43,7 @@ from tqdm import tqdm
 from ..budget import DEFAULT_BUDGET, BudgetError, check_mode, parse_budget
 from ..inputs import InputError
 from ..paths import default_model_path, resolve_layer
-from ..runtime import Runtime
+from ..runtime import Runtime, check_attn_implementation, resolve_dtype
 from . import requests as rq
 
 DEFAULT_MAX_NEW_TOKENS = 128    # lmms-eval's Qwen chat models' default
@@ -90,6 +90,8 @@ class ARRCOCLmms(lmms):
         if self.batch_size_per_process < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size} (lmms-eval's 'auto' is not supported)")
         self.max_new_tokens = int(max_new_tokens)
+        resolve_dtype(dtype or "auto", torch.device("cpu"))   # the names, now; the device is known below
+        check_attn_implementation(attn_implementation or None)
 
         # On a machine without CUDA (or with device=cpu) the processes of `torchrun` / `accelerate launch` meet over
         # gloo (accelerate's MULTI_CPU); on GPUs each process takes cuda:LOCAL_RANK (MULTI_GPU).
@@ -119,9 +121,7 @@ class ARRCOCLmms(lmms):
         """lmms-eval's constructor path, with two differences: `budget` reaches arr_coc.budget's parser as
         written ("64" is a count, "0.1" a share, "1" is refused), and an argument given in --model_args wins
         over the command line's default (lmms-eval always passes batch_size, 1 unless told)."""
-        args = model_args(arg_string)
-        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in args}
-        return cls(**args, **extra)
+        return cls(**merged_args(arg_string, additional_config))
 
     # -- what lmms-eval reads -----------------------------------------------------------------
 
@@ -210,12 +210,18 @@ def check_method(method: str) -> str:
     return method
 
 
-def model_args(arg_string: str | dict) -> dict[str, Any]:
-    """`--model_args` -> keyword arguments: lmms-eval's parser, except that `budget` stays the string written."""
+def merged_args(arg_string: str | dict, additional_config: dict | None = None) -> dict[str, Any]:
+    """`--model_args` + the command line's batch_size/device -> keyword arguments of ARRCOCLmms.
+
+    lmms-eval's parser, except that `budget` stays the string written (so "64" is a count, "1" refused), and that
+    a key given in `--model_args` wins over the command line's value (lmms-eval passes batch_size=1 unless told).
+    """
     if isinstance(arg_string, dict):
-        return dict(arg_string)
-    args = simple_parse_args_string(arg_string or "")
-    raw = re.search(r"(?:^|,)\s*budget\s*=\s*([^,]*)", arg_string or "")
-    if raw is not None:
-        args["budget"] = raw.group(1).strip()
-    return args
+        args = dict(arg_string)
+    else:
+        args = simple_parse_args_string(arg_string or "")
+        raw = re.search(r"(?:^|,)\s*budget\s*=\s*([^,]*)", arg_string or "")
+        if raw is not None:
+            args["budget"] = raw.group(1).strip()
+    extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in args}
+    return {**args, **extra}
