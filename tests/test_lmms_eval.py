@@ -278,6 +278,7 @@ def test_model_args_are_checked_before_the_model_loads():
         ("method=fastv,encode=before", ValueError, "encode=after"),
         ("dtype=float64", ValueError, "float64"),
         ("temperature=0.5", TypeError, "unknown model_args"),
+        ("batch_size=auto", ValueError, "'auto' is not supported"),
     ):
         with pytest.raises(error, match=match):
             ARRCOCLmms.create_from_arg_string(args, {"batch_size": 1})

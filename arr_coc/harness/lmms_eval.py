@@ -17,7 +17,8 @@ Model arguments (`--model_args k=v,...`; `--batch_size` and `--device` of lmms-e
                          the shipped layer for the embedded model, else untrained)
     encode               after | before (gist, margin, periphery: as `eval --gist/--margin/--periphery`)
     device, dtype, attn_implementation   arr_coc.runtime's names (default auto, auto, transformers' default)
-    batch_size           questions per generate() call (default 1)
+    batch_size           questions per generate() call, per process (default 1; lmms-eval's "auto" and
+                         max_batch_size are not used)
     max_new_tokens       answer length when the task's gen_kwargs do not say (default 128)
     seed                 seed of random selections (default 0)
 
@@ -86,9 +87,13 @@ class ARRCOCLmms(lmms):
             if not selects_before_encoding(get_selector(self.method)):
                 raise ValueError(f"method {self.method!r} reads the encoded visual tokens, so it cannot choose "
                                  "before the vision tower; use encode=after")
-        self.batch_size_per_process = int(batch_size)
+        try:
+            self.batch_size_per_process = int(batch_size)
+        except (TypeError, ValueError):
+            self.batch_size_per_process = 0
         if self.batch_size_per_process < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size} (lmms-eval's 'auto' is not supported)")
+            raise ValueError(f"batch_size must be a whole number of at least 1, got {batch_size!r} (lmms-eval's "
+                             "'auto' is not supported)")
         self.max_new_tokens = int(max_new_tokens)
         resolve_dtype(dtype or "auto", torch.device("cpu"))   # the names, now; the device is known below
         check_attn_implementation(attn_implementation or None)
