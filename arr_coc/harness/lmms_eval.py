@@ -95,6 +95,8 @@ class ARRCOCLmms(lmms):
             raise ValueError(f"batch_size must be a whole number of at least 1, got {batch_size!r} (lmms-eval's "
                              "'auto' is not supported)")
         self.max_new_tokens = int(max_new_tokens)
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         resolve_dtype(dtype or "auto", torch.device("cpu"))   # the names, now; the device is known below
         check_attn_implementation(attn_implementation or None)
 

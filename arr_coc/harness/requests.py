@@ -26,7 +26,6 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-LAYOUTS = ("chat", "simple")
 IMAGE_EXTS = frozenset((".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"))  # a path read as an image
 
 
