@@ -10,9 +10,13 @@ export TOKENIZERS_PARALLELISM = false
 
 .PHONY: install test run clean
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt requirements-lmms.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	@# lmms-eval without its dependencies (its metadata asks for torchvision): the file pins what it needs here.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-lmms.txt
+	@# The project itself, editable, so that its entry points exist (lmms-eval finds `--model arr_coc` through one).
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $(STAMP)
 
 install: $(STAMP)
