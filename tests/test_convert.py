@@ -361,3 +361,30 @@ def test_an_image_name_cannot_leave_the_images_folder(tmp_path):
                                "label": "no"}) + "\n")
     with pytest.raises(LayoutError, match="leaves the images folder"):
         convert("pope", src, tmp_path / "out", images=images, image_mode="copy")
+
+
+def test_a_converted_gqa_file_trains_stage_one(tmp_path, tiny_vlm):
+    """The converter's output is training data as it stands: stage 1 reads its boxes and trains the layer."""
+    import torch
+
+    from arr_coc.layer import ARRCOCLayer
+    from arr_coc.qwen import ARRCOCQwen
+    from arr_coc.training.config import TrainConfig
+    from arr_coc.training.loop import train
+
+    src, graphs, _ = _gqa(tmp_path)
+    questions = json.loads(src.read_text())
+    questions["07333409"] = dict(questions["07333408"], question="What is the pipe on?", answer="wall",
+                                 annotations={"answer": {"4": "722332"}, "question": {"3": "722335"},
+                                              "fullAnswer": {}})
+    _dump(src, questions)
+    report = convert("gqa", src, tmp_path / "out", scene_graphs=graphs)
+    assert report.with_boxes == {"val_balanced": 2}
+    data = str(tmp_path / "out" / "val_balanced.jsonl")
+    model, processor = tiny_vlm("qwen2_vl")
+    cfg = TrainConfig(stage=1, out=str(tmp_path / "layer"), steps=3, batch_size=2, eval_every=3, warmup=1)
+    state = train(cfg, "", data, progress=False, wrapper=ARRCOCQwen(model, processor))
+    assert state["step"] == 3 and state["train_items"] == 2 and state["val_items"] == 1
+    # the boxes reach the loss: an item without answer cells contributes no gradient (ranking_loss skips it)
+    assert all(torch.isfinite(torch.tensor(r["loss"])) and r["grad_norm"] > 0 for r in state["log"])
+    assert ARRCOCLayer.from_pretrained(cfg.out).config.knowing.query_dim == model.config.text_config.hidden_size
