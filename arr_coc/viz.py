@@ -74,8 +74,8 @@ def resolution_picture(image: Image.Image, codes: torch.Tensor, grid_hw: tuple[i
     from .qwen.trace import PERIPHERY, RESOLUTION_LEVELS
 
     h, w = grid_hw
-    base = np.asarray(image.convert("RGB"), dtype=np.float32)                        # [H, W, 3]
-    palette = np.asarray(RESOLUTION_COLOURS, dtype=np.float32)
+    base = np.asarray(image.convert("RGB"), dtype=np.float64)                        # [H, W, 3]
+    palette = np.asarray(RESOLUTION_COLOURS, dtype=np.float64)
     cells = codes.detach().cpu().long().reshape(h, w).numpy()
     tint = np.asarray(_cells_to_pixels(cells.astype(np.uint8), (base.shape[1], base.shape[0])), dtype=np.int64)
     out = Image.fromarray(np.round((1 - RESOLUTION_ALPHA) * base + RESOLUTION_ALPHA * palette[tint]).astype(np.uint8))
