@@ -306,21 +306,20 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
                                      label="tokens, time and FLOPs (whole prefill = vision tower + selection + "
                                            "LM prefill)", column_widths=["31%", "23%", "23%", "23%"],
                                      max_height=1200)
-                trace = gr.File(label="trace (JSON)", elem_id="trace", interactive=False)
-        with gr.Row(equal_height=False):
-            heatmap = gr.Image(label="A: relevance, kept tokens", elem_id="heatmap",
-                               format="png", type="pil", interactive=False, height=520)
-            resolution_a = gr.Image(label="A: encoded at which resolution",
-                                    elem_id="resolution-a", format="png", type="filepath", interactive=False,
-                                    height=520)
-            resolution_b = gr.Image(label="B: encoded at which resolution",
-                                    elem_id="resolution-b", format="png", type="filepath", interactive=False,
-                                    height=520)
-        with gr.Row(equal_height=False):
-            maps = gr.Gallery(label="config A: scorer maps and the balanced relevance", elem_id="maps", columns=4,
-                              height=300, format="png", interactive=False, object_fit="contain", scale=3)
-            weights = gr.Markdown(elem_id="weights")
-        channels = gr.Gallery(label="config A: texture channels (one cell per visual token, fixed [0, 1] scale)",
+                with gr.Row(equal_height=False):
+                    resolution_a = gr.Image(label="A: encoded at which resolution", elem_id="resolution-a",
+                                            format="png", type="filepath", interactive=False, height=480)
+                    resolution_b = gr.Image(label="B: encoded at which resolution", elem_id="resolution-b",
+                                            format="png", type="filepath", interactive=False, height=480)
+                with gr.Row(equal_height=False):
+                    heatmap = gr.Image(label="A: relevance + kept tokens (green)", elem_id="heatmap", format="png",
+                                       type="pil", interactive=False, height=420)
+                    with gr.Column():
+                        weights = gr.Markdown(elem_id="weights")
+                        trace = gr.File(label="trace (JSON)", elem_id="trace", interactive=False)
+        maps = gr.Gallery(label="A: scorer maps and the balanced relevance", elem_id="maps", columns=4, height=300,
+                          format="png", interactive=False, object_fit="contain")
+        channels = gr.Gallery(label="A: texture channels (one cell per visual token, fixed [0, 1] scale)",
                               elem_id="channels", columns=7, height="auto", format="png", interactive=False,
                               object_fit="contain")
 
