@@ -97,13 +97,13 @@ def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
     assert "Error" not in page.inner_text("#error")
 
     # the toggle: config A encodes before, with the before mode's settings; its encoded cells shrink
-    page.locator("#encode label:has-text('before')").click()
+    page.locator("#encode input[type=radio][value=before]").check()   # check() fails unless it took
     page.locator("#before-settings").get_by_text("encode before: gist, margin, periphery").click()
     page.fill("#gist input[type=number]", "0.25")
     page.press("#gist input[type=number]", "Enter")
     page.fill("#margin input[type=number]", "1")
     page.press("#margin input[type=number]", "Enter")
-    page.locator("#periphery input[type=checkbox]").click()
+    page.locator("#periphery input[type=checkbox]").check()
     page.click("#run")
     page.wait_for_function(f"() => {{ const r = {STATS_ROW}('encode'); return r && r[2].startsWith('before'); }}")
     row = page.evaluate(f"() => {STATS_ROW}('encode')")
@@ -114,7 +114,7 @@ def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
     assert int(encoded[2].split()[0]) < 256 and int(periphery[2]) > 0, (encoded, periphery)
 
     # config A back to after; B keeps before with the gist, margin and periphery: the screenshot shows both modes
-    page.locator("#encode label:has-text('after')").click()
+    page.locator("#encode input[type=radio][value=after]").check()
     page.click("#run")
     page.wait_for_function(f"() => {{ const r = {STATS_ROW}('encode'); return r && r[2] === 'after'; }}")
     _wait_value(page, "answer-arr", "v.length > 0")
