@@ -1,4 +1,5 @@
-"""Pictures of what the layer saw and decided: heatmap overlays, scorer maps, texture channels.
+"""Pictures of what the layer saw and decided: heatmap overlays, scorer maps, texture channels, and what the
+vision tower encoded at which resolution (`resolution_picture`, from a `Trace`).
 
 Pure functions from an `ARRCOCOutput` (one image) to PIL images or a matplotlib
 figure; the app and the docs call them, nothing here loads a model.
@@ -54,6 +55,61 @@ def outline_kept(image: Image.Image, kept: torch.Tensor | list[int], grid_hw: tu
         r, c = divmod(int(idx), w)
         draw.rectangle([c * cw, r * ch, (c + 1) * cw - 1, (r + 1) * ch - 1], outline=colour, width=width)
     return out
+
+
+# One colour per `Trace.resolution` level (arr_coc.qwen.trace.RESOLUTION_LEVELS, coarsest first), blended into the
+# image at RESOLUTION_ALPHA: not encoded (dark), gist only (violet), periphery (blue), full resolution not read
+# (orange: the margin), full resolution read (green, the kept-token colour).
+RESOLUTION_COLOURS = ((25, 25, 25), (170, 100, 235), (30, 120, 255), (255, 150, 0), KEPT_OUTLINE)
+RESOLUTION_ALPHA = 0.55
+
+
+def resolution_picture(image: Image.Image, codes: torch.Tensor, grid_hw: tuple[int, int],
+                       tokens: torch.Tensor | None = None, legend: bool = True, title: str = "") -> Image.Image:
+    """The image with every merged cell tinted by what it became: `codes` [h * w] (raster) are
+    `Trace.resolution` levels. Each cell is `(1 - a) * pixel + a * colour` (a = RESOLUTION_ALPHA), so
+    the picture still shows the image. `tokens`: raster cells where the periphery's gist tokens stand
+    (`Trace.periphery_cells`), marked with a white dot. `legend` adds a strip below naming the levels
+    present, with counts, under `title` when one is given."""
+    from .qwen.trace import PERIPHERY, RESOLUTION_LEVELS
+
+    h, w = grid_hw
+    base = np.asarray(image.convert("RGB"), dtype=np.float64)                        # [H, W, 3]
+    palette = np.asarray(RESOLUTION_COLOURS, dtype=np.float64)
+    cells = codes.detach().cpu().long().reshape(h, w).numpy()
+    tint = np.asarray(_cells_to_pixels(cells.astype(np.uint8), (base.shape[1], base.shape[0])), dtype=np.int64)
+    out = Image.fromarray(np.round((1 - RESOLUTION_ALPHA) * base + RESOLUTION_ALPHA * palette[tint]).astype(np.uint8))
+    marks = tokens.tolist() if tokens is not None else []
+    draw = ImageDraw.Draw(out)
+    cw, ch = out.size[0] / w, out.size[1] / h
+    r = max(1.5, min(cw, ch) / 6)
+    for idx in marks:
+        y, x = (int(idx) // w + 0.5) * ch, (int(idx) % w + 0.5) * cw
+        draw.ellipse([x - r, y - r, x + r, y + r], fill=(255, 255, 255), outline=(0, 0, 0))
+    if not legend:
+        return out
+    from PIL import ImageFont
+
+    present = [(lvl, int((cells == lvl).sum())) for lvl in range(len(RESOLUTION_LEVELS) - 1, -1, -1)
+               if (cells == lvl).any()]
+    size = int(min(22, max(11, out.size[0] // 30)))
+    font, row = ImageFont.load_default(size=size), size + 6
+    top = row if title else 0
+    strip = Image.new("RGB", (out.size[0], top + row * len(present) + 6), (255, 255, 255))
+    draw = ImageDraw.Draw(strip)
+    if title:
+        draw.text((4, 4), title, fill=(0, 0, 0), font=font)
+    for k, (lvl, n) in enumerate(present):
+        y = 3 + top + k * row
+        draw.rectangle([4, y + 2, 4 + size, y + 2 + size], fill=RESOLUTION_COLOURS[lvl], outline=(0, 0, 0))
+        text = f"{RESOLUTION_LEVELS[lvl]}: {n} cell{'s' if n != 1 else ''}"
+        if lvl == PERIPHERY and marks:
+            text += f", {len(marks)} token{'s' if len(marks) != 1 else ''} (dots)"
+        draw.text((10 + size, y + 1), text, fill=(0, 0, 0), font=font)
+    both = Image.new("RGB", (out.size[0], out.size[1] + strip.size[1]), (255, 255, 255))
+    both.paste(out, (0, 0))
+    both.paste(strip, (0, out.size[1]))
+    return both
 
 
 def overlay_heatmap(image: Image.Image, out: ARRCOCOutput, i: int = 0, alpha: float = 0.5) -> Image.Image:

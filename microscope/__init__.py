@@ -1,7 +1,10 @@
-"""The ARR-COC microscope: a Gradio app that runs the baseline VLM and the ARR-COC VLM side by side.
+"""The ARR-COC microscope: a Gradio app that runs the baseline VLM and two pruned configurations side by side.
 
     inputs    the library's input validator (arr_coc.inputs) plus the app's own upload cases, InputError
-    handler   one request (`ask`): both runs, the stats rows, the trace record, the files it writes
+    configs   configs A and B of a request (method, layer, encode after|before) and the layers offered
+    handler   one request (`ask`): the baseline and each config's run, the pictures, the files it writes
+    readout   the tokens/time/FLOPs table and the JSON trace record
+    cost      each run's FLOPs (vision tower, selector, LM prefill), counted off the clock
     admission how much work is taken on at once (requests, image pixels): "busy, try again" beyond it
     lifetime  a client's cancel or disconnect -> the request's CancelToken (its model work stops)
     page      the Gradio Blocks layout, its CSS and examples (`build_demo`)

@@ -1,21 +1,23 @@
-"""One request of the microscope: the baseline run, the ARR-COC run, and what the page shows of them.
+"""One request of the microscope: the baseline run, configs A and B, and what the page shows of them.
 
-`ask` checks the inputs (`microscope.inputs`, i.e. the library's one validator), admits the request by
-its image's pixels (`microscope.admission`), runs the same `ARRCOCQwen` twice, one instrumented
-`generate()` each (method="none": every visual token; then the chosen method), draws the pictures
-with `arr_coc.viz`, and writes them and the JSON trace into a fresh folder. It never raises: a bad
-input or a failure comes back as `Result.error`, and a failing ARR-COC run falls back to the baseline.
+`ask` checks the inputs (`microscope.inputs`, i.e. the library's one validator, and `microscope.configs`
+for the encoding and layer choices), admits the request by its image's pixels (`microscope.admission`),
+runs the same VLM up to three times, one instrumented `generate()` each (method="none": every visual
+token; then config A: the chosen method, layer and encoding; then config B: ARR-COC with its own layer
+and encoding), counts their FLOPs off the clock (`microscope.cost`), draws the pictures with
+`arr_coc.viz`, and writes them and the JSON trace (`microscope.readout`) into a fresh folder. It never
+raises: a bad input or a failure comes back as `Result.error`, and a failing pruned run falls back to
+the baseline.
 
 Run inside `arr_coc.cancel.cancellable(token)` (the page does), a cancelled request stops at the
-next step boundary: after decoding, when it gets the model, inside each run (after the vision tower,
-the selection, the prefill and each generated token) and between the runs.
+next step boundary: after decoding, when it gets the model, inside each run (after the gist, the
+vision tower, the selection, the prefill and each generated token) and between the runs.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -26,13 +28,17 @@ from typing import TYPE_CHECKING, Any
 
 from arr_coc.inputs import LIMITS, InputLimits, answer_notes, finish_image
 from microscope.admission import Admission
-from microscope.inputs import ImageInfo, InputError, check_method, check_question, open_upload, read_budget, reason
+from microscope.configs import RunConfig, read_configs
+from microscope.inputs import InputError, check_method, check_question, open_upload, read_budget, reason
+from microscope.readout import stats_rows, trace_record
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
     from arr_coc import ARRCOCQwen, Trace
     from arr_coc.budget import Budget
+    from arr_coc.qwen.encoding import EncodeConfig
+    from microscope.cost import Flops
 
 logger = logging.getLogger("arr_coc.app")
 
@@ -42,8 +48,8 @@ logger = logging.getLogger("arr_coc.app")
 OUTPUT_ROOT = os.path.join(tempfile.gettempdir(), "arr_coc_app")
 OUTPUT_MAX_AGE_S = 3600
 
-STATS_HEADERS = ["", "baseline", "ARR-COC"]
-OUTPUT_NAMES = ("answer_baseline", "answer_arr", "stats", "heatmap", "maps", "weights", "channels", "trace", "error")
+OUTPUT_NAMES = ("answer_baseline", "answer_arr", "answer_compare", "stats", "heatmap", "resolution_a",
+                "resolution_b", "maps", "weights", "channels", "trace", "error")
 
 
 @dataclass
@@ -58,6 +64,9 @@ class Microscope:
     lock: threading.Lock = field(default_factory=threading.Lock)
     limits: InputLimits = LIMITS     # arr_coc.inputs.limits_for(this model's processor)
     admission: Admission = field(default_factory=Admission)
+    more_layers: dict[str, ARRCOCQwen] = field(default_factory=dict)   # --compare-arr-coc, by name (configs.py)
+    count_flops: bool = True         # count each run's FLOPs off the clock (microscope.cost); --no-flops: off
+    flops_memo: dict = field(default_factory=dict)                      # shape-only counts, shared by requests
 
     @property
     def cell_px(self) -> int:
@@ -66,6 +75,17 @@ class Microscope:
 
         return int(image_processor_of(self.wrapper.processor).patch_size) * int(self.wrapper.merge)
 
+    @property
+    def layers(self) -> dict[str, ARRCOCQwen]:
+        """Every ARR-COC layer the server offers, by name, the --arr-coc one first (one VLM under all)."""
+        return {self.layer_name: self.wrapper, **self.more_layers}
+
+    @property
+    def default_compare(self) -> tuple[str, str]:
+        """Config B when a request does not say: the first --compare-arr-coc layer, encoding after like A's
+        default (compare checkpoints); without one, the same layer encoding before (compare the modes)."""
+        return (next(iter(self.more_layers)), "after") if self.more_layers else (self.layer_name, "before")
+
 
 @dataclass
 class Run:
@@ -73,6 +93,17 @@ class Run:
 
     answer: str
     trace: Trace
+    counted: Any = None              # the CountedSelector it ran (FLOPs), or None
+    flops: Flops | None = None       # filled off the clock by microscope.cost
+
+
+@dataclass
+class Pruned:
+    """A configuration's run: its answer and trace, or (run None) why it failed and fell back to the baseline."""
+
+    config: RunConfig
+    run: Run | None
+    failed: str | None = None
 
 
 @dataclass
@@ -81,8 +112,11 @@ class Result:
 
     answer_baseline: str = ""
     answer_arr: str = ""
+    answer_compare: str = ""
     stats: list[list[str]] = field(default_factory=list)
     heatmap: str | None = None     # PNG path (pictures are files: see OUTPUT_ROOT)
+    resolution_a: str | None = None  # PNG path: what config A encoded at which resolution (with its legend)
+    resolution_b: str | None = None  # the same for config B
     maps: list[tuple[str, str]] = field(default_factory=list)        # (PNG path, caption)
     weights: str = ""
     channels: list[tuple[str, str]] = field(default_factory=list)    # (PNG path, channel name)
@@ -98,6 +132,8 @@ class Result:
 
 
 CANCELLED = "**Error:** the request was cancelled."
+OFF_ANSWER = "(ARR-COC is off: only the baseline ran)"
+NO_COMPARE = "(config B is off)"
 
 
 def read_flag(value: Any, name: str, default: bool) -> bool:
@@ -115,17 +151,22 @@ def read_flag(value: Any, name: str, default: bool) -> bool:
 
 
 def ask(scope: Microscope, image: Any, question: Any, arr_coc: Any = True, budget: Any = None,
-        adaptive: Any = False, method: Any = "arr_coc") -> Result:
+        adaptive: Any = False, method: Any = "arr_coc", encode: Any = None, layer: Any = None,
+        compare_layer: Any = None, compare_encode: Any = None, gist: Any = None, margin: Any = None,
+        periphery: Any = None) -> Result:
     """The `ask` event: never raises; problems come back as `Result.error` (shown in the page).
 
     `budget` is what the page or an API client sent: a share (0.25, "0.25", "10%") or a token count
     (64, "64", "64tok"), read by `arr_coc.budget.parse_budget`. Every input but the image and the
-    question is optional: None means its default (ARR-COC on, the library's budget, not adaptive, arr_coc).
+    question is optional: None means the page's default (ARR-COC on, the library's budget, not adaptive,
+    arr_coc, config A encoding after with the first layer, config B as `Microscope.default_compare`,
+    no gist, no margin, no periphery).
     """
     from arr_coc.cancel import Cancelled
 
     try:
-        return _ask(scope, image, question, arr_coc, budget, adaptive, method)
+        return _ask(scope, image, question, arr_coc, budget, adaptive, method,
+                    (encode, layer, compare_layer, compare_encode, gist, margin, periphery))
     except InputError as exc:
         return Result(error=f"**Error:** {exc}")
     except Cancelled:
@@ -137,45 +178,54 @@ def ask(scope: Microscope, image: Any, question: Any, arr_coc: Any = True, budge
                             "if it keeps failing, restart the app and report the trace in the server log.")
 
 
-def _generate(scope: Microscope, image: Image, question: str, method: Any, budget: Budget | None) -> Run:
+def _generate(scope: Microscope, wrapper: ARRCOCQwen, image: Image, question: str, method: str,
+              budget: Budget | None, encode: EncodeConfig | None = None) -> Run:
     from arr_coc.cancel import checkpoint
+    from arr_coc.selection import get_selector
 
+    counted = None
+    if scope.count_flops and method != "none":   # runs the selector as is; its FLOPs are counted afterwards
+        from arr_coc.evaluation.flops import CountedSelector
+
+        counted = CountedSelector(get_selector(method), method)
     while not scope.lock.acquire(timeout=0.1):   # a cancelled request stops waiting for the model
         checkpoint("waiting for the model")
     try:
         checkpoint("waiting for the model")
-        answer, trace = scope.wrapper.generate(image, question, budget=budget, method=method,
-                                               max_new_tokens=scope.max_new_tokens)
+        answer, trace = wrapper.generate(image, question, budget=budget, method=counted or method,
+                                         max_new_tokens=scope.max_new_tokens, encode=encode)
     finally:
         scope.lock.release()
-    return Run(answer=str(answer).strip(), trace=trace)
+    return Run(answer=str(answer).strip(), trace=trace, counted=counted)
 
 
 def _ask(scope: Microscope, image: Any, question: Any, arr_on: Any, budget: Any, adaptive: Any,
-         method: Any) -> Result:
-    # the validator's order (arr_coc.inputs.validate): budget, method, question, image
+         method: Any, choices: tuple) -> Result:
+    # the validator's order (arr_coc.inputs.validate): budget, method, question, image; the configs after the method
     arr_on = read_flag(arr_on, "arr_coc", True)
     adaptive = read_flag(adaptive, "adaptive", False)
     budget = read_budget(budget)
     method = check_method(method)
-    question, notes = check_question(question, scope.limits)
+    notes: list[str] = []
+    configs = read_configs(scope, method, *choices, notes=notes)
+    question, q_notes = check_question(question, scope.limits)
     opened = open_upload(image, scope.limits)
     try:
         with scope.admission.admit(opened.pixels):
-            return _answer(scope, opened, question, arr_on, budget, adaptive, method, notes)
+            return _answer(scope, opened, question, arr_on, budget, adaptive, method, configs, q_notes + notes)
     finally:
         opened.close()
 
 
 def _answer(scope: Microscope, opened: Any, question: str, arr_on: bool, budget: Budget, adaptive: bool,
-            method: str, notes: list[str]) -> Result:
+            method: str, configs: list[RunConfig], notes: list[str]) -> Result:
     from arr_coc.cancel import Cancelled, checkpoint
 
     picture, info = finish_image(opened, scope.limits)
     notes = notes + info.notes
     checkpoint("decoding")
     try:
-        base = _generate(scope, picture, question, "none", 1.0)
+        base = _generate(scope, scope.wrapper, picture, question, "none", 1.0)
     except Cancelled:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -184,18 +234,33 @@ def _answer(scope: Microscope, opened: Any, question: str, arr_on: bool, budget:
     checkpoint("the baseline run")
     notes += answer_notes(base.answer, question, scope.wrapper.tokenizer)
 
-    arr, arr_failed = (_run_pruned(scope, picture, question, method, budget, adaptive, base, notes)
-                       if arr_on else (None, None))
-    checkpoint("the pruned run")
-    heatmap, maps, channels, weights_md = _pictures(scope, picture, method, arr, notes)
-    answer_arr = arr.answer if arr is not None else (base.answer if arr_failed else "")
-    record = trace_record(scope, question, info, method, budget, adaptive, arr_on, base, arr, arr_failed, notes)
+    pruned: list[Pruned] = []
+    for config in configs if arr_on else []:
+        pruned.append(_run_pruned(scope, config, picture, question, budget, adaptive, base, notes,
+                                  labelled=len(configs) > 1))
+        checkpoint(f"config {config.label}")
+    _count_flops(scope, picture, question, base, pruned)
+    first = pruned[0] if pruned else None
+    heatmap, maps, channels, weights_md = _pictures(scope, picture, method, first.run if first else None, notes)
+    resolution = [_resolution(scope, picture, p) if p.run is not None else None for p in pruned] + [None, None]
+    record = trace_record(scope, question, info, method, budget, adaptive, arr_on, base, pruned, notes)
     folder = request_folder()
+
+    def answer_of(k: int) -> str:
+        if not arr_on:
+            return OFF_ANSWER
+        if k >= len(pruned):
+            return NO_COMPARE
+        return pruned[k].run.answer if pruned[k].run is not None else base.answer
+
     return Result(
         answer_baseline=base.answer,
-        answer_arr=answer_arr if arr_on else "(ARR-COC is off: only the baseline ran)",
-        stats=stats_rows(base, arr),
+        answer_arr=answer_of(0),
+        answer_compare=answer_of(1),
+        stats=stats_rows(base, pruned),
         heatmap=_save_png(heatmap, folder, "heatmap") if heatmap is not None else None,
+        resolution_a=_save_png(resolution[0], folder, "resolution_a") if resolution[0] is not None else None,
+        resolution_b=_save_png(resolution[1], folder, "resolution_b") if resolution[1] is not None else None,
         maps=[(_save_png(im, folder, f"map_{k}_{cap.split()[0]}"), cap) for k, (im, cap) in enumerate(maps)],
         weights=weights_md,
         channels=[(_save_png(im, folder, f"channel_{k:02d}_{name}"), name) for k, (im, name) in enumerate(channels)],
@@ -205,43 +270,68 @@ def _answer(scope: Microscope, opened: Any, question: str, arr_on: bool, budget:
     )
 
 
-def _run_pruned(scope: Microscope, picture: Image, question: str, method: str, budget: Budget, adaptive: bool,
-                base: Run, notes: list[str]) -> tuple[Run | None, str | None]:
-    """The pruned run -> (run, None), or (None, why) when it failed; what the user should know goes to notes."""
+def _run_pruned(scope: Microscope, config: RunConfig, picture: Image, question: str, budget: Budget,
+                adaptive: bool, base: Run, notes: list[str], labelled: bool) -> Pruned:
+    """One configuration's run; when it fails, why (its column then shows the baseline). Notes for the user."""
     from arr_coc.budget import budget_label
     from arr_coc.cancel import Cancelled
+    from microscope.configs import wrapper_of
 
-    selector, arr_budget = method, budget
+    who = f"Config {config.label}: " if labelled else ""
+    method, selector, arr_budget = config.method, config.method, budget
     if adaptive and method == "arr_coc":
         selector, arr_budget = "arr_coc_adaptive", None
     elif adaptive:
-        notes.append(f"Adaptive budgets belong to ARR-COC; method {method!r} used the fixed budget "
+        notes.append(f"{who}Adaptive budgets belong to ARR-COC; method {method!r} used the fixed budget "
                      f"{budget_label(budget)}.")
     try:
-        arr = _generate(scope, picture, question, selector, arr_budget)
+        run = _generate(scope, wrapper_of(scope, config), picture, question, selector, arr_budget, config.encode)
     except Cancelled:
         raise
     except Exception as exc:  # noqa: BLE001 - ARR-COC must never cost the user the answer
-        logger.exception("ARR-COC generate failed; falling back to the baseline")
-        notes.append(f"ARR-COC failed ({reason(exc)}): the ARR-COC column shows the baseline answer "
+        logger.exception("config %s failed; falling back to the baseline", config.label)
+        notes.append(f"{who}ARR-COC failed ({reason(exc)}): its column shows the baseline answer "
                      f"(all {base.trace.total_tokens} visual tokens).")
-        return None, reason(exc)
+        return Pruned(config, None, reason(exc))
     if selector == "arr_coc_adaptive":
-        arr.trace.budget = "adaptive"
-        arr.trace.method = "arr_coc"
-    fb = [f for f in arr.trace.fallback if f]
-    if "keep_all" in fb or arr.trace.error:
-        why = arr.trace.error or "keep_all"
-        notes.append(f"ARR-COC fell back to the baseline path for this image ({why}): "
-                     f"it kept all {arr.trace.total_tokens} visual tokens.")
+        run.trace.budget = "adaptive"
+        run.trace.method = "arr_coc"
+    fb = [f for f in run.trace.fallback if f]
+    if "keep_all" in fb or run.trace.error:
+        why = run.trace.error or "keep_all"
+        notes.append(f"{who}ARR-COC fell back to the baseline path for this image ({why}): "
+                     f"it kept all {run.trace.total_tokens} visual tokens.")
     elif "grid" in fb:
-        notes.append("Low-structure image: ARR-COC spread its tokens over an even grid instead of top-k.")
-    return arr, None
+        notes.append(f"{who}Low-structure image: ARR-COC spread its tokens over an even grid instead of top-k.")
+    return Pruned(config, run)
+
+
+def _count_flops(scope: Microscope, picture: Image, question: str, base: Run, pruned: list[Pruned]) -> None:
+    """Each run's FLOPs (microscope.cost), off the clock and under the model lock; skipped for a cancelled
+    request (nobody waits for it) and when the server counts none. A count that fails is left out, logged."""
+    from arr_coc.cancel import current_token
+    from microscope import cost
+
+    token = current_token()
+    if not scope.count_flops or (token is not None and token.cancelled):
+        return
+    runs = [(scope.wrapper, base, 0.0)] + [(scope.layers[p.config.layer], p.run, p.config.encode.gist)
+                                            for p in pruned if p.run is not None]
+    with scope.lock:
+        try:
+            inputs = cost.build_inputs(scope.wrapper, picture, question)
+            for wrapper, run, gist in runs:
+                run.flops = cost.count_run(wrapper, inputs, run.trace, run.counted, cost.trim(scope.flops_memo), gist)
+        except Exception:  # noqa: BLE001 - the answers stand without their FLOPs
+            logger.exception("counting FLOPs failed; the page shows '-'")
+        finally:
+            for _, run, _ in runs:
+                run.counted = None   # the selector's context (images, tensors) is not kept past the request
 
 
 def _pictures(scope: Microscope, picture: Image, method: str, arr: Run | None, notes: list[str]):
-    """(heatmap, scorer maps, texture channels, balancer weights as markdown), drawn on the image exactly
-    as the processor resized it (one cell per merged token)."""
+    """(heatmap, scorer maps, texture channels, balancer weights as markdown) of config A, drawn on the image
+    exactly as the processor resized it (one cell per merged token)."""
     from arr_coc import viz
 
     if arr is None:
@@ -249,7 +339,7 @@ def _pictures(scope: Microscope, picture: Image, method: str, arr: Run | None, n
     out = arr.trace.arr_coc
     maps, channels, weights_md = [], [], ""
     grid = arr.trace.grid_hw[0]
-    shown = picture.resize((grid[1] * scope.cell_px, grid[0] * scope.cell_px))
+    shown = _shown(scope, picture, grid)
     if out is not None and getattr(out, "relevance", None) is not None and out.information is not None:
         heatmap = viz.overlay_heatmap(shown, out)
         maps = viz.scorer_maps(out)
@@ -263,6 +353,21 @@ def _pictures(scope: Microscope, picture: Image, method: str, arr: Run | None, n
     return heatmap, maps, channels, weights_md
 
 
+def _shown(scope: Microscope, picture: Image, grid: tuple[int, int]) -> Image:
+    """The image as the processor resized it: one cell_px square per merged token."""
+    return picture.resize((grid[1] * scope.cell_px, grid[0] * scope.cell_px))
+
+
+def _resolution(scope: Microscope, picture: Image, p: Pruned) -> Image:
+    """What config p encoded at which resolution (viz.resolution_picture of Trace.resolution), titled."""
+    from arr_coc import viz
+
+    t = p.run.trace
+    tokens = t.periphery_cells[0] if t.periphery_cells else None
+    return viz.resolution_picture(_shown(scope, picture, t.grid_hw[0]), t.resolution(0), t.grid_hw[0], tokens,
+                                  title=f"{p.config.label}: {t.method}, encode {p.config.encode_text()}")
+
+
 # ----------------------------------------------------------------------------- what the page shows
 
 
@@ -271,83 +376,6 @@ def _weights_markdown(weights: dict[str, float]) -> str:
         return ""
     rows = "\n".join(f"| {name} | {w:.3f} |" for name, w in weights.items())
     return ("**Balancer weights** (relevance = sum of weight x map / 3)\n\n| scorer | weight |\n| --- | --- |\n" + rows)
-
-
-def _ms(seconds: float) -> str:
-    return "-" if seconds is None or not math.isfinite(seconds) else f"{1000 * seconds:.1f}"
-
-
-def _ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}x" if a and b and math.isfinite(a) and math.isfinite(b) and b > 0 else "-"
-
-
-def kept_per_budget(t: Trace) -> str:
-    """1.00x, or how the trained layer scaled this question's budget (more cells relevant, more tokens)."""
-    from arr_coc.budget import resolve_count
-
-    if isinstance(t.budget, bool) or not isinstance(t.budget, (int, float)) or not t.total_tokens:
-        return "-"  # adaptive: no budget to compare with
-    return f"{t.kept_tokens / resolve_count(t.budget, t.total_tokens):.2f}x"
-
-
-def stats_rows(base: Run, arr: Run | None) -> list[list[str]]:
-    b = base.trace
-    a = arr.trace if arr is not None else None
-    col = (lambda f: f(a)) if a is not None else (lambda f: "-")
-    return [
-        ["method", "none (all tokens)", col(lambda t: str(t.method))],
-        ["budget", "1.0", col(lambda t: str(t.budget))],
-        ["visual tokens (total)", str(b.total_tokens), col(lambda t: str(t.total_tokens))],
-        ["visual tokens (kept)", str(b.kept_tokens),
-         col(lambda t: f"{t.kept_tokens} ({100 * t.kept_ratio:.0f}%)")],
-        ["kept / budget", "-", col(kept_per_budget)],
-        ["prompt tokens", str(b.prompt_tokens), col(lambda t: str(t.prompt_tokens))],
-        ["vision tower (ms)", _ms(b.vision_s), col(lambda t: _ms(t.vision_s))],
-        ["selection (ms)", _ms(b.select_s), col(lambda t: _ms(t.select_s))],
-        ["prefill (ms)", _ms(b.prefill_s), col(lambda t: _ms(t.prefill_s))],
-        ["total (ms)", _ms(b.total_s), col(lambda t: _ms(t.total_s))],
-        ["prefill speedup", "1.00x", col(lambda t: _ratio(b.prefill_s, t.prefill_s))],
-        ["total speedup", "1.00x", col(lambda t: _ratio(b.total_s, t.total_s))],
-        ["new tokens", str(b.new_tokens), col(lambda t: str(t.new_tokens))],
-    ]
-
-
-def _grid_list(t: Any, h: int, w: int) -> list[list[float]]:
-    return [[round(float(x), 4) for x in row] for row in t[0, :h, :w].tolist()]
-
-
-def trace_record(scope: Microscope, question: str, info: ImageInfo, method: str, budget: Budget, adaptive: bool,
-                 arr_on: bool, base: Run, arr: Run | None, arr_failed: str | None, notes: list[str]) -> dict:
-    """The downloadable trace: request, image handling, both runs, and ARR-COC's maps and decisions."""
-    record: dict[str, Any] = {
-        "model": scope.model_name,
-        "arr_coc_layer": scope.layer_name,
-        "question": question,
-        "request": {"arr_coc": arr_on, "method": method, "budget": budget, "adaptive": adaptive},
-        "image": {"original_size": list(info.original_size or ()), "used_size": list(info.used_size or ()),
-                  "mode": info.mode, "format": info.format, "frames": info.frames},
-        "notes": notes,
-        "baseline": {"answer": base.answer, **base.trace.to_dict()},
-        "arr_coc": None,
-    }
-    if arr_failed is not None:
-        record["arr_coc"] = {"failed": arr_failed, "answer": base.answer, "fell_back_to": "baseline"}
-    if arr is not None:
-        t = arr.trace
-        entry = {"answer": arr.answer, **t.to_dict(), "kept_indices": [k.tolist() for k in t.kept_indices]}
-        out = t.arr_coc
-        if out is not None and getattr(out, "relevance", None) is not None:
-            h, w = out.grid_hw[0]
-            maps = {name: _grid_list(getattr(out, name), h, w)
-                    for name in ("relevance", "information", "perspectival", "participatory")
-                    if getattr(out, name, None) is not None}
-            from arr_coc import viz
-
-            entry["layer"] = {"grid_hw": [h, w], "weights": viz.balancer_weights(out),
-                              "channel_names": list(out.channel_names or []), "fallback": out.fallback[0],
-                              "error": out.errors[0], "maps": maps}
-        record["arr_coc"] = entry
-    return record
 
 
 # ----------------------------------------------------------------------------- files

@@ -19,9 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
 from microscope import handler, lifetime
-from microscope.handler import OUTPUT_NAMES, STATS_HEADERS, Microscope
+from microscope.configs import ENCODE_CHOICES, MAX_MARGIN, OFF
+from microscope.handler import OUTPUT_NAMES, Microscope
 from microscope.inputs import Refused, Unreadable, reason
 from microscope.memory import release_memory
+from microscope.readout import STATS_HEADERS
 
 if TYPE_CHECKING:
     import gradio as gr
@@ -32,13 +34,14 @@ EXAMPLES_DIR = os.path.join(ROOT, "assets", "examples")
 logger = logging.getLogger("arr_coc.app")
 
 MIN_BUDGET = 0.02                    # the slider's range only: the handler reads any budget parse_budget takes
+MAX_GIST = 0.75                      # the gist slider's range only (a gist is a share in [0, 1))
 QUEUE_SIZE = 32
 DEFAULT_CONCURRENCY = 2              # model calls are serialised by a lock; the second slot overlaps I/O and drawing
 WATCH_EVERY_S = 0.25                 # how often a running request checks that its client is still connected
 STOP_WAIT_S = 3.0                    # how long a cancelled request waits for its work to stop before it lets go
 
 CSS = """
-#answer-baseline textarea, #answer-arr textarea { font-size: 1.2rem; font-weight: 600; }
+#answer-baseline textarea, #answer-arr textarea, #answer-compare textarea { font-size: 1.2rem; font-weight: 600; }
 #error { min-height: 1rem; }
 #error p { margin: 0.2rem 0; }
 """
@@ -112,15 +115,16 @@ def _hand_raw_budgets_to_the_handler(slider: gr.Slider) -> gr.Slider:
     return slider
 
 
-def _hand_raw_methods_to_the_handler(dropdown: gr.Dropdown) -> gr.Dropdown:
-    """Make this gr.Dropdown instance pass the method to the handler as sent: an API client's unknown name
-    gets the validator's message (the known names), not Gradio's generic one. Patched on this one instance."""
+def _hand_raw_values_to_the_handler(component: gr.components.Component) -> gr.components.Component:
+    """Make this dropdown, radio or slider instance pass its value to the handler as sent: an API client's
+    unknown method, layer or mode, or an out-of-range gist or margin, gets the handler's message (what is
+    accepted), not Gradio's generic one. Patched on this one instance."""
 
     def preprocess(payload):
         return payload
 
-    dropdown.preprocess = preprocess
-    return dropdown
+    component.preprocess = preprocess
+    return component
 
 
 URL_REFUSED = "The app does not fetch images from URLs: download the image and upload the file."
@@ -205,10 +209,12 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
             finally:
                 release_memory()
 
-    async def run_ask(image, question, arr_coc, budget, adaptive, method, request: gr.Request):
+    async def run_ask(image, question, arr_coc, budget, adaptive, method, encode, layer, compare_layer,
+                      compare_encode, gist, margin, periphery, request: gr.Request):
         token = CancelToken()
         job = asyncio.get_running_loop().run_in_executor(
-            workers, work, token, (image, question, arr_coc, budget, adaptive, method))
+            workers, work, token, (image, question, arr_coc, budget, adaptive, method, encode, layer, compare_layer,
+                                   compare_encode, gist, margin, periphery))
         watcher = asyncio.create_task(lifetime.watch(demo, lifetime.current_event_id(),
                                                      getattr(request, "session_hash", None), token, WATCH_EVERY_S))
         try:
@@ -230,9 +236,11 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
     with gr.Blocks(title="ARR-COC microscope", delete_cache=(3600, 3600)) as demo:
         gr.Markdown(
             "# ARR-COC microscope\n"
-            "Ask a question about an image. The **baseline** VLM reads every visual token; **ARR-COC** keeps only "
-            "the tokens its relevance map ranks highest for this question. Both answers come from the same model "
-            f"(`{scope.model_name}`), one instrumented forward pass each. ARR-COC layer: {scope.layer_name}."
+            "Ask a question about an image. The **baseline** VLM reads every visual token; **config A** (ARR-COC "
+            "by default) and **config B** (ARR-COC with another layer or encoding) keep only the tokens their "
+            "relevance ranks highest for this question, and with *encode before* the vision tower encodes only "
+            f"those. Every answer comes from the same model (`{scope.model_name}`), one instrumented run each. "
+            f"ARR-COC layers: {', '.join(scope.layers)}."
         )
         with gr.Row(equal_height=False):
             with gr.Column(scale=4, min_width=320):
@@ -251,9 +259,35 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
                     label="budget: share of visual tokens kept",
                     info="the trained layer keeps it on average: more for a question about many objects, "
                          "fewer for one about one"))
-                method = _hand_raw_methods_to_the_handler(gr.Dropdown(
-                    choices=scope.methods, value="arr_coc", label="method (pruned column)", elem_id="method",
+                method = _hand_raw_values_to_the_handler(gr.Dropdown(
+                    choices=scope.methods, value="arr_coc", label="config A: method", elem_id="method",
                     info="arr_coc, or a method registered with arr_coc.selection.register_selector"))
+                layers = list(scope.layers)
+                b_layer, b_encode = scope.default_compare
+                encode = _hand_raw_values_to_the_handler(gr.Radio(
+                    list(ENCODE_CHOICES), value="after", label="config A: encode", elem_id="encode",
+                    info="after: the vision tower encodes every patch, then the method selects; before: it "
+                         "selects, then the tower encodes only the chosen cells"))
+                layer = _hand_raw_values_to_the_handler(gr.Dropdown(
+                    choices=layers, value=layers[0], label="config A: ARR-COC layer", elem_id="layer"))
+                compare_encode = _hand_raw_values_to_the_handler(gr.Radio(
+                    list(ENCODE_CHOICES), value=b_encode, label="config B (ARR-COC, same budget): encode",
+                    elem_id="compare-encode"))
+                compare_layer = _hand_raw_values_to_the_handler(gr.Dropdown(
+                    choices=[OFF, *layers], value=b_layer, label="config B: ARR-COC layer (off: no config B)",
+                    elem_id="compare-layer", info="the layers this server was given (--arr-coc, --compare-arr-coc)"))
+                with gr.Accordion("encode before: gist, margin, periphery (A and B)", open=False,
+                                  elem_id="before-settings"):
+                    gist = _hand_raw_values_to_the_handler(gr.Slider(
+                        0.0, MAX_GIST, value=0.0, step=0.05, label="gist: share of the tokens", elem_id="gist",
+                        info="the tower first encodes a downscaled copy for the selector; 0: none (the selector "
+                             "reads the texture and the question only)"))
+                    margin = _hand_raw_values_to_the_handler(gr.Slider(
+                        0, MAX_MARGIN, value=0, step=1, label="margin: rings of context cells", elem_id="margin",
+                        info="encoded around every chosen cell at full resolution, not read by the LM"))
+                    periphery = gr.Checkbox(value=False, label="periphery", elem_id="periphery",
+                                            info="the LM also reads the gist tokens of the regions not encoded "
+                                                 "at full resolution (needs a gist)")
                 run = gr.Button("Ask both models", variant="primary", elem_id="run")
                 if examples:
                     gr.Examples(examples=[[e["image"], e["question"]] for e in examples], inputs=[image, question],
@@ -263,29 +297,38 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
                 with gr.Row():
                     answer_base = gr.Textbox(label="baseline answer (all visual tokens)", elem_id="answer-baseline",
                                              interactive=False, lines=2)
-                    answer_arr = gr.Textbox(label="ARR-COC answer (pruned visual tokens)", elem_id="answer-arr",
+                    answer_arr = gr.Textbox(label="config A answer (pruned visual tokens)", elem_id="answer-arr",
                                             interactive=False, lines=2)
+                    answer_compare = gr.Textbox(label="config B answer (pruned visual tokens)",
+                                                elem_id="answer-compare", interactive=False, lines=2)
                 error = gr.Markdown(elem_id="error")
+                stats = gr.Dataframe(headers=STATS_HEADERS, elem_id="stats", interactive=False, wrap=True,
+                                     label="tokens, time and FLOPs (whole prefill = vision tower + selection + "
+                                           "LM prefill)", column_widths=["31%", "23%", "23%", "23%"],
+                                     max_height=1200)
                 with gr.Row(equal_height=False):
-                    heatmap = gr.Image(label="relevance + kept tokens (green)", elem_id="heatmap",
-                                       format="png", type="pil", interactive=False, height=440)
+                    resolution_a = gr.Image(label="A: encoded at which resolution", elem_id="resolution-a",
+                                            format="png", type="filepath", interactive=False, height=480)
+                    resolution_b = gr.Image(label="B: encoded at which resolution", elem_id="resolution-b",
+                                            format="png", type="filepath", interactive=False, height=480)
+                with gr.Row(equal_height=False):
+                    heatmap = gr.Image(label="A: relevance + kept tokens (green)", elem_id="heatmap", format="png",
+                                       type="pil", interactive=False, height=420)
                     with gr.Column():
-                        stats = gr.Dataframe(headers=STATS_HEADERS, elem_id="stats", interactive=False, wrap=True,
-                                             label="tokens and latency", column_widths=["40%", "30%", "30%"],
-                                             max_height=800)
+                        weights = gr.Markdown(elem_id="weights")
                         trace = gr.File(label="trace (JSON)", elem_id="trace", interactive=False)
-        with gr.Row(equal_height=False):
-            maps = gr.Gallery(label="scorer maps and the balanced relevance", elem_id="maps", columns=4,
-                              height=300, format="png", interactive=False, object_fit="contain", scale=3)
-            weights = gr.Markdown(elem_id="weights")
-        channels = gr.Gallery(label="texture channels (one cell per visual token, fixed [0, 1] scale)",
+        maps = gr.Gallery(label="A: scorer maps and the balanced relevance", elem_id="maps", columns=4, height=300,
+                          format="png", interactive=False, object_fit="contain")
+        channels = gr.Gallery(label="A: texture channels (one cell per visual token, fixed [0, 1] scale)",
                               elem_id="channels", columns=7, height="auto", format="png", interactive=False,
                               object_fit="contain")
 
-        outputs = [answer_base, answer_arr, stats, heatmap, maps, weights, channels, trace, error]
+        outputs = [answer_base, answer_arr, answer_compare, stats, heatmap, resolution_a, resolution_b, maps, weights,
+                   channels, trace, error]
         assert len(outputs) == len(OUTPUT_NAMES)
         gr.on([run.click, question.submit], run_ask,
-              inputs=[image, question, arr_toggle, budget, adaptive, method], outputs=outputs,
+              inputs=[image, question, arr_toggle, budget, adaptive, method, encode, layer, compare_layer,
+                      compare_encode, gist, margin, periphery], outputs=outputs,
               api_name="ask", concurrency_limit=concurrency)
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=concurrency)
     return _take_requests_as_the_api_describes_them(demo)

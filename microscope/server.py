@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from arr_coc.cli.args import add_runtime
 from arr_coc.inputs import LIMITS
 from microscope.admission import Admission
+from microscope.configs import add_layers
 from microscope.handler import Microscope
 from microscope.inputs import reason
 from microscope.memory import limit_malloc_arenas
@@ -60,6 +61,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--arr-coc", dest="arr_coc", default=None,
                    help="trained ARR-COC layer folder, or 'untrained' (default: the trained layer shipped under "
                         "checkpoints/ for the embedded model, else untrained)")
+    p.add_argument("--compare-arr-coc", dest="compare_arr_coc", action="append", default=[], metavar="PATH",
+                   help="another ARR-COC layer folder (or 'untrained') the page offers for config A and B, to compare "
+                        "checkpoints side by side; repeat for more (config B defaults to the first)")
+    p.add_argument("--flops", action=argparse.BooleanOptionalAction, default=True,
+                   help="count each run's FLOPs (vision tower, selector, LM prefill) off the clock (default on; "
+                        "--no-flops for a large model on a CPU, where counting costs a second prefill)")
     add_runtime(p)  # --device, --dtype, --attn-implementation: the same names and meaning as every command
     p.add_argument("--host", default=default_host(),
                    help="interface to listen on (default 127.0.0.1; 0.0.0.0 on a Hugging Face Space or when "
@@ -220,4 +227,9 @@ def main(argv: list[str] | None = None) -> None:
                      concurrency=args.concurrency, dtype=args.dtype, attn_implementation=args.attn_implementation)
     except LoadError as exc:
         raise SystemExit(str(exc)) from None
+    try:
+        add_layers(scope, args.compare_arr_coc)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    scope.count_flops = args.flops
     serve(build_demo(scope, concurrency=args.concurrency), host=args.host, port=args.port, share=args.share)

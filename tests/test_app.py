@@ -22,10 +22,11 @@ from _app_server import ROOT, check_full_answer as _check_full_answer, free_port
     save_tiny_model, scene
 
 import app  # noqa: E402  (app.py at the repository root, the entry point; importing it loads nothing)
-from microscope import handler, inputs, page, server  # noqa: E402
+from microscope import handler, inputs, page, readout, server  # noqa: E402
 
-ELEM_IDS = ("image", "question", "arr-toggle", "budget", "method", "run", "answer-baseline", "answer-arr",
-            "stats", "heatmap", "channels", "error")
+ELEM_IDS = ("image", "question", "arr-toggle", "budget", "method", "encode", "layer", "compare-layer", "compare-encode",
+            "gist", "margin", "periphery", "run", "answer-baseline", "answer-arr", "answer-compare", "stats", "heatmap",
+            "resolution-a", "resolution-b", "channels", "error")
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -186,8 +187,8 @@ def test_ask_gives_both_answers_stats_and_pictures(scope, good_image):
     total, kept = int(rows["visual tokens (total)"][0]), rows["visual tokens (kept)"][1]
     assert int(rows["visual tokens (kept)"][0]) == total
     assert int(kept.split()[0]) == round(0.25 * total)
-    assert rows["kept / budget"] == ["-", "1.00x"]  # this layer keeps its budget exactly
-    assert rows["prefill speedup"][1].endswith("x")
+    assert rows["kept / budget"] == ["-", "1.00x", "1.00x"]  # this layer keeps its budget exactly (A and B)
+    assert rows["LM prefill speedup"][1].endswith("x") and rows["whole prefill speedup"][1].endswith("x")
     h, w = r.record["arr_coc"]["grid_hw"][0]
     assert Image.open(r.heatmap).size == (w * scope.cell_px, h * scope.cell_px)
     captions = [c for _, c in r.maps]
@@ -207,7 +208,9 @@ def test_toggle_off_runs_the_baseline_only(scope, good_image):
     r = handler.ask(scope, good_image, "Is there a red circle?", False, 0.25, False, "arr_coc")
     assert r.error == "" and "ARR-COC is off" in r.answer_arr
     assert r.heatmap is None and r.maps == [] and r.channels == []
-    assert r.record["arr_coc"] is None and r.stats[3][2] == "-"
+    assert r.record["arr_coc"] is None and r.record["compare"] is None and r.resolution_a is None
+    assert {row[0]: row[1:] for row in r.stats}["visual tokens (kept)"][1:] == ["-", "-"]
+    assert "ARR-COC is off" in r.answer_compare
 
 
 def test_adaptive_budget_stays_in_its_bounds(scope, good_image):
@@ -351,7 +354,8 @@ def live(scope, tmp_path_factory):
 def test_client_api_describes_ask(live):
     info = live.view_api(print_info=False, return_format="dict")
     params = [p["parameter_name"] for p in info["named_endpoints"]["/ask"]["parameters"]]
-    assert params == ["image", "question", "arr_coc", "budget", "adaptive", "method"]
+    assert params == ["image", "question", "arr_coc", "budget", "adaptive", "method", "encode", "layer",
+                      "compare_layer", "compare_encode", "gist", "margin", "periphery"]
     assert len(info["named_endpoints"]["/ask"]["returns"]) == len(handler.OUTPUT_NAMES)
 
 
@@ -360,11 +364,17 @@ def test_client_keyword_call_as_documented(live):
     from gradio_client import handle_file
 
     example = next(e for e in page.read_examples() if e["image"].endswith("shapes_letter.png"))
-    baseline, arr, stats, heatmap, maps, weights, channels, trace, error = live.predict(
+    (baseline, arr, compare, stats, heatmap, resolution_a, resolution_b, maps, weights, channels, trace,
+     error) = live.predict(
         image=handle_file(example["image"]), question=example["question"],
-        arr_coc=True, budget=0.25, adaptive=False, method="arr_coc", api_name="/ask")
-    assert error == "" and isinstance(baseline, str) and isinstance(arr, str)
-    assert {row[0]: row[1:] for row in stats["data"]}["visual tokens (kept)"] == ["256", "64 (25%)"]
+        arr_coc=True, budget=0.25, adaptive=False, method="arr_coc",
+        encode="after", compare_encode="before", gist=0.0, margin=0, periphery=False, api_name="/ask")
+    assert error == "" and isinstance(baseline, str) and isinstance(arr, str) and isinstance(compare, str)
+    rows = {row[0]: row[1:] for row in stats["data"]}
+    assert rows["visual tokens (kept)"] == ["256", "64 (25%)", "64 (25%)"]
+    assert rows["cells encoded at full resolution"][1:] == ["256 (100%)", rows["cells encoded at full resolution"][2]]
+    assert int(rows["cells encoded at full resolution"][2].split()[0]) < 256        # B encoded before: less
+    assert Image.open(resolution_a).format == Image.open(resolution_b).format == "PNG"
     assert json.loads(Path(trace).read_text())["arr_coc"]["kept_indices"][0] == sorted(
         json.loads(Path(trace).read_text())["arr_coc"]["kept_indices"][0])
 
@@ -413,6 +423,11 @@ def test_client_every_bad_input_then_a_good_request(live, bad_inputs, good_image
 def test_kept_per_budget_shows_how_the_layer_scaled_the_budget():
     from types import SimpleNamespace
 
-    assert handler.kept_per_budget(SimpleNamespace(budget=0.25, total_tokens=256, kept_tokens=40)) == "0.62x"
-    assert handler.kept_per_budget(SimpleNamespace(budget=13, total_tokens=256, kept_tokens=26)) == "2.00x"
-    assert handler.kept_per_budget(SimpleNamespace(budget="adaptive", total_tokens=256, kept_tokens=40)) == "-"
+    import torch
+
+    assert readout.kept_per_budget(SimpleNamespace(budget=0.25, total_tokens=256, kept_tokens=40)) == "0.62x"
+    assert readout.kept_per_budget(SimpleNamespace(budget=13, total_tokens=256, kept_tokens=26)) == "2.00x"
+    assert readout.kept_per_budget(SimpleNamespace(budget="adaptive", total_tokens=256, kept_tokens=40)) == "-"
+    # with a periphery the LM reads more tokens than were chosen: the budget compares with the chosen cells
+    assert readout.kept_per_budget(SimpleNamespace(budget=0.25, total_tokens=256, kept_tokens=98,
+                                                   kept_indices=[torch.arange(64)])) == "1.00x"

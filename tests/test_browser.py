@@ -84,21 +84,47 @@ def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
     _wait_value(page, "answer-arr", "v.includes('ARR-COC is off')")
     _wait_value(page, "answer-baseline", "v.length > 0")
 
-    # ARR-COC on again: both answers, the heatmap and every texture channel
+    # ARR-COC on again, the page's defaults: config A encodes after, config B (the same layer) before
     toggle.click()
     assert toggle.is_checked()
     page.click("#run")
-    _wait_value(page, "answer-arr", "v.length > 0 && !v.includes('ARR-COC is off')")
-    assert _value(page, "answer-baseline")
-    _wait_images(page, "heatmap", 1)
+    _wait_value(page, "answer-compare", "v.length > 0 && !v.includes('ARR-COC is off')")
+    assert _value(page, "answer-baseline") and _value(page, "answer-arr")
+    encoded = page.evaluate(f"() => {STATS_ROW}('cells encoded at full resolution')")
+    assert encoded[2] == "256 (100%)" and int(encoded[3].split()[0]) < 256, encoded
+    stats = page.inner_text("#stats")
+    assert "whole prefill speedup" in stats and "vision GFLOPs" in stats
+    assert "Error" not in page.inner_text("#error")
+
+    # the toggle: config A encodes before, with the before mode's settings; its encoded cells shrink
+    page.locator("#encode input[type=radio][value=before]").check()   # check() fails unless it took
+    page.locator("#before-settings").get_by_text("encode before: gist, margin, periphery").click()
+    page.fill("#gist input[type=number]", "0.25")
+    page.press("#gist input[type=number]", "Enter")
+    page.fill("#margin input[type=number]", "1")
+    page.press("#margin input[type=number]", "Enter")
+    page.locator("#periphery input[type=checkbox]").check()
+    page.click("#run")
+    page.wait_for_function(f"() => {{ const r = {STATS_ROW}('encode'); return r && r[2].startsWith('before'); }}")
+    row = page.evaluate(f"() => {STATS_ROW}('encode')")
+    assert row == ["encode", "after", "before (gist 0.25, margin 1, periphery)",
+                   "before (gist 0.25, margin 1, periphery)"], row
+    encoded = page.evaluate(f"() => {STATS_ROW}('cells encoded at full resolution')")
+    periphery = page.evaluate(f"() => {STATS_ROW}('periphery tokens (gist, read)')")
+    assert int(encoded[2].split()[0]) < 256 and int(periphery[2]) > 0, (encoded, periphery)
+
+    # config A back to after; B keeps before with the gist, margin and periphery: the screenshot shows both modes
+    page.locator("#encode input[type=radio][value=after]").check()
+    page.click("#run")
+    page.wait_for_function(f"() => {{ const r = {STATS_ROW}('encode'); return r && r[2] === 'after'; }}")
+    _wait_value(page, "answer-arr", "v.length > 0")
+    for elem_id in ("heatmap", "resolution-a", "resolution-b"):
+        _wait_images(page, elem_id, 1)
     _wait_images(page, "maps", 4)
     _wait_images(page, "channels", 14)  # gallery images load lazily: each check scrolls its gallery into view
     channel_names = page.inner_text("#channels")
     for name in ("sobel_mag", "sal_spectral", "cluster_rarity"):
         assert name in channel_names
-    stats = page.inner_text("#stats")
-    assert "visual tokens (kept)" in stats and "prefill speedup" in stats
-    assert "Error" not in page.inner_text("#error")
 
     page.evaluate("window.scrollTo(0, 0)")
     out = ROOT / "docs" / "app_screenshot.png" if os.environ.get("ARR_COC_SCREENSHOT") == "1" else tmp_path / "app.png"
@@ -126,4 +152,4 @@ def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
     page.press("#budget input[type=number]", "Enter")
     page.click("#run")
     page.wait_for_function(f"() => {{ const r = {STATS_ROW}('budget'); return r && r[2] !== '0.25'; }}")
-    assert page.evaluate(f"() => {STATS_ROW}('budget')") == ["budget", "1.0", "1.0"]
+    assert page.evaluate(f"() => {STATS_ROW}('budget')") == ["budget", "1.0", "1.0", "1.0"]

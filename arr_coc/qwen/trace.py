@@ -8,10 +8,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..budget import Budget, BudgetMode
+from .foveation import nearest_cells
 from .rewrite import PrunedInputs
 
 if TYPE_CHECKING:
     from ..layer import ARRCOCOutput
+
+
+# What a merged cell became (`Trace.resolution`), coarsest first; a cell takes the finest that applies.
+NOT_ENCODED, GIST_ONLY, PERIPHERY, UNREAD, FOVEAL = range(5)
+RESOLUTION_LEVELS = (
+    "not encoded",                       # before mode without a gist: the tower never saw it
+    "gist only (selector)",              # before mode: seen coarsely by the selector, not read by the LM
+    "periphery (gist token, read)",      # before mode: inside a gist region whose coarse token the LM reads
+    "full resolution, not read",         # the margin (before mode); every pruned cell (after mode)
+    "full resolution, read",             # the chosen (foveal) cells: encoded at full resolution, read by the LM
+)
+GRID_REASON = "low-structure image: its tokens were spread over an even grid instead of top-k"
 
 
 @dataclass
@@ -34,9 +47,11 @@ class Trace:
     arr_coc: ARRCOCOutput | None = None          # the layer's output sliced to this item's images, or None
     fallback: list[str | None] = field(default_factory=list)        # per image: None | "grid" | "keep_all"
     error: str | None = None                     # why an image kept all its tokens, if it did
+    fallback_reason: list[str | None] = field(default_factory=list)  # per image: why it fell back (None: it did not)
     prompt_tokens: int = 0                       # pruned prompt length (no padding)
     new_tokens: int = 0                          # generated tokens (first returned sequence)
-    vision_s: float = 0.0                        # vision tower + merger
+    vision_s: float = 0.0                        # vision tower + merger (the gist included)
+    gist_s: float = 0.0                          # of vision_s: the gist (encode="before" with a gist)
     select_s: float = 0.0                        # selector (ARR-COC layer incl. texture)
     prefill_s: float = 0.0                       # first LM forward (the prefill)
     encode: str = "after"                        # "after": every patch encoded; "before": chosen cells only
@@ -49,6 +64,24 @@ class Trace:
     def kept_ratio(self) -> float:
         return self.kept_tokens / max(1, self.total_tokens)
 
+    def resolution(self, j: int = 0) -> torch.Tensor:
+        """LongTensor[h_j * w_j] (raster): what each merged cell of image j became, a RESOLUTION_LEVELS index.
+
+        FOVEAL: the chosen cells (`kept_indices`); UNREAD: encoded at full resolution and dropped before the
+        language model (`encoded_cells` minus the chosen: the margin in before mode, the pruned cells in after
+        mode); PERIPHERY: the footprint of every gist cell whose token the LM reads (`periphery_cells` holds the
+        cell each token stands at); GIST_ONLY: the rest of an image that had a gist; NOT_ENCODED: the rest.
+        """
+        h, w = self.grid_hw[j]
+        codes = torch.full((h * w,), GIST_ONLY if self.gist_grid else NOT_ENCODED, dtype=torch.long)
+        if self.gist_grid and self.periphery_cells and self.periphery_cells[j].numel():
+            under = nearest_cells((h, w), self.gist_grid[j])                 # [h * w] the gist cell under each cell
+            codes[torch.isin(under, under[self.periphery_cells[j].long()])] = PERIPHERY
+        encoded = self.encoded_cells[j] if self.encoded_cells else torch.arange(h * w)
+        codes[encoded.long().cpu()] = UNREAD
+        codes[self.kept_indices[j].long().cpu()] = FOVEAL
+        return codes
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly summary (no tensors)."""
         return {
@@ -56,10 +89,13 @@ class Trace:
             "kept_tokens": self.kept_tokens,
             "total_tokens": self.total_tokens, "kept_per_image": self.kept_per_image,
             "total_per_image": self.total_per_image, "grid_hw": [list(g) for g in self.grid_hw],
-            "fallback": self.fallback, "error": self.error, "prompt_tokens": self.prompt_tokens,
-            "new_tokens": self.new_tokens, "vision_s": self.vision_s, "select_s": self.select_s,
+            "fallback": self.fallback, "error": self.error, "fallback_reason": self.fallback_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens, "vision_s": self.vision_s, "gist_s": self.gist_s, "select_s": self.select_s,
             "prefill_s": self.prefill_s, "total_s": self.total_s, "encode": self.encode,
             "encoded_per_image": [int(c.numel()) for c in self.encoded_cells],
+            "margin_per_image": [int(c.numel()) - int(k.numel()) for c, k in zip(self.encoded_cells, self.kept_indices)]
+            if self.encode == "before" else [0] * len(self.encoded_cells),
             "periphery_per_image": [int(c.numel()) for c in self.periphery_cells],
             "gist_grid": [list(g) for g in self.gist_grid],
         }

@@ -40,7 +40,7 @@ from .processing import IM_END, VISION_END, encode_prompts, image_processor_of, 
 from .rewrite import (PrunedInputs, expand_budgets, image_spans, model_tensors, replacement, rewrite,
                       validate_kept)
 from .selecting import run_selector, slice_output
-from .trace import PrefillOutput, Trace
+from .trace import GRID_REASON, PrefillOutput, Trace
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -211,11 +211,12 @@ class ARRCOCQwen:
         # the resized images the selector reads (texture, gist); no selector (every token kept), no work
         images = unpatchify_images(batch.inputs["pixel_values"], batch.grid_thw, image_processor_of(self.processor)) \
             if fn is not None else []
-        gist, gist_failed = None, {}
+        gist, gist_failed, gist_s = None, {}, 0.0
         if before and fn is not None and encoding.gist > 0:
             t0 = time.perf_counter()
             gist, gist_failed = self._gist(images, batch.grid_hw, encoding.gist, strict)
-            batch.vision_s += time.perf_counter() - t0
+            gist_s = time.perf_counter() - t0
+            batch.vision_s += gist_s
             checkpoint("gist")
 
         t0 = time.perf_counter()
@@ -254,7 +255,8 @@ class ARRCOCQwen:
                 f[k.to(f.device)] if r is None or fb == "keep_all" else replacement(r, f, i)[k.to(f.device)]
                 for i, (f, r, k, fb) in enumerate(zip(batch.feats, replaced, kept, fallback))
             ])
-        timing = {"vision_s": batch.vision_s, "select_s": select_s, "total_s": time.perf_counter() - t_start}
+        timing = {"vision_s": batch.vision_s, "gist_s": gist_s, "select_s": select_s,
+                  "total_s": time.perf_counter() - t_start}
         traces = []
         for b in range(batch.input_ids.shape[0]):
             imgs = [i for i, r in enumerate(batch.item_of_image) if r == b]
@@ -272,6 +274,7 @@ class ARRCOCQwen:
                 arr_coc=slice_output(arr_out, imgs) if arr_out is not None and imgs else None,
                 fallback=[fallback[i] for i in imgs],
                 error="; ".join(e for e in (errors[i] for i in imgs) if e) or None,
+                fallback_reason=[errors[i] or (GRID_REASON if fallback[i] == "grid" else fallback[i]) for i in imgs],
                 prompt_tokens=int(pruned.attention_mask[b].sum()),
                 encode=encoding.mode,
                 encoded_cells=[fovea.encoded[i] for i in imgs] if fovea else [torch.arange(batch.n_tokens[i])

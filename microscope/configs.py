@@ -1,0 +1,158 @@
+"""The pruned runs of one request and the ARR-COC layers the server offers them.
+
+A request runs the baseline (every visual token, encode "after") and up to two configurations:
+
+    A   the method chosen in the page (ARR-COC by default), with an ARR-COC layer and an encoding mode;
+    B   ARR-COC with a layer and an encoding mode of its own, to compare with: after vs. before on one
+        layer, or two trained layers (compare checkpoints, not only methods). "off" runs no B.
+
+Both read the same budget; the before mode's gist share, margin and periphery are shared too. Every
+layer sits on its own `ARRCOCQwen` that shares the one VLM (as `arr_coc_trained` does in the
+evaluation), so a second layer costs its own weights only. The layers are the server's `--arr-coc`
+(first) and every `--compare-arr-coc`, by the names the page lists (`layer_label`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from arr_coc.inputs import InputError
+
+if TYPE_CHECKING:
+    from arr_coc import ARRCOCQwen
+    from arr_coc.qwen.encoding import EncodeConfig
+    from microscope.handler import Microscope
+
+ENCODE_CHOICES = ("after", "before")
+OFF = "off"                       # config B's layer choice that runs no B
+MAX_MARGIN = 4                    # rings of context cells; beyond a few the margin is the whole image
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One pruned run: which wrapper (layer), which method, which encoding."""
+
+    label: str                    # "A" or "B"
+    layer: str                    # a key of Microscope.layers
+    method: str                   # a selector name (B: always arr_coc)
+    encode: EncodeConfig
+
+    def encode_text(self) -> str:
+        return encode_text(self.encode)
+
+    def describe(self) -> str:
+        return f"{self.label}: {self.method}, encode {self.encode_text()}, layer {self.layer}"
+
+
+def encode_text(encode: EncodeConfig) -> str:
+    """'after', or 'before' with what it adds: 'before (gist 0.25, margin 1, periphery)'."""
+    if encode.mode == "after":
+        return "after"
+    extras = ([f"gist {encode.gist:g}"] if encode.gist > 0 else []) + (
+        [f"margin {encode.margin}"] if encode.margin else []) + (["periphery"] if encode.periphery else [])
+    return "before" + (f" ({', '.join(extras)})" if extras else "")
+
+
+def layer_label(folder: str | None) -> str:
+    """How the page names a layer: 'trained (<folder, relative>)', or 'untrained'."""
+    return f"trained ({os.path.relpath(folder)})" if folder else "untrained"
+
+
+def add_layers(scope: Microscope, folders: list[str] | None) -> None:
+    """Offer more ARR-COC layers (`--compare-arr-coc`), each on a wrapper sharing the scope's VLM.
+
+    A folder must hold a layer trained for this VLM (config.json + model.safetensors, its question width
+    the model's), or be 'untrained'. ValueError (the message says what to pass) when one cannot be built."""
+    from arr_coc import ARRCOCQwen
+    from arr_coc.paths import UNTRAINED
+
+    for folder in folders or []:
+        path = None if folder == UNTRAINED else folder
+        name = layer_label(path)
+        if name in scope.layers:
+            continue
+        if path is not None and not os.path.isdir(path):
+            raise ValueError(f"--compare-arr-coc {folder!r}: no such folder; pass a trained ARR-COC layer folder "
+                             "(config.json + model.safetensors) or 'untrained'")
+        wrapper = ARRCOCQwen(scope.wrapper.model, scope.wrapper.processor, arr_coc=path, seed=scope.wrapper.seed)
+        try:
+            wrapper.arr_coc_layer   # built now: a bad folder fails at start-up, not on a request
+        except Exception as exc:  # noqa: BLE001 - say which folder and why
+            raise ValueError(f"--compare-arr-coc {folder!r}: could not build the layer ({type(exc).__name__}: {exc}); "
+                             "pass a layer trained for this model, or 'untrained'") from exc
+        scope.more_layers[name] = wrapper
+
+
+# ----------------------------------------------------------------------------- a request's configurations
+
+
+def read_choice(value: Any, name: str, choices: list[str] | tuple[str, ...], default: str) -> str:
+    """A dropdown or radio value as sent (None or "" is `default`); InputError naming the choices otherwise."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return default
+    if not isinstance(value, str) or value not in choices:
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:55] + "...'"
+        raise InputError(f"{name} {shown} is not one of: {', '.join(choices)}.", name)
+    return value
+
+
+def read_number(value: Any, name: str, default: float, low: float, high: float, integer: bool = False) -> float:
+    """A slider value as sent (a number or its text; None is `default`), within [low, high]."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return default
+    try:
+        number = float(value) if not isinstance(value, bool) else float("nan")
+    except (TypeError, ValueError):
+        number = float("nan")
+    whole = number == int(number) if number == number and abs(number) != float("inf") else False
+    if not (low <= number <= high) or (integer and not whole):
+        kind = "a whole number" if integer else "a number"
+        raise InputError(f"{name} must be {kind} from {low:g} to {high:g}, not {str(value)[:40]!r}.", name)
+    return int(number) if integer else number
+
+
+def read_encode(mode: str, gist: float, margin: int, periphery: bool) -> EncodeConfig:
+    """An EncodeConfig; its own refusals (periphery without a gist, ...) as InputError. The before mode's
+    settings mean nothing after: an "after" run gets the plain EncodeConfig."""
+    from arr_coc.qwen.encoding import EncodeConfig
+
+    if mode == "after":
+        return EncodeConfig()
+    try:
+        return EncodeConfig(mode="before", gist=gist, margin=margin, periphery=periphery)
+    except ValueError as exc:
+        raise InputError(f"{exc}.", "encode") from None
+
+
+def read_configs(scope: Microscope, method: str, encode: Any, layer: Any, compare_layer: Any, compare_encode: Any,
+                 gist: Any, margin: Any, periphery: Any, notes: list[str]) -> list[RunConfig]:
+    """[A] or [A, B] as the request asks (None: the page's defaults); notes say what was adjusted."""
+    from arr_coc.selection import get_selector, selects_before_encoding
+    from microscope.handler import read_flag
+
+    names = list(scope.layers)
+    b_layer, b_encode = scope.default_compare
+    mode_a = read_choice(encode, "encode", ENCODE_CHOICES, "after")
+    layer_a = read_choice(layer, "layer", names, names[0])
+    layer_b = read_choice(compare_layer, "compare_layer", [OFF, *names], b_layer)
+    mode_b = read_choice(compare_encode, "compare_encode", ENCODE_CHOICES, b_encode)
+    share = read_number(gist, "gist", 0.0, 0.0, 0.95)
+    rings = read_number(margin, "margin", 0, 0, MAX_MARGIN, integer=True)
+    fovea = read_flag(periphery, "periphery", False)
+    uses_before = "before" in (mode_a, mode_b if layer_b != OFF else "after")
+    if uses_before:   # refused only when a run would use them
+        read_encode("before", share, rings, fovea)
+    if mode_a == "before" and method != "none" and not selects_before_encoding(get_selector(method)):
+        notes.append(f"Method {method!r} reads the encoded visual tokens, so it cannot choose before the vision "
+                     "tower: config A ran with encode after.")
+        mode_a = "after"
+    configs = [RunConfig("A", layer_a, method, read_encode(mode_a, share, rings, fovea))]
+    if layer_b != OFF:
+        configs.append(RunConfig("B", layer_b, "arr_coc", read_encode(mode_b, share, rings, fovea)))
+    return configs
+
+
+def wrapper_of(scope: Microscope, config: RunConfig) -> ARRCOCQwen:
+    return scope.layers[config.layer]
