@@ -1,10 +1,11 @@
 """ARR-COC microscope: the baseline VLM and the ARR-COC VLM side by side, and why ARR-COC kept what it kept.
 
-One question about one image runs through the same `ARRCOCQwen` wrapper twice, one instrumented
-`generate()` each: method="none" (every visual token, the baseline) and the chosen method (ARR-COC by
-default). The page shows both answers, token counts and latencies, the relevance heatmap with the kept
-tokens outlined, the three scorer maps with the balancer's weights, every texture channel by name, and
-the trace as JSON.
+One question about one image runs through the same `ARRCOCQwen` wrapper up to three times, one
+instrumented `generate()` each: method="none" (every visual token, the baseline), config A (ARR-COC by
+default) and config B (ARR-COC with another layer or encoding mode, e.g. encode="before"). The page shows
+the answers, token counts, whole-prefill latencies and FLOPs (vision tower included), what was encoded at
+which resolution, the relevance heatmap with the kept tokens outlined, the three scorer maps with the
+balancer's weights, every texture channel by name, and the trace as JSON.
 
     python app.py                                   # embedded ShapesVQA model, http://127.0.0.1:7860
     python app.py --model Qwen/Qwen2-VL-2B-Instruct --device cuda --port 7861
