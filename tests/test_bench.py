@@ -164,3 +164,24 @@ def test_bad_options_exit_2_with_the_fix(tmp_path, capsys, argv, says):
             "--out", str(tmp_path / "b.json")]
     assert main(argv) == 2
     assert says in capsys.readouterr().err
+
+
+def test_the_tower_flops_agree_with_the_evaluations_counter(tiny_report):
+    """bench counts the tower calls it ran; eval's vision_cost re-runs them: both say the same, gist included."""
+    from arr_coc.evaluation.bench_presets import PRESETS, build_model
+    from arr_coc.evaluation.vision_cost import vision_flops
+    from arr_coc.qwen import ARRCOCQwen
+    from arr_coc.qwen.encoding import EncodeConfig
+    from arr_coc.runtime import Runtime
+    from arr_coc.shapes import make_item
+
+    report, _ = tiny_report
+    model, processor, _ = build_model(PRESETS["tiny"], 2, 2, Runtime.resolve("cpu", "float32"))
+    vlm = ARRCOCQwen(model, processor)
+    image, record, _ = make_item(0, "bench", 0, canvas="336x336", hard_rate=0.0)
+    assert record["question"] == report["question"]
+    inputs = vlm.build_inputs([[image]], [record["question"]])
+    for encode, gist in (("after", 0.0), ("before", 0.0), ("before", 0.25)):
+        _, traces = vlm.prepare(inputs, budget=0.25, encode=EncodeConfig(encode, gist=gist))
+        row = _row(report, encode, 0.25, gist)
+        assert vision_flops(vlm, inputs, traces, gist, {}) == [row["vision_flops"] + row["gist_flops"]]
