@@ -1,28 +1,34 @@
-"""`python -m arr_coc bench`: what pruning saves in the prefill, on a Qwen2-VL-2B-shaped model.
+"""`python -m arr_coc bench`: the whole prefill (vision tower, ARR-COC, language model), both encoding modes.
 
-    python -m arr_coc bench --preset qwen2-vl-2b --layers 4 --budgets 0.05,0.1,0.25,0.5,1.0 --out bench.json
+    python -m arr_coc bench --preset qwen2-vl-2b --encode after,before --budgets 0.1,0.2,0.3,1.0 --out bench.json
 
-The language model has Qwen2-VL-2B-Instruct's shape (hidden 1536, 12 heads, 2 KV
-heads, MLP 8960, M-RoPE sections 16/24/24) with random weights and FEWER layers than
-the real 28 (default 4, stated in the output): per-layer cost is what matters, and the
-ratios below do not depend on depth except that ARR-COC's fixed overhead shrinks
-relative to a deeper prefill. The vision tower is tiny (its cost is not what is
-benchmarked); the image is a 896 x 896 ShapesVQA scene, 1024 merged visual tokens.
-The vocabulary is the tiny byte-level one (264 tokens), so the LM head is negligible;
-the prefill computes the last position's logits only, as `generate` does.
+The model has a real Qwen-VL's widths (bench_presets.py says which, and where each number comes from)
+with random weights and FEWER layers than the real one: "vision 2 of 32 layers, LM 2 of 28" by default,
+said in the output. The image is an 896 x 896 ShapesVQA scene (1,024 merged visual tokens).
 
-Per budget, all measured side by side in one run (each repetition runs every budget,
-in a rotated order, so machine drift hits all budgets alike; medians over repetitions):
-- visual_tokens / total_tokens: visual tokens kept and the whole prompt length;
-- prefill_flops: FLOPs of the LM prefill (FlopCounterMode, counted once);
-- prefill_s_median: wall time of that prefill;
-- kv_cache_bytes: bytes of the KV cache the prefill leaves (all layers, K and V);
-- arr_coc_s_median: ARR-COC's own time (everything `prepare` does after the vision
-  tower: texture, scorers, allocation, positions, input rewrite), and arr_coc_flops;
-- overhead_share = arr_coc_s_median / full-token prefill_s_median;
-- speedup = full / pruned prefill time; ideal_speedup = full / pruned prefill FLOPs;
-  speedup_vs_ideal = speedup / ideal_speedup (1.0: time falls exactly as FLOPs do).
-The full-token row (budget 1.0) is the unpruned reference and runs no selector.
+One row per (encode, gist, budget), all measured side by side in one run: a first, untimed pass
+counts every row's FLOPs (and warms up); then each repetition runs every row, in a rotated order,
+so machine drift hits all rows alike; times are medians over repetitions.
+
+- encode "after": the tower encodes every patch, ARR-COC selects, the LM reads the kept tokens;
+  "before": ARR-COC selects from the texture array and the question (plus the gist's tokens with
+  `gist` > 0), the tower encodes only the chosen cells, the LM reads them. The 100% rows run no
+  selector; ("after", 100%) is the reference every share divides by.
+- vision_s: the tower's own forward calls (timed by hooks on the tower; the gist's call excluded);
+  gist_s: the whole gist (downscale, processor, tower); arr_coc_s: everything else `prepare` does
+  (texture, scorers, allocator, positions, packing the chosen cells, input rewrite); prefill_s:
+  the LM prefill (last position's logits, as `generate` does); total_s: prepare + prefill.
+- *_flops: counted at the layers run (flops.flop_counter, attention included); *_flops_full: scaled
+  to the real depth (bench_depth.py). e2e = vision + gist + arr_coc + prefill.
+- e2e_flops_share: the row's full-depth e2e FLOPs over the reference's; e2e_flops_share_run: the
+  same at the layers run; e2e_time_share: measured, at the layers run; time_over_flops: their ratio
+  (1.0: time falls exactly as FLOPs do); arr_coc_time_share / gist_time_share: arr_coc_s / gist_s over
+  the reference's total_s (ARR-COC's fixed cost weighs more against a few layers than against the
+  real depth, so these are upper bounds for the real model).
+- speedup / ideal_speedup / speedup_vs_ideal / overhead_share: the LM prefill alone, as before
+  (reference prefill time over the row's; FLOP ratio; their ratio; arr_coc_s over the reference prefill).
+- full_depth: per shape (the preset's and its family's 7B), the tower's share of the full prefill and
+  every row's e2e share, counted, not timed.
 """
 
 from __future__ import annotations
@@ -31,58 +37,106 @@ import os
 import platform
 import statistics
 import time
-from typing import Any
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable
 
-from .flops import CountedSelector, count_flops
+from .bench_depth import (LMCount, TowerCount, full_lm_flops, full_tower_flops, lm_count, lm_layer_flops,
+                          module_totals, subtract, tower_count)
+from .bench_presets import SHAPES, build_model, get_preset, label, run_layers
+from .flops import flop_counter
 from .report import fmt_budget
 
-PRESETS: dict[str, dict[str, Any]] = {
-    # Qwen2-VL-2B-Instruct's language model (28 layers in the real model).
-    "qwen2-vl-2b": {
-        "layers": 4, "canvas": "896x896", "repeats": 5, "max_pixels": 896 * 896,
-        "text": {"hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12,
-                 "num_key_value_heads": 2, "max_position_embeddings": 32768,
-                 "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}},
-        "vision": {"depth": 2, "embed_dim": 32, "num_heads": 2, "mlp_ratio": 2},
-        "note": "LM shaped like Qwen2-VL-2B-Instruct (28 layers there), random weights; tiny vision tower "
-                "(not benchmarked); byte-level vocabulary of 264 tokens",
-    },
-    # Seconds, for tests: the tiny test model on a 336 x 336 image (144 visual tokens).
-    "tiny": {
-        "layers": 2, "canvas": "336x336", "repeats": 2, "max_pixels": 448 * 448,
-        "text": {}, "vision": {},
-        "note": "tiny random Qwen2-VL (hidden 64) for tests; numbers mean nothing",
-    },
-}
+ENCODES = ("after", "before")
 
 
-def build_model(preset: str, layers: int | None = None, dtype: str = "float32", seed: int = 0):
-    """(model, processor, config summary) of a preset with random weights."""
-    import torch
+@dataclass(frozen=True)
+class RowSpec:
+    """One measured configuration."""
 
-    from ..qwen.tiny import build_tiny_qwen
+    encode: str          # "after" | "before"
+    gist: float          # "before": the gist's share of the tokens (0: none)
+    budget: Any          # a budget (arr_coc.budget); 1.0 runs no selector
 
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
-    spec = PRESETS[preset]
-    n_layers = int(layers or spec["layers"])
-    if n_layers < 1:
-        raise ValueError(f"--layers must be at least 1, got {n_layers}")
-    text = dict(spec["text"], num_hidden_layers=n_layers)
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    model, processor = build_tiny_qwen("qwen2_vl", seed=seed, dtype=torch_dtype, max_pixels=spec["max_pixels"],
-                                       text_config=text, vision_config=dict(spec["vision"]))
-    tc, vc = model.config.text_config, model.config.vision_config
-    summary = {
-        "lm": {"hidden_size": tc.hidden_size, "num_attention_heads": tc.num_attention_heads,
-               "num_key_value_heads": tc.num_key_value_heads, "intermediate_size": tc.intermediate_size,
-               "num_hidden_layers": tc.num_hidden_layers, "vocab_size": tc.vocab_size,
-               "parameters": sum(p.numel() for p in model.model.language_model.parameters())},
-        "vision": {"depth": vc.depth, "embed_dim": vc.embed_dim,
-                   "parameters": sum(p.numel() for p in model.model.visual.parameters())},
-        "note": spec["note"],
-    }
-    return model, processor, summary
+    @property
+    def name(self) -> str:
+        gist = f", gist {self.gist:g}" if self.gist else ""
+        return f"{self.encode}{gist} {fmt_budget(self.budget)}"
+
+
+REFERENCE = RowSpec("after", 0.0, 1.0)
+
+
+def row_specs(encodes, budgets, gist: float = 0.0) -> list[RowSpec]:
+    """Every (encode, budget) row, plus gist rows for "before" when gist > 0; the reference always first."""
+    budgets = list(budgets)
+    if 1.0 not in budgets:
+        budgets.append(1.0)
+    rows = [REFERENCE]
+    for enc in encodes:
+        if enc not in ENCODES:
+            raise ValueError(f"--encode takes {list(ENCODES)} (comma list), got {enc!r}")
+        rows += [RowSpec(enc, 0.0, b) for b in budgets]
+        if enc == "before" and gist > 0:
+            rows += [RowSpec(enc, float(gist), b) for b in budgets if b != 1.0]
+    out: list[RowSpec] = []
+    for r in rows:
+        if r not in out:
+            out.append(r)
+    return out
+
+
+class _Probe:
+    """Times the vision tower's forward calls and the gist during `prepare`, on one wrapper, reversibly.
+
+    Hooks on the tower module time its calls (the gist's own tower call is left to the gist); the
+    wrapper's gist step is wrapped on this instance to time it whole and, when counting, to count it.
+    """
+
+    def __init__(self, wrapper: Any, sync: Callable[[], None], count: bool):
+        self.wrapper, self.sync, self.count = wrapper, sync, count
+        self.tower_s = self.gist_s = 0.0
+        self.gist_totals: dict[str, int] = {}
+        self._in_gist = False
+        self._t0 = 0.0
+
+    def __enter__(self) -> _Probe:
+        visual = self.wrapper.model.model.visual
+        self._hooks = [visual.register_forward_pre_hook(self._start), visual.register_forward_hook(self._stop)]
+        gist = self.wrapper._gist
+
+        def timed_gist(*args: Any, **kwargs: Any):
+            self.sync()
+            t0 = time.perf_counter()
+            self._in_gist = True
+            try:
+                with flop_counter() if self.count else nullcontext() as counter:
+                    out = gist(*args, **kwargs)
+                if counter is not None:
+                    self.gist_totals = module_totals(counter)
+                return out
+            finally:
+                self._in_gist = False
+                self.sync()
+                self.gist_s += time.perf_counter() - t0
+
+        self.wrapper._gist = timed_gist
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self._hooks:
+            h.remove()
+        del self.wrapper._gist
+
+    def _start(self, module: Any, args: Any) -> None:
+        if not self._in_gist:
+            self.sync()
+            self._t0 = time.perf_counter()
+
+    def _stop(self, module: Any, args: Any, output: Any) -> None:
+        if not self._in_gist:
+            self.sync()
+            self.tower_s += time.perf_counter() - self._t0
 
 
 def kv_cache_bytes(cache: Any) -> int:
@@ -93,99 +147,243 @@ def kv_cache_bytes(cache: Any) -> int:
             t = getattr(layer, name, None)
             if t is not None and hasattr(t, "nbytes"):
                 total += int(t.nbytes)
-    if total == 0 and hasattr(cache, "key_cache"):
-        total = sum(int(k.nbytes) + int(v.nbytes) for k, v in zip(cache.key_cache, cache.value_cache))
     return total
 
 
-def bench(preset: str = "qwen2-vl-2b", layers: int | None = None, budgets=None, repeats: int | None = None,
-          method: str = "arr_coc", dtype: str = "float32", seed: int = 0) -> dict[str, Any]:
-    """Measure every budget side by side; returns the report dict (see the module docstring)."""
+def _layer(wrapper: Any, arr_coc: str | None, device: Any) -> str:
+    """Build the wrapper's ARR-COC layer now, on the device; -> a description for the report."""
+    try:
+        layer = wrapper.arr_coc_layer
+    except ValueError as exc:
+        raise ValueError(
+            f"--arr-coc {arr_coc}: {exc}. The bench presets are random models at real widths (LM hidden "
+            f"{wrapper.text_hidden_size}); a layer trained against another VLM cannot read them: leave --arr-coc "
+            "out (or pass 'untrained') to bench the untrained layer built for this width") from None
+    layer.to(device)
+    width = layer.config.knowing.query_dim
+    if arr_coc is None:
+        return (f"untrained, built for query width {width} = the LM's hidden size; the shipped trained layer reads "
+                "the embedded model's 192-d embeddings, so it cannot run on these widths")
+    return f"trained, from {arr_coc}, query width {width}"
+
+
+def bench(preset: str = "qwen2-vl-2b", vision_layers: int | None = None, lm_layers: int | None = None,
+          budgets=None, encodes=ENCODES, gist: float = 0.0, repeats: int | None = None, method: str = "arr_coc",
+          arr_coc: str | None = None, budget_mode: str | None = None, runtime: Any = None,
+          seed: int = 0) -> dict[str, Any]:
+    """Measure every row side by side; returns the report dict (see the module docstring)."""
     import torch
 
-    from ..shapes import make_item
     from ..qwen import ARRCOCQwen
-    from ..selection import available_methods, get_selector
+    from ..qwen.encoding import EncodeConfig
+    from ..runtime import Runtime
+    from ..selection import available_methods, get_selector, selects_before_encoding
+    from ..shapes import make_item
 
-    spec = PRESETS.get(preset)
-    if spec is None:
-        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+    spec = get_preset(preset)
+    shape = SHAPES[spec.shape]
+    n_vision, n_lm = run_layers(spec, vision_layers, lm_layers)
     if method not in available_methods() or method == "none":
         raise ValueError(f"--method must be a registered selector other than none; choose from "
                          f"{[m for m in available_methods() if m != 'none']}")
-    budgets = list(budgets or [0.05, 0.1, 0.25, 0.5, 1.0])
-    if 1.0 not in budgets:
-        budgets.append(1.0)
-    repeats = int(repeats or spec["repeats"])
+    if "before" in encodes and not selects_before_encoding(get_selector(method)):
+        raise ValueError(f"method {method!r} reads the encoded tokens, so it cannot choose before the tower; "
+                         "bench it with --encode after")
+    if not 0.0 <= gist < 1.0:
+        raise ValueError(f"--gist {gist} must be a share of the tokens in [0, 1) (0: no gist rows)")
+    rows = row_specs(encodes, budgets or [0.1, 0.2, 0.3, 1.0], gist)
+    repeats = int(repeats or spec.repeats)
+    if repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {repeats}")
+    runtime = runtime or Runtime.resolve("cpu", "float32")
+    arr_coc = None if arr_coc in (None, "untrained") else arr_coc
+    load_start = os.getloadavg()
+    t_start = time.perf_counter()
     torch.manual_seed(seed)
-    model, processor, summary = build_model(preset, layers, dtype, seed)
-    wrapper = ARRCOCQwen(model, processor, seed=seed)
-    image, record, _ = make_item(seed, "bench", 0, canvas=spec["canvas"], hard_rate=0.0)
+    model, processor, summary = build_model(spec, n_vision, n_lm, runtime, seed)
+    wrapper = ARRCOCQwen(model, processor, arr_coc=arr_coc, seed=seed)
+    layer_note = _layer(wrapper, arr_coc, runtime.device)
+    image, record, _ = make_item(seed, "bench", 0, canvas=spec.canvas, hard_rate=0.0)
     inputs = wrapper.build_inputs([[image]], [record["question"]])
+    sync = torch.cuda.synchronize if runtime.device.type == "cuda" else (lambda: None)
+    tower_type = type(model.model.visual).__name__
 
-    def once(budget):
-        """prepare + prefill at one budget -> (pruned, trace, prefill seconds, selector)."""
-        sel = None if budget == 1.0 else CountedSelector(get_selector(method), method)
-        pruned, traces = wrapper.prepare(inputs, budget=None if sel is None else budget, method=sel or "none")
-        t0 = time.perf_counter()
-        wrapper.prefill(pruned, logits_to_keep=1)
-        return pruned, traces[0], time.perf_counter() - t0, sel
+    def run(row: RowSpec, count: bool) -> dict[str, Any]:
+        """prepare + prefill for one row -> its times (and, when counting, FLOPs and sizes)."""
+        name = "none" if row.budget == 1.0 else method
+        encode = EncodeConfig(mode=row.encode, gist=row.gist)
+        with _Probe(wrapper, sync, count) as probe, flop_counter() if count else nullcontext() as prep_counter:
+            sync()
+            t0 = time.perf_counter()
+            pruned, traces = wrapper.prepare(inputs, budget=None if name == "none" else row.budget, method=name,
+                                             budget_mode=budget_mode, encode=encode)
+            sync()
+            t1 = time.perf_counter()
+        with flop_counter() if count else nullcontext() as lm_counter:
+            sync()
+            t2 = time.perf_counter()
+            out = wrapper.prefill(pruned, logits_to_keep=1)
+            sync()
+            t3 = time.perf_counter()
+        prep_s = t1 - t0
+        got = {"vision_s": probe.tower_s, "gist_s": probe.gist_s, "arr_coc_s": prep_s - probe.tower_s - probe.gist_s,
+               "prefill_s": t3 - t2, "total_s": prep_s + (t3 - t2)}
+        if count:
+            tr = traces[0]
+            prep = module_totals(prep_counter)
+            gist_tower = tower_count(probe.gist_totals, tower_type, n_vision)
+            cells_tower = tower_count(subtract(prep, probe.gist_totals), tower_type, n_vision)
+            tokens = int(pruned.attention_mask.sum())
+            got.update({
+                "method": name, "visual_tokens": int(tr.kept_tokens), "visual_tokens_full": int(tr.total_tokens),
+                "encoded_tokens": sum(int(c.numel()) for c in tr.encoded_cells), "total_tokens": tokens,
+                "fallback": tr.fallback[0] if tr.fallback else None, "error": tr.error,
+                "kv_cache_bytes": kv_cache_bytes(out.past_key_values),
+                "_tower": cells_tower, "_gist": gist_tower, "_lm": lm_count(module_totals(lm_counter), n_lm, tokens),
+                "vision_flops": cells_tower.total, "gist_flops": gist_tower.total,
+                "arr_coc_flops": prep["Global"] - cells_tower.total - gist_tower.total,
+                "prefill_flops": int(lm_counter.get_total_flops()),
+            })
+        return got
 
-    static: dict[Any, dict[str, Any]] = {}
-    for b in budgets:  # warm-up, FLOPs and KV cache (not timed)
-        pruned, trace, _, sel = once(b)
-        _, flops = count_flops(wrapper.prefill, pruned, logits_to_keep=1)
-        out = wrapper.prefill(pruned, logits_to_keep=1, use_cache=True)
-        static[b] = {"visual_tokens": int(trace.kept_tokens), "visual_tokens_full": int(trace.total_tokens),
-                     "total_tokens": int(pruned.attention_mask.sum()), "prefill_flops": flops,
-                     "kv_cache_bytes": kv_cache_bytes(out.past_key_values),
-                     "arr_coc_flops": sel.flops() if sel is not None else 0}
-    timings: dict[Any, dict[str, list[float]]] = {b: {"prefill": [], "arr_coc": [], "select": []} for b in budgets}
+    static = {row: run(row, count=True) for row in rows}      # FLOPs, sizes; also the warm-up
+    times: dict[RowSpec, dict[str, list[float]]] = {row: {} for row in rows}
     for rep in range(repeats):
-        order = budgets[rep % len(budgets):] + budgets[: rep % len(budgets)]
-        for b in order:
-            _, trace, prefill_s, sel = once(b)
-            timings[b]["prefill"].append(prefill_s)
-            timings[b]["arr_coc"].append(0.0 if sel is None else trace.total_s - trace.vision_s)
-            timings[b]["select"].append(0.0 if sel is None else trace.select_s)
-    full_t = statistics.median(timings[1.0]["prefill"])
-    full_f = static[1.0]["prefill_flops"]
-    results = []
-    for b in sorted(budgets, key=lambda x: static[x]["visual_tokens"]):
-        t = statistics.median(timings[b]["prefill"])
-        ideal = full_f / static[b]["prefill_flops"]
-        arr_s = statistics.median(timings[b]["arr_coc"])
-        results.append({
-            "budget": b, **static[b],
-            "prefill_s_median": t, "prefill_s_all": timings[b]["prefill"],
-            "arr_coc_s_median": arr_s, "arr_coc_select_s_median": statistics.median(timings[b]["select"]),
-            "overhead_share": arr_s / full_t, "speedup": full_t / t, "ideal_speedup": ideal,
-            "speedup_vs_ideal": (full_t / t) / ideal,
-        })
+        for row in rows[rep % len(rows):] + rows[: rep % len(rows)]:
+            for k, v in run(row, count=False).items():
+                times[row].setdefault(k, []).append(v)
+
+    targets = [shape] + [SHAPES[s] for s in spec.also]
+    results = _rows(rows, static, times, shape, targets, model, n_vision)
     return {
-        "preset": preset, "layers": summary["lm"]["num_hidden_layers"], "dtype": dtype, "method": method,
-        "model": summary, "image": list(image.size), "question": record["question"],
-        "visual_tokens_full": static[1.0]["visual_tokens"], "repeats": repeats,
+        "preset": preset, "shape": shape.name, "label": label(spec, n_vision, n_lm),
+        "layers": n_lm, "vision_layers": n_vision, "runtime": runtime.describe(),
+        "dtype": str(runtime.dtype).removeprefix("torch."), "method": method, "arr_coc_layer": layer_note,
+        "budget_mode": budget_mode, "model": summary, "image": list(image.size), "question": record["question"],
+        "visual_tokens_full": static[REFERENCE]["visual_tokens"], "repeats": repeats,
         "host": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-                 "machine": platform.machine()},
+                 "machine": platform.machine(), "load_average_start": list(load_start),
+                 "load_average_end": list(os.getloadavg()), "wall_s": time.perf_counter() - t_start},
         "results": results,
+        "full_depth": _full_depth(results, targets),
     }
 
 
+def _rows(rows: list[RowSpec], static: dict, times: dict, shape: Any, targets: list, model: Any,
+          n_vision: int) -> list[dict[str, Any]]:
+    """The report's rows: medians, FLOPs at the layers run and at full depth, shares of the reference."""
+    kinds_run = shape.block_kinds(n_vision)
+    med = {row: {k: statistics.median(v) for k, v in times[row].items()} for row in rows}
+    layer_cache: dict[tuple[str, int], int] = {}
+
+    def full(row: RowSpec, target: Any) -> dict[str, int]:
+        s = static[row]
+        scale = 1.0 if target is shape else target.tower_out / shape.tower_out
+        lm: LMCount = s["_lm"]
+        layer = None
+        if target is not shape:
+            key = (target.name, lm.seq_len)
+            if key not in layer_cache:
+                layer_cache[key] = lm_layer_flops(model, target.text, lm.seq_len)
+            layer = layer_cache[key]
+        tower: TowerCount = s["_tower"]
+        gist: TowerCount = s["_gist"]
+        out = {"vision_flops_full": full_tower_flops(tower, kinds_run, target.block_kinds(), scale),
+               "gist_flops_full": full_tower_flops(gist, kinds_run, target.block_kinds(), scale),
+               "prefill_flops_full": full_lm_flops(lm, target.lm_depth, layer)}
+        out["e2e_flops_full"] = sum(out.values()) + s["arr_coc_flops"]
+        return out
+
+    ref_full = {t.name: full(REFERENCE, t) for t in targets}
+    ref, ref_s = static[REFERENCE], med[REFERENCE]
+    ref_e2e = ref["vision_flops"] + ref["gist_flops"] + ref["arr_coc_flops"] + ref["prefill_flops"]
+    results = []
+    for row in sorted(rows, key=lambda r: (r.encode != "after", r.gist, static[r]["visual_tokens"])):
+        s, m = static[row], med[row]
+        e2e = s["vision_flops"] + s["gist_flops"] + s["arr_coc_flops"] + s["prefill_flops"]
+        mine = full(row, shape)
+        flops_share_run = e2e / ref_e2e
+        time_share = m["total_s"] / ref_s["total_s"]
+        results.append({
+            "encode": row.encode, "gist": row.gist, "budget": row.budget,
+            **{k: v for k, v in s.items() if not k.startswith("_") and not k.endswith("_s")},
+            "e2e_flops": e2e, **mine,
+            **{f"{k}_median": v for k, v in m.items()},
+            "total_s_all": times[row]["total_s"],
+            "e2e_flops_share": mine["e2e_flops_full"] / ref_full[shape.name]["e2e_flops_full"],
+            "e2e_flops_share_run": flops_share_run,
+            "e2e_time_share": time_share,
+            "time_over_flops": time_share / flops_share_run,
+            "arr_coc_time_share": m["arr_coc_s"] / ref_s["total_s"],
+            "gist_time_share": m["gist_s"] / ref_s["total_s"],
+            "speedup": ref_s["prefill_s"] / m["prefill_s"],
+            "ideal_speedup": ref["prefill_flops"] / s["prefill_flops"],
+            "speedup_vs_ideal": (ref_s["prefill_s"] / m["prefill_s"]) / (ref["prefill_flops"] / s["prefill_flops"]),
+            "overhead_share": m["arr_coc_s"] / ref_s["prefill_s"],
+            "_full": {t.name: (full(row, t)["e2e_flops_full"], ref_full[t.name]) for t in targets},
+        })
+    return results
+
+
+def _full_depth(results: list[dict[str, Any]], targets: list) -> dict[str, Any]:
+    """Per shape: the tower's share of the full prefill and each row's e2e share (counted, full depth)."""
+    out = {}
+    for t in targets:
+        ref = results[0]["_full"][t.name][1]
+        out[t.name] = {
+            "vision_share": (ref["vision_flops_full"] + ref["gist_flops_full"]) / ref["e2e_flops_full"],
+            "full_prefill_flops": ref["e2e_flops_full"], "source": t.source,
+            "rows": [{"encode": r["encode"], "gist": r["gist"], "budget": r["budget"],
+                      "e2e_flops_share": r["_full"][t.name][0] / ref["e2e_flops_full"]} for r in results],
+        }
+    for r in results:
+        del r["_full"]
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
 def markdown_table(report: dict[str, Any]) -> str:
+    """The measured rows, the gist lines, and the full-depth FLOP shares per shape."""
     lm = report["model"]["lm"]
-    head = (f"Prefill on a {report['preset']} LM ({report['layers']} layers, hidden {lm['hidden_size']}, "
-            f"{report['dtype']}, random weights), {report['image'][0]}x{report['image'][1]} image, "
-            f"{report['visual_tokens_full']} visual tokens, method {report['method']}, median of "
-            f"{report['repeats']} runs:\n")
-    lines = [head, "| budget | visual / total tokens | prefill GFLOPs | prefill ms | KV cache MB | "
-                   f"{report['method']} ms | {report['method']} MFLOPs | overhead share | speedup | ideal | "
-                   "speedup / ideal |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"bench: {report['shape']} widths (LM hidden {lm['hidden_size']}), random weights, {report['label']}; "
+        f"{report['runtime']}; {report['image'][0]}x{report['image'][1]} image, {report['visual_tokens_full']} "
+        f"visual tokens; selector {report['method']}, ARR-COC layer {report['arr_coc_layer']}; medians of "
+        f"{report['repeats']} runs, every row in each, rotated. Shares are of the (after, 100%) row.\n",
+        "| encode | budget | LM / encoded tokens | vision ms | ARR-COC ms | LM ms | total ms | GFLOPs vision / "
+        "ARR-COC / LM (run) | e2e time share | e2e FLOP share (run) | time / FLOPs | ARR-COC time share | "
+        "e2e FLOP share, full depth |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    gist_lines = []
     for r in report["results"]:
+        enc = r["encode"] + (f", gist {r['gist']:g}" if r["gist"] else "")
         lines.append(
-            f"| {fmt_budget(r['budget'])} | {r['visual_tokens']} / {r['total_tokens']} | "
-            f"{r['prefill_flops'] / 1e9:.2f} | {r['prefill_s_median'] * 1e3:.1f} | {r['kv_cache_bytes'] / 2**20:.2f} | "
-            f"{r['arr_coc_s_median'] * 1e3:.1f} | {r['arr_coc_flops'] / 1e6:.1f} | {r['overhead_share']:.3f} | "
-            f"{r['speedup']:.2f} | {r['ideal_speedup']:.2f} | {r['speedup_vs_ideal']:.2f} |")
+            f"| {enc} | {fmt_budget(r['budget'])} | {r['visual_tokens']} / {r['encoded_tokens']} | "
+            f"{r['vision_s_median'] * 1e3:.0f} | {r['arr_coc_s_median'] * 1e3:.0f} | "
+            f"{r['prefill_s_median'] * 1e3:.0f} | "
+            f"{r['total_s_median'] * 1e3:.0f} | {r['vision_flops'] / 1e9:.1f} / {r['arr_coc_flops'] / 1e9:.2f} / "
+            f"{r['prefill_flops'] / 1e9:.1f} | {r['e2e_time_share']:.3f} | {r['e2e_flops_share_run']:.3f} | "
+            f"{r['time_over_flops']:.2f} | {_pct(r['arr_coc_time_share'])} | {r['e2e_flops_share']:.3f} |")
+        if r["gist"]:
+            gist_lines.append(
+                f"- gist ({enc}, {fmt_budget(r['budget'])}): {r['gist_s_median'] * 1e3:.0f} ms, "
+                f"{_pct(r['gist_time_share'])} of the reference's time; {r['gist_flops'] / 1e9:.2f} GFLOPs run, "
+                f"{r['gist_flops_full'] / 1e9:.1f} at full depth (included in the row's total and e2e shares)")
+        if r.get("fallback") or r.get("error"):
+            gist_lines.append(f"- {enc} {fmt_budget(r['budget'])}: fallback {r['fallback']} ({r['error']})")
+    lines += [""] + gist_lines if gist_lines else []
+    full = report["full_depth"]
+    rows = report["results"]
+    heads = [f"{r['encode']}{', gist %g' % r['gist'] if r['gist'] else ''} {fmt_budget(r['budget'])}" for r in rows]
+    lines += ["", "Full depth, counted, not timed (each layer run counted with its attention, scaled to the real "
+                  "depth); e2e share of the full model's prefill FLOPs:\n",
+              "| shape | tower share of the full prefill | full prefill TFLOPs | " + " | ".join(heads) + " |",
+              "|---|---|---|" + "---|" * len(heads)]
+    for name, f in full.items():
+        lines.append(f"| {name} | {f['vision_share']:.3f} | {f['full_prefill_flops'] / 1e12:.2f} | "
+                     + " | ".join(f"{x['e2e_flops_share']:.3f}" for x in f["rows"]) + " |")
     return "\n".join(lines) + "\n"

@@ -1,0 +1,187 @@
+"""`python -m arr_coc bench`: the whole prefill per encoding mode and budget, on the tiny presets (CPU, seconds).
+
+What a user would notice: a row or a key missing from the JSON, shares that do not add up (the reference
+is not 1, "before" is not cheaper than "after" at the same budget), full-depth FLOPs that do not equal
+what the full-depth model counts, a layer of the wrong width accepted, a gist whose cost is not counted.
+Times are only checked to be positive: they depend on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from arr_coc.__main__ import main
+from arr_coc.budget import resolve_count
+
+ROW_KEYS = {"encode", "gist", "budget", "method", "visual_tokens", "encoded_tokens", "total_tokens", "kv_cache_bytes",
+            "vision_s_median", "gist_s_median", "arr_coc_s_median", "prefill_s_median", "total_s_median",
+            "vision_flops", "gist_flops", "arr_coc_flops", "prefill_flops", "e2e_flops", "vision_flops_full",
+            "gist_flops_full", "prefill_flops_full", "e2e_flops_full", "e2e_flops_share", "e2e_flops_share_run",
+            "e2e_time_share", "time_over_flops", "arr_coc_time_share", "gist_time_share", "speedup",
+            "ideal_speedup", "speedup_vs_ideal", "overhead_share"}
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    code = main(["bench", "--preset", "tiny", "--encode", "after,before", "--budgets", "0.25", "--gist", "0.25",
+                 "--repeats", "1", "--out", str(out / "bench.json"), "--markdown", str(out / "bench.md")])
+    assert code == 0
+    return json.loads((out / "bench.json").read_text()), (out / "bench.md").read_text()
+
+
+def _row(report, encode, budget, gist=0.0):
+    return next(r for r in report["results"] if (r["encode"], r["budget"], r["gist"]) == (encode, budget, gist))
+
+
+def test_bench_runs_both_encoding_modes_with_every_key(tiny_report):
+    report, md = tiny_report
+    assert report["preset"] == "tiny" and report["label"] == "vision 2 of 2 layers, LM 2 of 2"
+    assert report["runtime"].startswith("cpu, float32") and "untrained" in report["arr_coc_layer"]
+    got = {(r["encode"], r["budget"], r["gist"]) for r in report["results"]}
+    assert got == {("after", 0.25, 0.0), ("after", 1.0, 0.0), ("before", 0.25, 0.0), ("before", 1.0, 0.0),
+                   ("before", 0.25, 0.25)}
+    for r in report["results"]:
+        assert ROW_KEYS <= set(r), ROW_KEYS - set(r)
+        assert r["fallback"] is None and r["error"] is None
+        assert r["total_s_median"] > 0 and r["prefill_s_median"] > 0 and r["vision_s_median"] > 0
+        assert r["e2e_flops"] == r["vision_flops"] + r["gist_flops"] + r["arr_coc_flops"] + r["prefill_flops"]
+        for key in ("e2e_flops_share", "e2e_flops_share_run"):
+            assert 0 < r[key] <= 1
+    assert "| before | 25% |" in md and "| after | 100% |" in md and "tower share of the full prefill" in md
+
+
+def test_the_reference_is_one_and_before_costs_less_than_after(tiny_report):
+    report, _ = tiny_report
+    full, after, before = _row(report, "after", 1.0), _row(report, "after", 0.25), _row(report, "before", 0.25)
+    assert full["method"] == "none" and full["arr_coc_flops"] == 0
+    for key in ("e2e_flops_share", "e2e_flops_share_run", "e2e_time_share", "time_over_flops", "speedup_vs_ideal"):
+        assert full[key] == 1.0
+    n = full["visual_tokens"]
+    assert n == 144 and after["visual_tokens"] == before["visual_tokens"] == resolve_count(0.25, n)
+    assert after["encoded_tokens"] == n and before["encoded_tokens"] == before["visual_tokens"]
+    # same LM work, far less tower work: the whole prefill costs less before than after
+    assert before["prefill_flops"] == after["prefill_flops"] < full["prefill_flops"]
+    assert before["vision_flops"] < 0.5 * after["vision_flops"] and after["vision_flops"] == full["vision_flops"]
+    assert before["e2e_flops_share"] < after["e2e_flops_share"] < 1
+    assert before["arr_coc_flops"] > 0 and after["arr_coc_flops"] > 0 and before["arr_coc_time_share"] > 0
+    assert before["gist_flops"] == 0 and before["gist_time_share"] == 0
+    # "before" with every cell encodes every cell: the same FLOPs as the stock encoding
+    every = _row(report, "before", 1.0)
+    assert every["encoded_tokens"] == n and every["vision_flops"] == full["vision_flops"]
+    tc = report["model"]["lm"]  # KV cache: 2 (K, V) x layers x kv heads x head dim x tokens x 4 bytes
+    assert full["kv_cache_bytes"] == 2 * tc["num_hidden_layers"] * tc["num_key_value_heads"] * \
+        (tc["hidden_size"] // tc["num_attention_heads"]) * full["total_tokens"] * 4
+
+
+def test_a_gist_row_counts_and_times_the_gist_on_its_own(tiny_report):
+    report, md = tiny_report
+    plain, gist = _row(report, "before", 0.25), _row(report, "before", 0.25, gist=0.25)
+    assert gist["gist_flops"] > 0 and gist["gist_s_median"] > 0 and gist["gist_time_share"] > 0
+    assert gist["vision_flops"] == plain["vision_flops"]           # the same cells, encoded the same way
+    assert gist["e2e_flops"] == plain["e2e_flops"] - plain["arr_coc_flops"] + gist["arr_coc_flops"] + \
+        gist["gist_flops"]
+    assert gist["e2e_flops_share"] > plain["e2e_flops_share"]
+    assert "- gist (before, gist 0.25, 25%)" in md
+
+
+@pytest.mark.parametrize("preset, small, full", [("tiny", (1, 1), (2, 2)), ("tiny-qwen2.5", (2, 1), (4, 2))])
+def test_full_depth_flops_equal_what_the_full_depth_model_counts(preset, small, full):
+    """A run of fewer layers, each layer's count scaled to the real depth, gives exactly the count of a run
+    at the real depth (Qwen2.5-VL: windowed and full-attention blocks scaled apart)."""
+    from arr_coc.evaluation.bench import bench
+    from arr_coc.evaluation.bench_depth import full_tower_flops
+    from arr_coc.evaluation.bench_presets import SHAPES
+
+    few = bench(preset, vision_layers=small[0], lm_layers=small[1], budgets=[0.25], repeats=1)
+    every = bench(preset, vision_layers=full[0], lm_layers=full[1], budgets=[0.25], repeats=1)
+    assert few["label"] != every["label"]
+    for a, b in zip(few["results"], every["results"]):
+        assert (a["encode"], a["budget"]) == (b["encode"], b["budget"])
+        assert a["e2e_flops"] < b["e2e_flops"]                   # negative control: scaling has work to do
+        for key in ("vision", "prefill", "e2e"):
+            assert a[f"{key}_flops_full"] == b[f"{key}_flops"] == b[f"{key}_flops_full"], (preset, key, a, b)
+        assert a["e2e_flops_share"] == pytest.approx(b["e2e_flops_share_run"])
+        # negative control: scaling the whole tower by the depth ratio (patch embedding and merger included) is not it
+        assert a["vision_flops"] * full[0] // small[0] != b["vision_flops"]
+    if preset == "tiny-qwen2.5":   # windowed and full-attention blocks are scaled apart (Qwen2.5-VL-3B: 28 and 4)
+        from arr_coc.evaluation.bench_depth import TowerCount
+
+        shape = SHAPES["Qwen2.5-VL-3B"]
+        kinds = shape.block_kinds(2)
+        assert kinds == ["window", "full"] and shape.block_kinds().count("full") == 4
+        count = TowerCount(1000, (100, 400), 10)
+        assert full_tower_flops(count, kinds, shape.block_kinds()) == 1000 - 500 + 28 * 100 + 4 * 400
+        assert full_tower_flops(count, ["full", "full"], ["full"] * 32) == 1000 - 500 + 32 * 250   # the wrong way
+        assert full_tower_flops(count, kinds, shape.block_kinds(), out_scale=2.0) == 4900 + 10
+
+
+def test_another_widths_layer_is_counted_on_meta_with_its_attention(tiny_vlm, make_image):
+    """The 7B shapes' LM layers are counted on the meta device: equal to a real run's layer count at the
+    tiny width, and to the analytic count (linear layers + 2 * 2 * S^2 * hidden of attention) at 7B width."""
+    from arr_coc.evaluation.bench_depth import lm_count, lm_layer_flops, module_totals
+    from arr_coc.evaluation.bench_presets import SHAPES
+    from arr_coc.evaluation.flops import flop_counter
+    from arr_coc.qwen import ARRCOCQwen
+
+    model, processor = tiny_vlm("qwen2_vl")
+    vlm = ARRCOCQwen(model, processor)
+    inputs = vlm.build_inputs([[make_image(112, 112)]], ["what is here?"])
+    pruned, _ = vlm.prepare(inputs, method="none")
+    with flop_counter() as counter:
+        vlm.prefill(pruned, logits_to_keep=1)
+    seq = int(pruned.attention_mask.sum())
+    run = lm_count(module_totals(counter), model.config.text_config.num_hidden_layers, seq)
+    assert lm_layer_flops(model, model.config.text_config.to_dict(), seq) == run.layers[0] == run.layers[1]
+    t = SHAPES["Qwen2-VL-7B"].text
+    h, kv = t["hidden_size"], t["num_key_value_heads"] * t["hidden_size"] // t["num_attention_heads"]
+    for s in (100, 1118):
+        linear = 2 * s * (2 * h * h + 2 * h * kv + 3 * h * t["intermediate_size"])
+        assert lm_layer_flops(model, t, s) == linear + 2 * 2 * s * s * h
+
+
+def test_a_layer_of_another_width_is_refused_with_what_to_do(tmp_path, capsys):
+    from arr_coc import ARRCOCConfig, ARRCOCLayer
+
+    ARRCOCLayer(ARRCOCConfig().with_query_dim(192)).save_pretrained(str(tmp_path / "layer"))
+    code = main(["bench", "--preset", "tiny", "--arr-coc", str(tmp_path / "layer"), "--budgets", "0.25",
+                 "--repeats", "1", "--out", str(tmp_path / "b.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "192" in err and "leave --arr-coc out" in err
+    assert not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--method", "fastv", "--encode", "before"], "cannot choose before the tower"),
+    (["--preset", "tiny-qwen2.5", "--vision-layers", "1"], "--vision-layers 2 or more"),
+    (["--encode", "sideways"], "--encode takes"),
+    (["--lm-layers", "3"], "--lm-layers must be in [1, 2]"),
+])
+def test_bad_options_exit_2_with_the_fix(tmp_path, capsys, argv, says):
+    argv = ["bench", *(["--preset", "tiny"] if "--preset" not in argv else []), *argv, "--repeats", "1",
+            "--out", str(tmp_path / "b.json")]
+    assert main(argv) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_the_tower_flops_agree_with_the_evaluations_counter(tiny_report):
+    """bench counts the tower calls it ran; eval's vision_cost re-runs them: both say the same, gist included."""
+    from arr_coc.evaluation.bench_presets import PRESETS, build_model
+    from arr_coc.evaluation.vision_cost import vision_flops
+    from arr_coc.qwen import ARRCOCQwen
+    from arr_coc.qwen.encoding import EncodeConfig
+    from arr_coc.runtime import Runtime
+    from arr_coc.shapes import make_item
+
+    report, _ = tiny_report
+    model, processor, _ = build_model(PRESETS["tiny"], 2, 2, Runtime.resolve("cpu", "float32"))
+    vlm = ARRCOCQwen(model, processor)
+    image, record, _ = make_item(0, "bench", 0, canvas="336x336", hard_rate=0.0)
+    assert record["question"] == report["question"]
+    inputs = vlm.build_inputs([[image]], [record["question"]])
+    for encode, gist in (("after", 0.0), ("before", 0.0), ("before", 0.25)):
+        _, traces = vlm.prepare(inputs, budget=0.25, encode=EncodeConfig(encode, gist=gist))
+        row = _row(report, encode, 0.25, gist)
+        assert vision_flops(vlm, inputs, traces, gist, {}) == [row["vision_flops"] + row["gist_flops"]]
