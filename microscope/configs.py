@@ -130,7 +130,7 @@ def read_configs(scope: Microscope, method: str, encode: Any, layer: Any, compar
                  gist: Any, margin: Any, periphery: Any, notes: list[str]) -> list[RunConfig]:
     """[A] or [A, B] as the request asks (None: the page's defaults); notes say what was adjusted."""
     from arr_coc.selection import get_selector, selects_before_encoding
-    from microscope.handler import read_flag
+    from microscope.inputs import read_flag
 
     names = list(scope.layers)
     b_layer, b_encode = scope.default_compare

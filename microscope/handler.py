@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from arr_coc.inputs import LIMITS, InputLimits, answer_notes, finish_image
 from microscope.admission import Admission
 from microscope.configs import RunConfig, read_configs
-from microscope.inputs import InputError, check_method, check_question, open_upload, read_budget, reason
+from microscope.inputs import InputError, check_method, check_question, open_upload, read_budget, read_flag, reason
 from microscope.readout import stats_rows, trace_record
 
 if TYPE_CHECKING:
@@ -134,20 +134,6 @@ class Result:
 CANCELLED = "**Error:** the request was cancelled."
 OFF_ANSWER = "(ARR-COC is off: only the baseline ran)"
 NO_COMPARE = "(config B is off)"
-
-
-def read_flag(value: Any, name: str, default: bool) -> bool:
-    """A checkbox as the page or an API client sent it: a bool, 0/1, "true"/"false"; None is the default."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return default
-    if isinstance(value, (bool, int)) and value in (0, 1):
-        return bool(value)
-    text = str(value).strip().lower()
-    if text in ("true", "yes", "on", "1"):
-        return True
-    if text in ("false", "no", "off", "0"):
-        return False
-    raise InputError(f"{name} must be true or false, not {str(value)[:40]!r}.", "flag")
 
 
 def ask(scope: Microscope, image: Any, question: Any, arr_coc: Any = True, budget: Any = None,

@@ -74,3 +74,17 @@ def read_image(value: Any, limits: InputLimits = LIMITS) -> tuple[Image, ImageIn
     from arr_coc.inputs import finish_image
 
     return finish_image(open_upload(value, limits), limits)
+
+
+def read_flag(value: Any, name: str, default: bool) -> bool:
+    """A checkbox as the page or an API client sent it: a bool, 0/1, "true"/"false"; None is the default."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return default
+    if isinstance(value, (bool, int)) and value in (0, 1):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    raise InputError(f"{name} must be true or false, not {str(value)[:40]!r}.", "flag")
