@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("arr_coc.cli.train", "train ARR-COC's scorers against a frozen VLM (stage 1 or 2)"),
     "train-vlm": ("arr_coc.cli.train_vlm", "train the embedded Qwen2-VL-architecture model on ShapesVQA"),
     "eval": ("arr_coc.cli.eval", "accuracy vs. visual-token budget: ARR-COC beside the anchor methods"),
-    "bench": ("arr_coc.cli.bench", "prefill cost per budget on a Qwen2-VL-2B-shaped model (random weights)"),
+    "bench": ("arr_coc.cli.bench", "whole-prefill cost (vision tower, ARR-COC, LM) per encode mode and budget at real widths"),
 }
 
 
