@@ -7,11 +7,15 @@ from here. `checkpoints/` sits next to the `arr_coc` package, wherever a command
 from __future__ import annotations
 
 import os
+from typing import Any
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINTS = os.path.join(REPO_ROOT, "checkpoints")
 EMBEDDED_MODEL = os.path.join(CHECKPOINTS, "shapes-qwen2vl")    # the embedded Qwen2-VL-architecture VLM
 SHIPPED_LAYER = os.path.join(CHECKPOINTS, "arr-coc-shapes")     # ARR-COC trained against EMBEDDED_MODEL
+# ARR-COC trained against EMBEDDED_MODEL for encode="before": it reads the texture array and the question only
+# (what it gets before the vision tower), docs/TRAINING.md
+SHIPPED_BEFORE_LAYER = os.path.join(CHECKPOINTS, "arr-coc-shapes-before")
 
 UNTRAINED = "untrained"   # the value of --arr-coc that asks for the untrained layer
 
@@ -21,9 +25,10 @@ def default_model_path() -> str | None:
     return EMBEDDED_MODEL if os.path.isfile(os.path.join(EMBEDDED_MODEL, "config.json")) else None
 
 
-def default_layer_path() -> str | None:
-    """The trained ARR-COC layer shipped with the embedded VLM, if this checkout has it."""
-    return SHIPPED_LAYER if os.path.isfile(os.path.join(SHIPPED_LAYER, "model.safetensors")) else None
+def default_layer_path(encode: str = "after") -> str | None:
+    """The trained ARR-COC layer shipped with the embedded VLM for this encoding mode, if this checkout has it."""
+    folder = SHIPPED_BEFORE_LAYER if encode == "before" else SHIPPED_LAYER
+    return folder if os.path.isfile(os.path.join(folder, "model.safetensors")) else None
 
 
 def is_embedded_model(model: str | os.PathLike | None) -> bool:
@@ -32,12 +37,21 @@ def is_embedded_model(model: str | os.PathLike | None) -> bool:
     return bool(model and embedded and os.path.isdir(model) and os.path.samefile(model, embedded))
 
 
-def resolve_layer(model: str | os.PathLike, arr_coc: str | None) -> str | None:
+def layer_mode(encode: Any = "after") -> str:
+    """Which shipped layer serves an encoding (a mode name or an EncodeConfig): "before" for encode="before"
+    without a gist (the layer then reads the texture array and the question only, as it was trained),
+    "after" otherwise (with a gist it reads tokens, as the after-mode layer does)."""
+    mode = getattr(encode, "mode", encode)
+    return "before" if mode == "before" and not getattr(encode, "gist", 0) > 0 else "after"
+
+
+def resolve_layer(model: str | os.PathLike, arr_coc: str | None, encode: Any = "after") -> str | None:
     """The ARR-COC layer to load for `model`: `arr_coc` if given ("untrained" -> None, the untrained
-    layer); by default the shipped trained layer, but only for the embedded model it was trained
-    against (its scorers read that model's 192-d embeddings); None otherwise."""
+    layer); by default the shipped trained layer for the encoding (`layer_mode`), but only for the
+    embedded model it was trained against (its scorers read that model's 192-d embeddings); None
+    otherwise."""
     if arr_coc == UNTRAINED:
         return None
     if arr_coc:
         return arr_coc
-    return default_layer_path() if is_embedded_model(model) else None
+    return default_layer_path(layer_mode(encode)) if is_embedded_model(model) else None

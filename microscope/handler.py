@@ -67,6 +67,7 @@ class Microscope:
     more_layers: dict[str, ARRCOCQwen] = field(default_factory=dict)   # --compare-arr-coc, by name (configs.py)
     count_flops: bool = True         # count each run's FLOPs off the clock (microscope.cost); --no-flops: off
     flops_memo: dict = field(default_factory=dict)                      # shape-only counts, shared by requests
+    before_layer: str | None = None  # the layer trained for encode="before" (embedded model), by name, if offered
 
     @property
     def cell_px(self) -> int:
@@ -82,8 +83,12 @@ class Microscope:
 
     @property
     def default_compare(self) -> tuple[str, str]:
-        """Config B when a request does not say: the first --compare-arr-coc layer, encoding after like A's
-        default (compare checkpoints); without one, the same layer encoding before (compare the modes)."""
+        """Config B when a request does not say: the shipped layer trained for encode="before", encoding before
+        (the embedded model's default: after vs. before, each with its own layer); else the first
+        --compare-arr-coc layer, encoding after like A's default (compare checkpoints); without one, the same
+        layer encoding before (compare the modes)."""
+        if self.before_layer in self.more_layers:
+            return self.before_layer, "before"
         return (next(iter(self.more_layers)), "after") if self.more_layers else (self.layer_name, "before")
 
 

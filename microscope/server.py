@@ -146,6 +146,19 @@ def load_failure(model: str, exc: BaseException) -> str:
             f"`hf download {model} --local-dir DIR` on a machine that is online)")
 
 
+def shipped_before_layer(scope: Microscope, args: argparse.Namespace) -> list[str]:
+    """[the layer trained for encode="before"] when the page serves the embedded model with its shipped layer
+    (config B then defaults to it, encoding before); [] otherwise. Marks it on the scope."""
+    from arr_coc.paths import default_layer_path, is_embedded_model
+    from microscope.configs import layer_label
+
+    folder = default_layer_path("before")
+    if args.arr_coc is not None or folder is None or not is_embedded_model(model_path(args.model)):
+        return []
+    scope.before_layer = layer_label(folder)
+    return [folder]
+
+
 def load(model: str | None = None, device: str = "auto", arr_coc: str | None = None,
          max_new_tokens: int = 32, retries: int = 3, concurrency: int = DEFAULT_CONCURRENCY,
          dtype: str = "auto", attn_implementation: str | None = None) -> Microscope:
@@ -228,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     except LoadError as exc:
         raise SystemExit(str(exc)) from None
     try:
-        add_layers(scope, args.compare_arr_coc)
+        add_layers(scope, shipped_before_layer(scope, args) + args.compare_arr_coc)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     scope.count_flops = args.flops

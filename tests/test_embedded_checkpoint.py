@@ -68,6 +68,36 @@ def test_the_shipped_trained_layer_is_the_default_only_for_the_embedded_model(tm
     assert resolve_layer(DEFAULT_CHECKPOINT, None) == default_layer_path()
 
 
+def test_encode_before_gets_the_layer_trained_for_it_unless_a_gist_or_a_layer_is_given(tmp_path):
+    """The before-mode layer reads the texture array and the question only (what exists before the tower);
+    with a gist the selector reads tokens, which is what the after-mode layer was trained on."""
+    from arr_coc.paths import SHIPPED_BEFORE_LAYER, SHIPPED_LAYER, UNTRAINED, resolve_layer
+    from arr_coc.qwen.encoding import EncodeConfig
+
+    assert resolve_layer(DEFAULT_CHECKPOINT, None, "before") == SHIPPED_BEFORE_LAYER
+    assert resolve_layer(DEFAULT_CHECKPOINT, None, EncodeConfig("before")) == SHIPPED_BEFORE_LAYER
+    assert resolve_layer(DEFAULT_CHECKPOINT, None, EncodeConfig("before", gist=0.25)) == SHIPPED_LAYER
+    assert resolve_layer(DEFAULT_CHECKPOINT, None, EncodeConfig()) == SHIPPED_LAYER != SHIPPED_BEFORE_LAYER
+    assert resolve_layer(DEFAULT_CHECKPOINT, UNTRAINED, "before") is None
+    assert resolve_layer(DEFAULT_CHECKPOINT, "my/layer", "before") == "my/layer"
+    assert resolve_layer(str(tmp_path), None, "before") is None
+
+
+def test_the_app_compares_after_and_before_each_with_its_shipped_layer():
+    from arr_coc.paths import SHIPPED_BEFORE_LAYER
+    from microscope import configs, server
+    from microscope.handler import Microscope
+
+    scope = Microscope(wrapper=None, model_name="embedded", methods=["arr_coc"])
+    assert server.shipped_before_layer(scope, server.parse_args([])) == [SHIPPED_BEFORE_LAYER]
+    assert scope.before_layer == configs.layer_label(SHIPPED_BEFORE_LAYER)
+    scope.more_layers[scope.before_layer] = None
+    assert scope.default_compare == (scope.before_layer, "before")
+    # a layer of the user's own (or the untrained one): no second shipped layer is imposed
+    assert server.shipped_before_layer(Microscope(None, "embedded", ["arr_coc"]),
+                                       server.parse_args(["--arr-coc", "untrained"])) == []
+
+
 def test_eval_of_the_shipped_model_on_20_items_is_fast_and_includes_the_trained_layer(tmp_path):
     from arr_coc.__main__ import main
     from arr_coc.paths import default_layer_path
@@ -88,6 +118,23 @@ def test_eval_of_the_shipped_model_on_20_items_is_fast_and_includes_the_trained_
     assert rows[("none", 1.0)]["accuracy"] > 0.5  # the shipped model reads the image (text prior ~0.2)
     # the shipped scorers were trained for this: 0.89 vs 0.65 of the answer's cells at 10% on 2,000 items
     assert rows[("arr_coc_trained", 0.1)]["coverage"] > rows[("arr_coc", 0.1)]["coverage"] + 0.1
+
+
+def test_eval_with_encode_before_uses_the_layer_trained_for_it(tmp_path):
+    from arr_coc.__main__ import main
+    from arr_coc.paths import SHIPPED_BEFORE_LAYER
+    from arr_coc.shapes import write_split
+
+    split = str(write_split(tmp_path / "data", split="test", n=8, seed=11))
+    out = tmp_path / "results.json"
+    assert main(["eval", "--data", split, "--methods", "arr_coc_trained", "--budgets", "0.1", "--encode", "before",
+                 "--out", str(out), "--quiet"]) == 0
+    report = json.loads(out.read_text())
+    assert report["arr_coc_weights"] == SHIPPED_BEFORE_LAYER
+    row = report["results"][0]
+    assert row["encode"] == "before" and row["status"] == "ok"
+    # the tower encoded only what was chosen: its FLOPs are counted and a small part of a full encode (2.56 G)
+    assert 0 < row["vision_flops_mean"] < 0.5e9 and row["kept_share"] <= 0.2
 
 
 def test_the_shipped_layer_gives_count_questions_more_tokens_than_one_object_questions(tmp_path):

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from arr_coc.runtime import RuntimeChoiceError
 
     try:
-        wrapper = ARRCOCQwen.from_pretrained(model_path, arr_coc=resolve_layer(model_path, args.arr_coc),
+        wrapper = ARRCOCQwen.from_pretrained(model_path, arr_coc=resolve_layer(model_path, args.arr_coc, encode_config(args)),
                                              device=run_on.device, dtype=run_on.dtype,
                                              attn_implementation=run_on.attn_implementation)
     except RuntimeChoiceError as exc:  # e.g. flash_attention_2 without a GPU: not the model's fault

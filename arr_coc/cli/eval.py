@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     run_on = runtime(args)  # a wrong device / dtype / attention name, or no GPU for cuda: said before anything loads
     model = args.model or EMBEDDED_MODEL
     if args.arr_coc_weights is None:
-        args.arr_coc_weights = resolve_layer(model, None)  # the shipped trained layer, embedded model only
+        # the shipped trained layer for this encoding, embedded model only
+        args.arr_coc_weights = resolve_layer(model, None, encode_config(args))
     try:
         methods, skipped = resolve_methods(args.methods, args.arr_coc_weights)
         records = read_jsonl(args.data)

@@ -14,7 +14,7 @@ Model arguments (`--model_args k=v,...`; `--batch_size` and `--device` of lmms-e
                          one parser; "1" is refused as ambiguous (default 0.25)
     budget_mode          exact | mean | adaptive (default: the layer's own)
     arr_coc              folder of a trained ARR-COC layer, or "untrained" (default: arr_coc.paths.resolve_layer,
-                         the shipped layer for the embedded model, else untrained)
+                         the shipped layer for the embedded model and this encoding, else untrained)
     encode               after | before (gist, margin, periphery: as `eval --gist/--margin/--periphery`)
     device, dtype, attn_implementation   arr_coc.runtime's names (default auto, auto, transformers' default)
     batch_size           questions per generate() call, per process (default 1; lmms-eval's "auto" and
@@ -111,7 +111,7 @@ class ARRCOCLmms(lmms):
             device = str(self.accelerator.device)
             self._rank, self._world_size = self.accelerator.process_index, self.accelerator.num_processes
         self.runtime = Runtime.resolve(device or "auto", dtype or "auto", attn_implementation or None)
-        layer = resolve_layer(pretrained, None if arr_coc in (None, "") else str(arr_coc))
+        layer = resolve_layer(pretrained, None if arr_coc in (None, "") else str(arr_coc), self.encode)
         self.wrapper = ARRCOCQwen.from_pretrained(pretrained, arr_coc=layer, device=self.runtime.device,
                                                   dtype=self.runtime.dtype,
                                                   attn_implementation=self.runtime.attn_implementation)
