@@ -57,6 +57,11 @@ def _free_port() -> int:
 def _rank(rank: int, world: int, port: int, argv: tuple[str, ...]) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # A fork inherits the parent's accelerate singletons: an earlier test in this pytest process (the lmms-eval
+    # plugin builds an Accelerator) leaves a one-process state that would make every child train alone.
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
     assert cli_main(list(argv)) == 0
 
 
