@@ -95,7 +95,8 @@ def memory_check(server: AppProcess, requests: list[tuple[str, str]], batches: i
                 with open(f"/proc/{server.pid}/clear_refs", "w") as f:
                     f.write("5")  # reset VmHWM to the current resident memory
                 out = _predict(client, path, question)
-                assert out["error"] == "", out["error"]
+                # notes are fine (config B's layer may spread a small scene's tokens over a grid)
+                assert out["error"] == "" or out["error"].startswith("**Note:**"), out["error"]
                 s = _proc_status_mib(server.pid)
                 anon[-1].append(s["RssAnon"])
                 transient[-1].append(s["VmHWM"] - s["VmRSS"])
