@@ -34,7 +34,8 @@ def load_rows(specs: list[str]) -> tuple[list[dict], list]:
         for r in report["results"]:
             if r.get("status") != "ok" or not r.get("correct"):
                 continue
-            name = r["method"] if r["method"] == "none" else f"{r['method']} ({r.get('encode', 'after')})"
+            plain = r["method"] in ("none", "downscale")  # no encoding choice: every patch, or a smaller image
+            name = r["method"] if plain else f"{r['method']} ({r.get('encode', 'after')})"
             rows.append({**r, "name": f"{label}: {name}" if label else name})
     return rows, ids
 
