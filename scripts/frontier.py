@@ -93,15 +93,18 @@ def main(argv: list[str] | None = None) -> int:
         by_name: dict[str, list[dict]] = {}
         for r in rows:
             by_name.setdefault(r["name"], []).append(r)
-        for name, group in sorted(by_name.items()):
+        colours = plt.get_cmap("tab20").colors
+        for i, (name, group) in enumerate(sorted(by_name.items())):
             group.sort(key=lambda r: r["e2e_share"])
-            ax.plot([r["e2e_share"] for r in group], [r["accuracy"] for r in group], "o-", label=name, ms=4)
+            ours = group[0]["method"].startswith("arr_coc")
+            ax.plot([r["e2e_share"] for r in group], [r["accuracy"] for r in group], "o-", label=name,
+                    ms=5 if ours else 4, lw=2.2 if ours else 1.2, color=colours[(2 * i) % 20 if i < 10 else 2 * i - 19])
         ax.axhline(ref["accuracy"], color="grey", ls=":", lw=1)
         ax.set_xlabel("whole-prefill FLOPs (vision tower + ARR-COC + LM) / full model's")
         ax.set_ylabel("accuracy")
         ax.set_xscale("log")
         ax.set_title(f"accuracy against end-to-end cost ({len(ids)} items)")
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="lower center")
         ax.grid(alpha=0.3)
         fig.tight_layout()
         fig.savefig(args.out, dpi=130)
