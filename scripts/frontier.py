@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -41,11 +40,11 @@ def load_rows(specs: list[str]) -> tuple[list[dict], list]:
 
 
 def paired(a: list[int], b: list[int]) -> tuple[float, float, float]:
-    d = [x - y for x, y in zip(a, b)]
-    n = len(d)
-    mean = sum(d) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / max(1, n - 1))
-    return mean, mean - 1.96 * sd / math.sqrt(n), mean + 1.96 * sd / math.sqrt(n)
+    """(difference, low, high): `arr_coc.evaluation.report.paired_stats`, the eval report's own interval."""
+    from arr_coc.evaluation.report import paired_stats
+
+    p = paired_stats(a, b)
+    return p["diff"], p["low"], p["high"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -84,7 +84,12 @@ def paired_difference(report: dict[str, Any], a: str, b: str, budget: Budget) ->
     ra, rb = _row(by, a, budget), _row(by, b, budget)
     if not ra or not rb or not ra.get("correct") or len(ra["correct"]) != len(rb.get("correct") or []):
         return None
-    d = [x - y for x, y in zip(ra["correct"], rb["correct"])]
+    return paired_stats(ra["correct"], rb["correct"])
+
+
+def paired_stats(correct_a: list[int], correct_b: list[int]) -> dict[str, float]:
+    """Mean of d_i = correct_a - correct_b over the same items, its 95% interval, wins, losses, n."""
+    d = [x - y for x, y in zip(correct_a, correct_b)]
     n = len(d)
     mean = sum(d) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / max(1, n - 1))
