@@ -15,7 +15,10 @@ from typing import Any
 
 from .budget import DEFAULT_BUDGET, Budget, check_budget
 
-TEXTURE_GROUPS = ("rgb", "position", "sobel", "saliency", "clusters", "highpass")
+TEXTURE_GROUPS = ("rgb", "position", "sobel", "saliency", "clusters", "highpass")   # the default array
+# Groups a layer may add to the default (texture.groups in its config.json): shape cues for a layer that reads
+# no visual token (encode="before"), where colour and position alone cannot tell a triangle from a square.
+SHAPE_GROUPS = ("silhouette", "orientation")
 
 
 def _check(condition: bool, message: str) -> None:
@@ -38,8 +41,10 @@ class TextureConfig:
 
     def __post_init__(self) -> None:
         self.groups = tuple(self.groups)
-        unknown = [g for g in self.groups if g not in TEXTURE_GROUPS]
-        _check(not unknown, f"unknown texture groups {unknown}; choose from {TEXTURE_GROUPS}")
+        known = TEXTURE_GROUPS + SHAPE_GROUPS
+        unknown = [g for g in self.groups if g not in known]
+        _check(not unknown, f"unknown texture groups {unknown}; choose from {known}")
+        _check(len(set(self.groups)) == len(self.groups), f"texture.groups {self.groups} names a group twice")
         _check(len(self.groups) > 0, "texture.groups must name at least one channel group")
         _check(self.work_px >= 4, "texture.work_px must be >= 4")
         _check(self.n_clusters >= 2, "texture.n_clusters must be >= 2")

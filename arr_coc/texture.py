@@ -16,6 +16,15 @@ edges, saliency, clusters, detail):
             strength (colour distance to neighbouring cells' cluster centroids).
 - highpass  energy of luminance minus its Gaussian blur: text-like fine detail.
 
+Two more groups describe shape inside and across cells, for a layer that reads no visual token
+(encode="before": colour and position cannot tell a triangle from a square). Not in the default
+array; a layer lists them in its config's texture.groups:
+
+- silhouette  the foreground share (colour distance from the image's dominant colour) of each of
+              the 4 x 4 sub-cells of a cell: a 16-value thumbnail of what the cell holds.
+- orientation foreground edge strength split by direction (vertical, horizontal, rising "/",
+              falling "\\"): a triangle's or a diamond's slanted sides against a square's upright ones.
+
 Every channel lies in [0, 1]. Energies are squashed with a FIXED constant
 (e -> e / (e + scale)) rather than divided by the image's own maximum, so a
 near-uniform image keeps near-zero structure instead of amplified noise; the
@@ -101,6 +110,11 @@ class _Context:
         return self.cell_rgb.reshape(b, 3, -1).median(dim=-1).values[..., None, None]
 
     @cached_property
+    def foreground(self) -> torch.Tensor:  # [B, 1, H, W] in [0, 1): colour distance from the dominant colour
+        distance = (self.image - self.dominant_rgb).norm(dim=1, keepdim=True) / math.sqrt(3)
+        return _squash(distance, self.config.contrast_scale)
+
+    @cached_property
     def kmeans(self) -> tuple[torch.Tensor, torch.Tensor]:
         return _kmeans(self.cell_rgb.flatten(2).transpose(1, 2), self.config.n_clusters, self.config.kmeans_iters)
 
@@ -175,6 +189,31 @@ def _clusters(ctx: _Context) -> torch.Tensor:
 def _highpass(ctx: _Context) -> torch.Tensor:
     detail = ctx.luma - _gaussian_blur(ctx.luma, sigma=1.5)
     return _squash(ctx.pool(detail**2).sqrt(), ctx.config.highpass_scale)
+
+
+SUBCELLS = 4  # silhouette: sub-cells per cell side
+
+
+@register_channels("silhouette", tuple(f"sil_{y}{x}" for y in range(SUBCELLS) for x in range(SUBCELLS)))
+def _silhouette(ctx: _Context) -> torch.Tensor:
+    h, w = ctx.grid_hw
+    sub = F.adaptive_avg_pool2d(ctx.foreground, (h * SUBCELLS, w * SUBCELLS))  # [B, 1, 4h, 4w]
+    return F.pixel_unshuffle(sub, SUBCELLS)  # [B, 16, h, w], channel = sub-row * 4 + sub-column
+
+
+@register_channels("orientation", ("edge_vert", "edge_horiz", "edge_rise", "edge_fall"))
+def _orientation(ctx: _Context) -> torch.Tensor:
+    kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]) / 8.0  # |response| <= 1
+    kernel = torch.stack([kx, kx.T]).unsqueeze(1).to(ctx.image)  # [2, 1, 3, 3]
+    g = F.conv2d(F.pad(ctx.foreground, (1, 1, 1, 1), mode="replicate"), kernel)  # [B, 2, H, W]
+    gx, gy = g[:, :1], g[:, 1:]
+    # The gradient runs across an edge and y grows downwards: a vertical edge has a horizontal gradient, a
+    # rising edge "/" a gradient along (1, 1). vert + horiz = rise + fall = the cell's whole edge energy, so each
+    # channel is that energy (squashed) times its direction's share of it: an upright square's sides read
+    # (1, 0, .5, .5) of it, a triangle's slanted sides (.5, .5, 1, 0).
+    energy = ctx.pool(torch.cat([gx**2, gy**2, (gx + gy) ** 2 / 2, (gx - gy) ** 2 / 2], dim=1))  # [B, 4, h, w]
+    total = energy[:, :2].sum(1, keepdim=True)
+    return _squash(total.sqrt(), ctx.config.edge_scale) * energy / total.clamp_min(1e-12)
 
 
 def _gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:

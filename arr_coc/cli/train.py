@@ -63,9 +63,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train the scorers for encode='before': the layer reads the gist's tokens (a gist of this "
                              "share of the image's tokens) instead of the full encoding; stage 2's language model "
                              "still reads the full encoding (default 0: encode='after')")
+    parser.add_argument("--add-texture", type=_texture_groups, default=(), metavar="GROUP[,GROUP]",
+                        help="add texture channel groups to the layer, e.g. silhouette,orientation (shape cues for "
+                             "--encode before); with --init the new channels start at zero weight, so training "
+                             "starts from exactly the init layer's scores")
     add_runtime(parser)  # the frozen VLM's; the layer trains in float32 on the same device
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--stop-after", type=int, default=None, help="stop at this step (continue later with --resume)")
+
+
+def _texture_groups(text: str) -> tuple[str, ...]:
+    """'silhouette,orientation' -> the groups, each one the texture array knows."""
+    from arr_coc.config import SHAPE_GROUPS, TEXTURE_GROUPS
+
+    groups = tuple(g.strip() for g in text.split(",") if g.strip())
+    unknown = [g for g in groups if g not in TEXTURE_GROUPS + SHAPE_GROUPS]
+    if not groups or unknown:
+        raise argparse.ArgumentTypeError(f"unknown texture groups {unknown or [text]}; add some of {list(SHAPE_GROUPS)}")
+    return groups
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: {exc}") from None
     cfg = TrainConfig(stage=args.stage, out=args.out, seed=args.seed, steps=args.steps, batch_size=args.batch_size,
                       lr=args.lr, eval_every=args.eval_every, rank_weight=args.rank_weight, budgets=args.budgets,
-                      attn_dim=args.attn_dim, spread_tau=args.spread_tau, encode=args.encode, gist=args.gist)
+                      attn_dim=args.attn_dim, spread_tau=args.spread_tau, encode=args.encode, gist=args.gist,
+                      add_texture=args.add_texture)
     run_on = runtime(args)  # a wrong --device/--dtype stops here, before anything is written
     os.makedirs(cfg.out, exist_ok=True)
     train(cfg, args.model, args.data, init=args.init, resume=args.resume, stop_after=args.stop_after,

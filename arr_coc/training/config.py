@@ -28,17 +28,19 @@ class TrainConfig:
     attn_dim: int | None = None    # participatory width of a fresh layer (None: the config's default); not with `init`
     encode: str = "after"          # "before": train for encode="before" (gist 0: texture + question only)
     gist: float = 0.0              # > 0: the layer reads the gist's tokens, as with encode="before" (that share)
+    add_texture: tuple[str, ...] = ()  # texture groups added to the layer (widen_texture), e.g. SHAPE_GROUPS
+    spread_tau: float = 0.02       # saved layer: budget scaled by the relevant cells at this softmax T (0: exact)
+    val_fraction: float = 0.1
+    eval_every: int = 50
 
     def __post_init__(self) -> None:
         if self.encode not in ("after", "before"):
             raise ValueError(f"encode={self.encode!r} must be 'after' or 'before'")
         if self.gist > 0:
             self.encode = "before"  # a gist exists only in before mode
+        self.add_texture = tuple(self.add_texture)
 
     @property
     def reads_tokens(self) -> bool:
         """Whether the layer reads visual tokens (the full encoding, or the gist's): not in before mode without a gist."""
         return self.encode == "after" or self.gist > 0
-    spread_tau: float = 0.02       # saved layer: budget scaled by the relevant cells at this softmax T (0: exact)
-    val_fraction: float = 0.1
-    eval_every: int = 50

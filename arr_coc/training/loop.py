@@ -58,6 +58,7 @@ from .distributed import Processes
 from .features import Features, load_features
 from .losses import answer_loss, batch_scores, coverage, health, ranking_loss
 from .schedule import lr_at
+from .widen import widen_texture
 
 if TYPE_CHECKING:
     from ..qwen import ARRCOCQwen
@@ -121,9 +122,15 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
 
     if init:
         layer = ARRCOCLayer.from_pretrained(init)
+        if cfg.add_texture:  # new channels with zero weights: it starts scoring exactly as `init` does
+            layer = widen_texture(layer, cfg.add_texture)
     else:
         config = ARRCOCConfig(strict=True).with_query_dim(wrapper.text_hidden_size)
-        layer = ARRCOCLayer(config.replace(knowing={"attn_dim": cfg.attn_dim}) if cfg.attn_dim else config)
+        if cfg.attn_dim:
+            config = config.replace(knowing={"attn_dim": cfg.attn_dim})
+        if cfg.add_texture:
+            config = config.replace(texture={"groups": config.texture.groups + cfg.add_texture})
+        layer = ARRCOCLayer(config)
     layer.config.strict = True  # training must see errors, not silently keep all tokens
     layer.to(wrapper.device)  # float32, beside the VLM (a no-op on the CPU)
     layer.train()
