@@ -135,7 +135,7 @@ def read_configs(scope: Microscope, method: str, encode: Any, layer: Any, compar
     names = list(scope.layers)
     b_layer, b_encode = scope.default_compare
     mode_a = read_choice(encode, "encode", ENCODE_CHOICES, "after")
-    layer_a = read_choice(layer, "layer", names, names[0])
+    layer_a = read_choice(layer, "layer", names, layer_for_mode(scope, names[0], mode_a, gist or 0.0))
     layer_b = read_choice(compare_layer, "compare_layer", [OFF, *names], b_layer)
     mode_b = read_choice(compare_encode, "compare_encode", ENCODE_CHOICES, b_encode)
     share = read_number(gist, "gist", 0.0, 0.0, 0.95)
@@ -152,6 +152,27 @@ def read_configs(scope: Microscope, method: str, encode: Any, layer: Any, compar
     if layer_b != OFF:
         configs.append(RunConfig("B", layer_b, "arr_coc", read_encode(mode_b, share, rings, fovea)))
     return configs
+
+
+def layer_for_mode(scope: Microscope, layer: str, mode: str, gist: Any = 0.0) -> str:
+    """The layer a config should show when its encode mode is switched to `mode`.
+
+    The shipped pair trades places: the --arr-coc layer (trained reading the encoded tokens) gives way to
+    the layer trained for encode="before" (texture and question only) when a config encodes before without
+    a gist, and comes back when it encodes after. Any other choice is the user's and is kept.
+    """
+    main, before = next(iter(scope.layers)), scope.before_layer
+    if before not in scope.layers:
+        return layer
+    try:
+        gist_share = float(gist or 0.0)
+    except (TypeError, ValueError):
+        gist_share = 0.0
+    if mode == "before" and gist_share <= 0.0 and layer == main:
+        return before
+    if (mode == "after" or gist_share > 0.0) and layer == before:
+        return main
+    return layer
 
 
 def wrapper_of(scope: Microscope, config: RunConfig) -> ARRCOCQwen:

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
 from microscope import handler, lifetime
-from microscope.configs import ENCODE_CHOICES, MAX_MARGIN, OFF
+from microscope.configs import ENCODE_CHOICES, MAX_MARGIN, OFF, layer_for_mode
 from microscope.handler import OUTPUT_NAMES, Microscope
 from microscope.inputs import Refused, Unreadable, reason
 from microscope.memory import release_memory
@@ -323,6 +323,11 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
                               elem_id="channels", columns=7, height="auto", format="png", interactive=False,
                               object_fit="contain")
 
+        # Switching a config's encode mode (or the gist) swaps the shipped layer for the one trained for that mode.
+        for mode_box, layer_box in ((encode, layer), (compare_encode, compare_layer)):
+            gr.on([mode_box.change, gist.change], lambda mode, name, share: gr.update(
+                      value=layer_for_mode(scope, name, mode, share)),
+                  inputs=[mode_box, layer_box, gist], outputs=layer_box, queue=False, api_visibility="private")
         outputs = [answer_base, answer_arr, answer_compare, stats, heatmap, resolution_a, resolution_b, maps, weights,
                    channels, trace, error]
         assert len(outputs) == len(OUTPUT_NAMES)

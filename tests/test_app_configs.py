@@ -343,3 +343,30 @@ def test_no_flops_shows_dashes(scope, image, monkeypatch):
     monkeypatch.setattr(scope, "count_flops", False)
     r = handler.ask(scope, image, Q)
     assert r.error == "" and _rows(r)["vision GFLOPs"] == ["-", "-", "-"] and r.record["arr_coc"]["flops"] is None
+
+
+def test_switching_to_before_swaps_in_the_layer_trained_for_it(tiny_dir, layer_dirs, image):
+    """As with the embedded model's shipped pair: the --arr-coc layer for encode after, the before-mode layer
+    (here layer y) for encode before without a gist; any other choice is the user's and is kept."""
+    s = server.load(str(tiny_dir), device="cpu", arr_coc=layer_dirs[0], max_new_tokens=2)
+    configs.add_layers(s, [layer_dirs[1]])
+    main, before = list(s.layers)
+    s.before_layer = before
+    assert configs.layer_for_mode(s, main, "before") == before          # negative control at the end: no pair
+    assert configs.layer_for_mode(s, main, "before", gist=0.25) == main  # with a gist: the layer reading tokens
+    assert configs.layer_for_mode(s, before, "after") == main
+    assert configs.layer_for_mode(s, before, "before", gist="0.25") == main
+    assert configs.layer_for_mode(s, configs.OFF, "before") == configs.OFF
+    r = handler.ask(s, image, Q, True, 0.25, False, "arr_coc", encode="before", compare_layer=configs.OFF)
+    assert r.error == "", r.error
+    assert r.record["arr_coc"]["config"]["layer"] == before
+    r = handler.ask(s, image, Q, True, 0.25, False, "arr_coc", encode="before", layer=main, compare_layer=configs.OFF)
+    assert r.record["arr_coc"]["config"]["layer"] == main               # chosen explicitly: kept
+    # the page: both encode radios (and the gist) drive their config's layer dropdown
+    config = page.build_demo(s, examples=[]).get_config_file()
+    ids = {c["id"]: c["props"].get("elem_id") for c in config["components"]}
+    driven = {(ids[t[0]], ids[d["outputs"][0]]) for d in config["dependencies"] for t in d["targets"]
+              if len(d["outputs"]) == 1}
+    assert {("encode", "layer"), ("compare-encode", "compare-layer"), ("gist", "layer")} <= driven
+    s.before_layer = None
+    assert configs.layer_for_mode(s, main, "before") == main
