@@ -33,7 +33,7 @@ def add_budget_mode(parser: argparse.ArgumentParser) -> None:
 
 
 def add_encode(parser: argparse.ArgumentParser) -> None:
-    """--encode after|before and the before mode's gist, margin and periphery."""
+    """--encode after|before and the before mode's gist, margin, periphery and whole windows."""
     parser.add_argument("--encode", choices=("after", "before"), default="after",
                         help="after: the vision tower encodes every patch, then ARR-COC selects (default); before: a "
                              "gist of the image, select, then the tower encodes only the chosen cells")
@@ -46,6 +46,10 @@ def add_encode(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--periphery", action="store_true",
                         help="--encode before: the language model also reads the gist tokens of the regions not "
                              "encoded at full resolution")
+    parser.add_argument("--whole-windows", action="store_true",
+                        help="--encode before, Qwen2.5-VL only: encode every vision attention window that holds a "
+                             "chosen cell whole (its window layers are then exact); the window's other cells are "
+                             "context, not passed to the language model (with --margin: the union)")
 
 
 def encode_config(args: argparse.Namespace):
@@ -53,7 +57,8 @@ def encode_config(args: argparse.Namespace):
     from arr_coc.qwen.encoding import EncodeConfig
 
     try:
-        return EncodeConfig(mode=args.encode, gist=args.gist, margin=args.margin, periphery=args.periphery)
+        return EncodeConfig(mode=args.encode, gist=args.gist, margin=args.margin, periphery=args.periphery,
+                            windows=args.whole_windows)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
 

@@ -1,6 +1,8 @@
 """`python -m arr_coc bench`: the whole prefill (vision tower, ARR-COC, LM) per budget, both encoding modes.
 
     python -m arr_coc bench --preset qwen2-vl-2b --encode after,before --budgets 0.1,0.2,0.3,1.0 --out bench.json
+    python -m arr_coc bench --preset qwen2.5-vl-3b --encode before --budgets 0.1,0.25 --margin 1 --whole-windows \
+        --repeats 1 --out bench_context.json    # cells only, margin 1, whole windows, both: side by side
 
 What it measures and how: arr_coc/evaluation/bench.py; the model shapes: arr_coc/evaluation/bench_presets.py.
 """
@@ -32,6 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--gist", type=float, default=0.0,
                         help="also measure 'before' rows with a gist of this share of the tokens, e.g. 0.25 "
                              "(default 0: no gist rows)")
+    parser.add_argument("--margin", type=int, default=0,
+                        help="also measure 'before' rows that encode this many rings of context cells around the "
+                             "chosen ones, not read by the LM (default 0: no margin rows)")
+    parser.add_argument("--whole-windows", action="store_true",
+                        help="also measure 'before' rows that encode every attention window holding a chosen cell "
+                             "whole (Qwen2.5-VL presets only; with --margin, the union rows too)")
     parser.add_argument("--budgets", type=budgets_arg, default="0.1,0.2,0.3,1.0",
                         help="comma list of shares in (0, 1] or token counts; 1.0 (the reference) is always added")
     parser.add_argument("--repeats", type=int, default=None, help="timed repetitions (default: 3; tiny: 2)")
@@ -58,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         report = bench(preset=args.preset, vision_layers=args.vision_layers, lm_layers=args.lm_layers,
                        budgets=args.budgets, encodes=encodes, gist=args.gist, repeats=args.repeats,
                        method=args.method, arr_coc=args.arr_coc, budget_mode=args.budget_mode, runtime=run_on,
-                       seed=args.seed)
+                       seed=args.seed, margin=args.margin, windows=args.whole_windows)
     except ValueError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2

@@ -6,14 +6,17 @@ The model has a real Qwen-VL's widths (bench_presets.py says which, and where ea
 with random weights and FEWER layers than the real one: "vision 2 of 32 layers, LM 2 of 28" by default,
 said in the output. The image is an 896 x 896 ShapesVQA scene (1,024 merged visual tokens).
 
-One row per (encode, gist, budget), all measured side by side in one run: a first, untimed pass
+One row per (encode, gist, context, budget), all measured side by side in one run: a first, untimed pass
 counts every row's FLOPs (and warms up); then each repetition runs every row, in a rotated order,
 so machine drift hits all rows alike; times are medians over repetitions.
 
 - encode "after": the tower encodes every patch, ARR-COC selects, the LM reads the kept tokens;
   "before": ARR-COC selects from the texture array and the question (plus the gist's tokens with
   `gist` > 0), the tower encodes only the chosen cells, the LM reads them. The 100% rows run no
-  selector; ("after", 100%) is the reference every share divides by.
+  selector; ("after", 100%) is the reference every share divides by. `margin` > 0 / `windows` add
+  "before" rows whose tower also encodes context cells the LM does not read: `margin` rings around
+  the chosen cells, or the rest of every Qwen2.5-VL attention window holding one (both: the union);
+  encoded_tokens counts them, and the tower's FLOPs include them.
 - vision_s: the tower's own forward calls (timed by hooks on the tower; the gist's call excluded);
   gist_s: the whole gist (downscale, processor, tower); arr_coc_s: everything else `prepare` does
   (texture, scorers, allocator, positions, packing the chosen cells, input rewrite); prefill_s:
@@ -57,28 +60,42 @@ class RowSpec:
     encode: str          # "after" | "before"
     gist: float          # "before": the gist's share of the tokens (0: none)
     budget: Any          # a budget (arr_coc.budget); 1.0 runs no selector
+    margin: int = 0      # "before": rings of context cells encoded, not read by the LM
+    windows: bool = False  # "before", Qwen2.5-VL: every attention window holding a chosen cell encoded whole
 
     @property
     def name(self) -> str:
-        gist = f", gist {self.gist:g}" if self.gist else ""
-        return f"{self.encode}{gist} {fmt_budget(self.budget)}"
+        return f"{variant(self.encode, self.gist, self.margin, self.windows)} {fmt_budget(self.budget)}"
 
 
 REFERENCE = RowSpec("after", 0.0, 1.0)
 
 
-def row_specs(encodes, budgets, gist: float = 0.0) -> list[RowSpec]:
-    """Every (encode, budget) row, plus gist rows for "before" when gist > 0; the reference always first."""
+def variant(encode: str, gist: float = 0.0, margin: int = 0, windows: bool = False) -> str:
+    """A row's encoding in words, e.g. "before", "before, gist 0.25", "before, margin 1, whole windows"."""
+    parts = [encode] + ([f"gist {gist:g}"] if gist else []) + ([f"margin {margin}"] if margin else []) \
+        + (["whole windows"] if windows else [])
+    return ", ".join(parts)
+
+
+def row_specs(encodes, budgets, gist: float = 0.0, margin: int = 0, windows: bool = False) -> list[RowSpec]:
+    """Every (encode, budget) row; for "before", also the gist rows (gist > 0) and the context rows (margin > 0:
+    margin rings; windows: whole windows; both: each alone and their union), each with and without the gist;
+    the reference always first. Extra "before" rows skip 100% (every cell is encoded there anyway)."""
     budgets = list(budgets)
     if 1.0 not in budgets:
         budgets.append(1.0)
+    contexts = [(0, False)] + ([(margin, False)] if margin else []) + ([(0, True)] if windows else []) \
+        + ([(margin, True)] if margin and windows else [])
     rows = [REFERENCE]
     for enc in encodes:
         if enc not in ENCODES:
             raise ValueError(f"--encode takes {list(ENCODES)} (comma list), got {enc!r}")
         rows += [RowSpec(enc, 0.0, b) for b in budgets]
-        if enc == "before" and gist > 0:
-            rows += [RowSpec(enc, float(gist), b) for b in budgets if b != 1.0]
+        if enc == "before":
+            for g in [0.0] + ([float(gist)] if gist > 0 else []):
+                rows += [RowSpec(enc, g, b, m, w) for m, w in contexts if (g, m, w) != (0.0, 0, False)
+                         for b in budgets if b != 1.0]
     out: list[RowSpec] = []
     for r in rows:
         if r not in out:
@@ -170,7 +187,7 @@ def _layer(wrapper: Any, arr_coc: str | None, device: Any) -> str:
 def bench(preset: str = "qwen2-vl-2b", vision_layers: int | None = None, lm_layers: int | None = None,
           budgets=None, encodes=ENCODES, gist: float = 0.0, repeats: int | None = None, method: str = "arr_coc",
           arr_coc: str | None = None, budget_mode: str | None = None, runtime: Any = None,
-          seed: int = 0) -> dict[str, Any]:
+          seed: int = 0, margin: int = 0, windows: bool = False) -> dict[str, Any]:
     """Measure every row side by side; returns the report dict (see the module docstring)."""
     import torch
 
@@ -191,7 +208,13 @@ def bench(preset: str = "qwen2-vl-2b", vision_layers: int | None = None, lm_laye
                          "bench it with --encode after")
     if not 0.0 <= gist < 1.0:
         raise ValueError(f"--gist {gist} must be a share of the tokens in [0, 1) (0: no gist rows)")
-    rows = row_specs(encodes, budgets or [0.1, 0.2, 0.3, 1.0], gist)
+    if margin < 0:
+        raise ValueError(f"--margin {margin} must be >= 0 rings of cells (0: no margin rows)")
+    if (margin or windows) and "before" not in encodes:
+        raise ValueError("--margin / --whole-windows add 'before' rows (context cells the tower encodes): pass "
+                         "--encode before (or after,before)")
+    EncodeConfig("before", windows=windows).check_family(shape.family)   # whole windows: Qwen2.5-VL presets only
+    rows = row_specs(encodes, budgets or [0.1, 0.2, 0.3, 1.0], gist, margin, windows)
     repeats = int(repeats or spec.repeats)
     if repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {repeats}")
@@ -211,7 +234,7 @@ def bench(preset: str = "qwen2-vl-2b", vision_layers: int | None = None, lm_laye
     def run(row: RowSpec, count: bool) -> dict[str, Any]:
         """prepare + prefill for one row -> its times (and, when counting, FLOPs and sizes)."""
         name = "none" if row.budget == 1.0 else method
-        encode = EncodeConfig(mode=row.encode, gist=row.gist)
+        encode = EncodeConfig(mode=row.encode, gist=row.gist, margin=row.margin, windows=row.windows)
         with _Probe(wrapper, sync, count) as probe, flop_counter() if count else nullcontext() as prep_counter:
             sync()
             t0 = time.perf_counter()
@@ -298,15 +321,16 @@ def _rows(rows: list[RowSpec], static: dict, times: dict, shape: Any, targets: l
     ref, ref_s = static[REFERENCE], med[REFERENCE]
     ref_e2e = ref["vision_flops"] + ref["gist_flops"] + ref["arr_coc_flops"] + ref["prefill_flops"]
     results = []
-    for row in sorted(rows, key=lambda r: (r.encode != "after", r.gist, static[r]["visual_tokens"])):
+    for row in sorted(rows, key=lambda r: (r.encode != "after", r.gist, r.margin, r.windows,
+                                           static[r]["visual_tokens"])):
         s, m = static[row], med[row]
         e2e = s["vision_flops"] + s["gist_flops"] + s["arr_coc_flops"] + s["prefill_flops"]
         mine = full(row, shape)
         flops_share_run = e2e / ref_e2e
         time_share = m["total_s"] / ref_s["total_s"]
         results.append({
-            "encode": row.encode, "gist": row.gist, "budget": row.budget,
-            **{k: v for k, v in s.items() if not k.startswith("_") and not k.endswith("_s")},
+            "encode": row.encode, "gist": row.gist, "budget": row.budget, "margin": row.margin,
+            "windows": row.windows, **{k: v for k, v in s.items() if not k.startswith("_") and not k.endswith("_s")},
             "e2e_flops": e2e, **mine,
             **{f"{k}_median": v for k, v in m.items()},
             "total_s_all": times[row]["total_s"],
@@ -333,8 +357,9 @@ def _full_depth(results: list[dict[str, Any]], targets: list) -> dict[str, Any]:
         out[t.name] = {
             "vision_share": (ref["vision_flops_full"] + ref["gist_flops_full"]) / ref["e2e_flops_full"],
             "full_prefill_flops": ref["e2e_flops_full"], "source": t.source,
-            "rows": [{"encode": r["encode"], "gist": r["gist"], "budget": r["budget"],
-                      "e2e_flops_share": r["_full"][t.name][0] / ref["e2e_flops_full"]} for r in results],
+            "rows": [{"encode": r["encode"], "gist": r["gist"], "budget": r["budget"], "margin": r["margin"],
+                      "windows": r["windows"], "e2e_flops_share": r["_full"][t.name][0] / ref["e2e_flops_full"]}
+                     for r in results],
         }
     for r in results:
         del r["_full"]
@@ -360,7 +385,7 @@ def markdown_table(report: dict[str, Any]) -> str:
     ]
     gist_lines = []
     for r in report["results"]:
-        enc = r["encode"] + (f", gist {r['gist']:g}" if r["gist"] else "")
+        enc = variant(r["encode"], r["gist"], r["margin"], r["windows"])
         lines.append(
             f"| {enc} | {fmt_budget(r['budget'])} | {r['visual_tokens']} / {r['encoded_tokens']} | "
             f"{r['vision_s_median'] * 1e3:.0f} | {r['arr_coc_s_median'] * 1e3:.0f} | "
@@ -378,7 +403,7 @@ def markdown_table(report: dict[str, Any]) -> str:
     lines += [""] + gist_lines if gist_lines else []
     full = report["full_depth"]
     rows = report["results"]
-    heads = [f"{r['encode']}{', gist %g' % r['gist'] if r['gist'] else ''} {fmt_budget(r['budget'])}" for r in rows]
+    heads = [f"{variant(r['encode'], r['gist'], r['margin'], r['windows'])} {fmt_budget(r['budget'])}" for r in rows]
     lines += ["", "Full depth, counted, not timed (each layer run counted with its attention, scaled to the real "
                   "depth); e2e share of the full model's prefill FLOPs:\n",
               "| shape | tower share of the full prefill | full prefill TFLOPs | " + " | ".join(heads) + " |",

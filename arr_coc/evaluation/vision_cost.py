@@ -1,10 +1,13 @@
 """What the vision tower costs per item, in each encoding mode, counted with the evaluation's FLOP counter.
 
 "after": the tower on every patch of the item's image(s). "before": the gist (the tower on the
-downscaled copy) plus the tower on the encoded cells (chosen + margin). Counted off the clock by
-running the same calls again under `flop_counter` (the tower's attention kernel included:
-tests/test_encoding.py checks the count against 2 * 2 * n^2 * d per layer). Costs depend on the
-grid and the number of encoded cells only (windows aside), so they are memoised by those.
+downscaled copy) plus the tower on the encoded cells: the chosen ones and their context (the
+margin and, with whole windows, the rest of each Qwen2.5-VL window; `Trace.encoded_cells` holds
+them all). Counted off the clock by running the same calls again under `flop_counter` (the
+tower's attention kernel included: tests/test_encoding.py checks the count against
+2 * 2 * n^2 * d per layer). Costs depend on the grid and the number of encoded cells only
+(Qwen2.5-VL aside: its window layers cost by which cells, so it is counted every time), so they
+are memoised by those.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ Model arguments (`--model_args k=v,...`; `--batch_size` and `--device` of lmms-e
     budget_mode          exact | mean | adaptive (default: the layer's own)
     arr_coc              folder of a trained ARR-COC layer, or "untrained" (default: arr_coc.paths.resolve_layer,
                          the shipped layer for the embedded model and this encoding, else untrained)
-    encode               after | before (gist, margin, periphery: as `eval --gist/--margin/--periphery`)
+    encode               after | before (gist, margin, periphery, whole_windows: as `eval --gist/--margin/
+                         --periphery/--whole-windows`; whole_windows=true is Qwen2.5-VL only)
     device, dtype, attn_implementation   arr_coc.runtime's names (default auto, auto, transformers' default)
     batch_size           questions per generate() call, per process (default 1; lmms-eval's "auto" and
                          max_batch_size are not used)
@@ -57,14 +58,16 @@ class ARRCOCLmms(lmms):
 
     def __init__(self, pretrained: str | None = None, method: str = "arr_coc", budget: Any = DEFAULT_BUDGET,
                  budget_mode: str | None = None, arr_coc: str | None = None, encode: str = "after",
-                 gist: float = 0.0, margin: int = 0, periphery: bool = False, device: str | None = "auto",
+                 gist: float = 0.0, margin: int = 0, periphery: bool = False, whole_windows: bool = False,
+                 device: str | None = "auto",
                  dtype: str | None = "auto", attn_implementation: str | None = None, batch_size: int | str = 1,
                  max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, seed: int = 0, max_batch_size: int | None = None,
                  **unknown: Any) -> None:
         super().__init__()
         if unknown:
             raise TypeError(f"arr_coc model got unknown model_args {sorted(unknown)}; it takes pretrained, method, "
-                            "budget, budget_mode, arr_coc, encode, gist, margin, periphery, device, dtype, "
+                            "budget, budget_mode, arr_coc, encode, gist, margin, periphery, whole_windows, device, "
+                            "dtype, "
                             "attn_implementation, batch_size, max_new_tokens, seed")
         from ..qwen import ARRCOCQwen
         from ..qwen.encoding import EncodeConfig
@@ -80,7 +83,8 @@ class ARRCOCLmms(lmms):
         except BudgetError as exc:
             raise ValueError(f"model_args budget: {exc}") from None
         self.budget_mode = check_mode(budget_mode or None)
-        self.encode = EncodeConfig(mode=str(encode), gist=float(gist), margin=int(margin), periphery=bool(periphery))
+        self.encode = EncodeConfig(mode=str(encode), gist=float(gist), margin=int(margin), periphery=bool(periphery),
+                                   windows=bool(whole_windows))
         if self.encode.mode == "before":
             from ..selection import get_selector, selects_before_encoding
 
@@ -116,6 +120,7 @@ class ARRCOCLmms(lmms):
                                                   dtype=self.runtime.dtype,
                                                   attn_implementation=self.runtime.attn_implementation)
         self.wrapper.seed = int(seed)
+        self.encode.check_family(self.wrapper.family)   # whole_windows on a tower without windows: now, not per request
         self.pretrained, self.layer = pretrained, layer
         self.usage = {"requests": 0, "kept_tokens": 0, "total_tokens": 0, "keep_all": 0}
         if self.rank == 0:

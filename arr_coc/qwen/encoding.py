@@ -12,7 +12,9 @@ segment per image, so every kept patch is encoded at its true 2-D position:
 - Qwen2.5-VL's window attention is exact for windows that are kept whole: each chosen cell stays in
   its full-grid window (windows are assigned on the full grid, never on the packed sequence);
 - what changes is the full-attention context: a chosen cell attends only to the other chosen cells
-  (plus a `margin` of context cells, encoded but not passed to the language model).
+  (plus a `margin` of context cells, encoded but not passed to the language model);
+- `windows=True` (Qwen2.5-VL) encodes every window that holds a chosen cell whole, so the window
+  layers are exact for the chosen cells too (the rest of each window is context, like the margin).
 
 Patches are laid out by the processor in merge-block order, so merged cell c of an image owns the
 `merge**2` consecutive patch rows starting at `merge**2 * c` (images have one temporal patch).
@@ -38,7 +40,7 @@ class EncodeConfig:
     """How the vision tower is spent.
 
     mode       "after": encode every patch, then select (the stock encoding); "before": select, then
-               encode only the chosen cells (+ margin).
+               encode only the chosen cells (+ context: margin, whole windows).
     gist       "before" only: share of the full grid's merged tokens the gist has (the tower on a
                downscaled copy of the image; its tokens are the selector's coarse view). 0 (the
                default): no gist, the selector reads the texture array and the question only.
@@ -49,12 +51,17 @@ class EncodeConfig:
                before the language model (a chosen cell's token depends on its neighbours).
     periphery  "before" only: the language model also reads the gist tokens of the regions not
                encoded at full resolution, each at the full-grid cell under its centre.
+    windows    "before" only, Qwen2.5-VL only: every attention window of the tower that holds a
+               chosen cell is encoded whole (its window layers then see exactly their stock inputs);
+               the window's other cells are context, encoded and dropped like the margin (union
+               with it). Windows are the full grid's, as the tower assigns them (`cell_windows`).
     """
 
     mode: EncodeMode = "after"
     gist: float = 0.0
     margin: int = 0
     periphery: bool = False
+    windows: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in ENCODE_MODES:
@@ -65,6 +72,19 @@ class EncodeConfig:
             raise ValueError(f"margin={self.margin} must be >= 0 cells")
         if self.periphery and self.gist <= 0:
             raise ValueError("periphery=True shows the language model the gist: it needs gist > 0")
+        if self.windows and self.mode != "before":
+            raise ValueError("windows=True (--whole-windows) chooses which cells the tower encodes: it needs "
+                             "mode='before' (--encode before); with 'after' every patch is encoded anyway")
+
+    def check_family(self, family: str) -> None:
+        """Refuse what this VLM family cannot do (before any encoding work): whole windows need Qwen2.5-VL."""
+        if self.windows and family not in WINDOWED_FAMILIES:
+            raise ValueError(f"windows=True (--whole-windows) applies to Qwen2.5-VL only, whose vision tower "
+                             f"attends within windows; this model ({family}) has no window attention. Use "
+                             "margin=1 (--margin 1) to encode a ring of context cells around the chosen ones instead")
+
+
+WINDOWED_FAMILIES: tuple[str, ...] = ("qwen2_5_vl",)   # vision towers with window attention
 
 
 def dilate(cells: torch.Tensor, grid_hw: tuple[int, int], rings: int) -> torch.Tensor:
@@ -80,8 +100,7 @@ def dilate(cells: torch.Tensor, grid_hw: tuple[int, int], rings: int) -> torch.T
 
 def _full_grid_kwargs(visual: torch.nn.Module, family: str, grid_thw: torch.Tensor) -> dict[str, torch.Tensor]:
     """The per-patch tensors the encoder would compute for the whole grid (patch rows, block order)."""
-    from transformers.vision_utils import (get_vision_interpolation_indices_and_weights, get_vision_position_ids,
-                                           get_vision_window_index)
+    from transformers.vision_utils import get_vision_interpolation_indices_and_weights, get_vision_position_ids
 
     merge = int(visual.spatial_merge_size)
     out = {"position_ids": get_vision_position_ids(grid_thw, merge)}
@@ -90,11 +109,21 @@ def _full_grid_kwargs(visual: torch.nn.Module, family: str, grid_thw: torch.Tens
             grid_thw, num_grid_per_side=visual.num_grid_per_side, mode=visual.interpolation_mode,
             align_corners=visual.interpolation_align_corners, spatial_merge_size=merge)
     if family == "qwen2_5_vl":
-        window_index, cu_window = get_vision_window_index(
-            grid_thw, spatial_merge_size=merge, window_size=visual.window_size, patch_size=visual.patch_size)
-        out["window_of_cell"] = _window_of_cell(window_index, cu_window, merge ** 2)
-        out["window_rank"] = torch.argsort(window_index)            # cell -> its place in window order
+        out["window_of_cell"], out["window_rank"] = _window_assignment(visual, grid_thw)
     return out
+
+
+def _window_assignment(visual: torch.nn.Module, grid_thw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen2.5-VL's full-grid windows, as the tower computes them (transformers' `get_vision_window_index`,
+    padded partial windows at the bottom / right edges included), per merged cell over the batch's images:
+    -> (window_of_cell [C] window id, window_rank [C] the cell's place in window order)."""
+    from transformers.vision_utils import get_vision_window_index
+
+    merge = int(visual.spatial_merge_size)
+    window_index, cu_window = get_vision_window_index(
+        grid_thw, spatial_merge_size=merge, window_size=visual.window_size, patch_size=visual.patch_size)
+    window_index = window_index.cpu()
+    return _window_of_cell(window_index, cu_window.cpu(), merge ** 2), torch.argsort(window_index)
 
 
 def _window_of_cell(window_index: torch.Tensor, cu_window: torch.Tensor, unit: int) -> torch.Tensor:
@@ -104,6 +133,32 @@ def _window_of_cell(window_index: torch.Tensor, cu_window: torch.Tensor, unit: i
     for w, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
         window_of[window_index[a:b]] = w
     return window_of
+
+
+def cell_windows(visual: torch.nn.Module, grid_thw: torch.Tensor) -> list[torch.Tensor]:
+    """Per image, LongTensor[h_i * w_i]: the full-grid attention window of each merged cell (raster order;
+    ids unique over the batch). Qwen2.5-VL towers only."""
+    window_of, _ = _window_assignment(visual, grid_thw)
+    merge = int(visual.spatial_merge_size)
+    sizes = [int(t) * int(h) * int(w) // merge ** 2 for t, h, w in grid_thw.tolist()]
+    return list(torch.split(window_of, sizes))
+
+
+def whole_windows(cells: torch.Tensor, window_of: torch.Tensor) -> torch.Tensor:
+    """Raster cells that share a window with any of `cells`, ascending. window_of [h * w]: `cell_windows`."""
+    return torch.isin(window_of, window_of[cells.long().cpu()]).nonzero().squeeze(1)
+
+
+def cells_to_encode(model: PreTrainedModel, grid_thw: torch.Tensor, grid_hw: Sequence[tuple[int, int]],
+                    chosen: Sequence[torch.Tensor], config: EncodeConfig) -> list[torch.Tensor]:
+    """Per image, the ascending raster cells `encode_cells` encodes: the chosen ones, `config.margin` rings
+    around them and, with `config.windows`, the rest of every full-grid window that holds one (union)."""
+    config.check_family(model.config.model_type)
+    encoded = [dilate(c, g, config.margin) for c, g in zip(chosen, grid_hw)]
+    if config.windows:
+        windows = cell_windows(model.model.visual, grid_thw)
+        encoded = [torch.cat([e.cpu(), whole_windows(c, w)]).unique() for e, c, w in zip(encoded, chosen, windows)]
+    return encoded
 
 
 @torch.no_grad()

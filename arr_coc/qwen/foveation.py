@@ -4,8 +4,9 @@
    of the tokens: side factor sqrt(gist)); each full-grid cell reads the gist token under its
    centre, so the selector sees one coarse token per full-resolution cell;
 2. the selector chooses full-resolution cells exactly as in "after" mode (budgets, modes, fallbacks);
-3. `encode_cells` encodes the chosen cells (+ `margin` rings of context, dropped before the language
-   model) at their true positions;
+3. `encode_cells` encodes the chosen cells (+ context dropped before the language model: `margin`
+   rings, and with `windows` the rest of each Qwen2.5-VL attention window they are in) at their true
+   positions;
 4. periphery (optional): every gist cell whose footprint holds no chosen cell is passed to the
    language model as its gist token, at the full-grid cell under its centre. That position keeps
    the language model's 2-D layout: a coarse token stands where the middle of its region stands,
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 from PIL import Image
 
-from .encoding import EncodeConfig, dilate, encode_cells, scatter_features
+from .encoding import EncodeConfig, cells_to_encode, encode_cells, scatter_features
 from .processing import image_processor_of
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ class Foveated:
     feats: tuple[torch.Tensor, ...]                 # per image [n_i, D]
     deep: list[tuple[torch.Tensor, ...]] | None     # Qwen3-VL: per layer, per image [n_i, D]
     lm_cells: list[torch.Tensor]                    # per image, what the language model reads (ascending)
-    encoded: list[torch.Tensor]                     # per image, cells encoded at full resolution (chosen + margin)
+    encoded: list[torch.Tensor]                     # per image, cells encoded at full resolution (chosen + context)
     periphery: list[torch.Tensor]                   # per image, cells carrying a gist token
 
 
@@ -104,8 +105,9 @@ class Foveated:
 def foveate(model: PreTrainedModel, pixel_values: torch.Tensor, grid_thw: torch.Tensor,
             grid_hw: Sequence[tuple[int, int]], chosen: Sequence[torch.Tensor], config: EncodeConfig,
             gist: Gist | None) -> Foveated:
-    """Encode the chosen cells (+ margin) and, with `config.periphery`, add the gist's uncovered regions."""
-    encoded = [dilate(c, g, config.margin) for c, g in zip(chosen, grid_hw)]
+    """Encode the chosen cells (+ margin, + whole windows) and, with `config.periphery`, add the gist's
+    uncovered regions."""
+    encoded = cells_to_encode(model, grid_thw, grid_hw, chosen, config)
     feats, deep = encode_cells(model, pixel_values, grid_thw, encoded)
     n_tokens = [h * w for h, w in grid_hw]
     full = list(scatter_features(feats, encoded, n_tokens))

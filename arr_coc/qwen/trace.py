@@ -21,7 +21,7 @@ RESOLUTION_LEVELS = (
     "not encoded",                       # before mode without a gist: the tower never saw it
     "gist only (selector)",              # before mode: seen coarsely by the selector, not read by the LM
     "periphery (gist token, read)",      # before mode: inside a gist region whose coarse token the LM reads
-    "full resolution, not read",         # the margin (before mode); every pruned cell (after mode)
+    "full resolution, not read",         # context (before mode: margin, whole windows); every pruned cell (after)
     "full resolution, read",             # the chosen (foveal) cells: encoded at full resolution, read by the LM
 )
 GRID_REASON = "low-structure image: its tokens were spread over an even grid instead of top-k"
@@ -56,6 +56,7 @@ class Trace:
     prefill_s: float = 0.0                       # first LM forward (the prefill)
     encode: str = "after"                        # "after": every patch encoded; "before": chosen cells only
     encoded_cells: list[torch.Tensor] = field(default_factory=list)   # per image: cells encoded at full resolution
+    # (before mode: the chosen + context; `to_dict`'s margin_per_image counts the context, whole windows included)
     periphery_cells: list[torch.Tensor] = field(default_factory=list)  # per image: cells carrying a gist token
     gist_grid: list[tuple[int, int]] = field(default_factory=list)    # per image: the gist's grid (before mode)
     total_s: float = 0.0                         # the whole call
@@ -68,9 +69,10 @@ class Trace:
         """LongTensor[h_j * w_j] (raster): what each merged cell of image j became, a RESOLUTION_LEVELS index.
 
         FOVEAL: the chosen cells (`kept_indices`); UNREAD: encoded at full resolution and dropped before the
-        language model (`encoded_cells` minus the chosen: the margin in before mode, the pruned cells in after
-        mode); PERIPHERY: the footprint of every gist cell whose token the LM reads (`periphery_cells` holds the
-        cell each token stands at); GIST_ONLY: the rest of an image that had a gist; NOT_ENCODED: the rest.
+        language model (`encoded_cells` minus the chosen: the context in before mode, i.e. the margin and the
+        rest of whole windows; the pruned cells in after mode); PERIPHERY: the footprint of every gist cell
+        whose token the LM reads (`periphery_cells` holds the cell each token stands at); GIST_ONLY: the rest
+        of an image that had a gist; NOT_ENCODED: the rest.
         """
         h, w = self.grid_hw[j]
         codes = torch.full((h * w,), GIST_ONLY if self.gist_grid else NOT_ENCODED, dtype=torch.long)

@@ -194,11 +194,13 @@ class ARRCOCQwen:
         LongTensor[K_i] per image (overrides `method`). strict: a failing selector raises
         (`SelectorFailed`) instead of keeping every token of the items it failed on.
         encode: "after" (default: the vision tower on every patch, then select) or "before" (a gist,
-        select, then the tower on the chosen cells only), or an `EncodeConfig` (gist, margin, periphery).
+        select, then the tower on the chosen cells only), or an `EncodeConfig` (gist, margin, periphery,
+        windows).
         """
         t_start = time.perf_counter()
         budget_mode = check_mode(budget_mode)
         encoding = as_encode_config(encode)
+        encoding.check_family(self.family)      # e.g. whole windows on a tower without windows: before any work
         before = encoding.mode == "before"
         batch = self._unpruned(inputs, encode_all=not before)
         budgets = expand_budgets(budget, batch.item_of_image, batch.input_ids.shape[0])
