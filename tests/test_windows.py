@@ -293,3 +293,21 @@ def test_bench_measures_cells_margin_and_whole_windows_side_by_side(tmp_path):
     _, traces = vlm.prepare(inputs, budget=0.25, encode=EncodeConfig("before", windows=True))
     assert traces[0].encoded_cells[0].numel() == windows["encoded_tokens"]
     assert vision_flops(vlm, inputs, traces, 0.0, {}) == [windows["vision_flops"]]
+
+
+def test_ask_and_eval_refuse_whole_windows_on_a_tower_without_windows(tmp_path, capsys, make_image):
+    from arr_coc.qwen.tiny import build_tiny_qwen
+    from arr_coc.shapes import write_split
+
+    model, processor = build_tiny_qwen("qwen2_vl", seed=0)
+    model.save_pretrained(tmp_path / "m")
+    processor.save_pretrained(str(tmp_path / "m"))
+    image = tmp_path / "img.png"
+    make_image(112, 112, seed=1).save(image)
+    with pytest.raises(SystemExit, match="Qwen2.5-VL only.*--margin 1"):
+        main(["ask", "--model", str(tmp_path / "m"), "--image", str(image), "--question", "What colour is it?",
+              "--encode", "before", "--whole-windows"])
+    split = write_split(tmp_path / "d", split="test", n=2, seed=0)
+    assert main(["eval", "--model", str(tmp_path / "m"), "--data", str(split), "--methods", "arr_coc",
+                 "--encode", "before", "--whole-windows", "--out", str(tmp_path / "r.json"), "--quiet"]) == 2
+    assert "Qwen2.5-VL only" in capsys.readouterr().err and not (tmp_path / "r.json").exists()

@@ -67,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SystemExit(f"could not load a Qwen-VL model from {model_path!r} ({first}); "
                          "pass --model PATH to a local model folder")
+    try:  # e.g. --whole-windows on a tower without window attention: said before any image work
+        encode_config(args).check_family(wrapper.family)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     try:  # issue 27: decoded and normalised with this model's limits
         image, info = finish_image(opened, limits_for(wrapper.processor))
     except InputError as exc:

@@ -91,6 +91,11 @@ def run(args: argparse.Namespace) -> int:
     except (RuntimeChoiceError, HubUnreachable) as exc:  # flash_attention_2 without a GPU; a hub id offline
         print(f"eval: error: {exc}", file=sys.stderr)
         return 2
+    try:  # e.g. --whole-windows on a tower without window attention: said before any item runs
+        encode_config(args).check_family(wrapper.family)
+    except ValueError as exc:
+        print(f"eval: error: {exc}", file=sys.stderr)
+        return 2
     report = evaluate(
         wrapper, records, methods, args.budgets, batch_size=args.batch_size, seed=args.seed,
         max_new_tokens=args.max_new_tokens, fastv_layer=args.fastv_layer, arr_coc_weights=args.arr_coc_weights,
