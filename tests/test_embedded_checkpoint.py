@@ -153,3 +153,36 @@ def test_the_shipped_layer_gives_count_questions_more_tokens_than_one_object_que
     # 13 tokens for every question before; now the question decides (all items: 11.9 on average)
     assert mean["count"] > 1.5 * sum(one_object) / len(one_object), mean
     assert sum(map(sum, kept.values())) / sum(map(len, kept.values())) <= 13.5, mean
+
+
+def test_the_shipped_before_layer_reads_the_shape_channels():
+    """The before-mode layer was widened with the silhouette and orientation groups and trained on them
+    (docs/TRAINING.md): they change what it keeps. Negative control: the same layer with their weights
+    zeroed, i.e. the texture-only layer it started from, keeps other cells."""
+    import torch
+
+    from arr_coc.config import SHAPE_GROUPS
+    from arr_coc.layer import ARRCOCLayer
+    from arr_coc.paths import SHIPPED_BEFORE_LAYER
+    from arr_coc.qwen import ARRCOCQwen
+    from arr_coc.qwen.encoding import EncodeConfig
+    from arr_coc.training.widen import CHANNEL_INPUTS
+
+    layer = ARRCOCLayer.from_pretrained(SHIPPED_BEFORE_LAYER)
+    assert layer.config.texture.groups[-2:] == SHAPE_GROUPS
+    blind = ARRCOCLayer.from_pretrained(SHIPPED_BEFORE_LAYER)
+    n_old = len(layer.channel_names) - 20
+    with torch.no_grad():
+        for name, dim in CHANNEL_INPUTS.items():
+            p = dict(blind.named_parameters())[name]
+            p.narrow(dim, n_old, 20).fill_(-30.0 if name.startswith("information.") else 0.0)
+    kept = {}
+    for tag, scorer in (("shipped", layer), ("blind", blind)):
+        wrapper = ARRCOCQwen.from_pretrained(DEFAULT_CHECKPOINT, arr_coc=scorer)
+        kept[tag] = []
+        for i in range(6):
+            image, record, _ = make_item(0, "test", i)
+            _, traces = wrapper.prepare(wrapper.build_inputs([[image]], [record["question"]]), budget=0.1,
+                                        encode=EncodeConfig("before"))
+            kept[tag].append(traces[0].kept_indices[0].tolist())
+    assert sum(a != b for a, b in zip(kept["shipped"], kept["blind"])) >= 3, kept
