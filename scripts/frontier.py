@@ -78,6 +78,19 @@ def main(argv: list[str] | None = None) -> int:
             *paired(r["correct"], best["correct"]), best["name"], best["budget"])
         lines.append(f"| {r['name']} | {r['budget']} | {r['kept_share']:.3f} | {r['e2e_share']:.3f} | "
                      f"{r['accuracy']:.3f} | {d:+.3f} [{lo:+.3f}, {hi:+.3f}] | {vs} |")
+    lines += ["", "At every anchor's own cost: the most accurate ARR-COC row costing no more, minus the anchor "
+              "(paired 95% interval):", "",
+              "| anchor | budget | e2e share | accuracy | best ARR-COC row at <= its cost | its accuracy | difference |",
+              "|---|---|---|---|---|---|---|"]
+    for a in sorted((r for r in rows if r["method"] in anchors), key=lambda r: r["e2e_share"]):
+        ours = [r for r in rows if r["method"].startswith("arr_coc") and r["e2e_share"] <= a["e2e_share"]]
+        best = max(ours, key=lambda r: r["accuracy"], default=None)
+        if best is None:
+            lines.append(f"| {a['name']} | {a['budget']} | {a['e2e_share']:.3f} | {a['accuracy']:.3f} | none as cheap | | |")
+            continue
+        lines.append("| {} | {} | {:.3f} | {:.3f} | {} {} ({:.3f}) | {:.3f} | {:+.3f} [{:+.3f}, {:+.3f}] |".format(
+            a["name"], a["budget"], a["e2e_share"], a["accuracy"], best["name"], best["budget"], best["e2e_share"],
+            best["accuracy"], *paired(best["correct"], a["correct"])))
     text = "\n".join(lines) + "\n"
     print(text)
     if args.markdown:
