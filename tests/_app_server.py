@@ -92,11 +92,11 @@ class AppProcess:
         self._log_file.close()
 
 
-def save_tiny_model(folder: Path) -> Path:
-    """A tiny random Qwen2-VL saved like a real checkpoint (model + processor files)."""
+def save_tiny_model(folder: Path, family: str = "qwen2_vl") -> Path:
+    """A tiny random Qwen-VL (Qwen2-VL by default) saved like a real checkpoint (model + processor files)."""
     from arr_coc.qwen.tiny import build_tiny_qwen
 
-    model, processor = build_tiny_qwen("qwen2_vl", seed=0)
+    model, processor = build_tiny_qwen(family, seed=0)
     model.save_pretrained(folder)
     processor.save_pretrained(str(folder))
     return folder

@@ -39,13 +39,9 @@ def model_dir(tmp_path_factory):
     """The embedded checkpoint, else a tiny random Qwen2-VL saved like one."""
     if os.path.isfile(os.path.join(EMBEDDED, "config.json")):
         return EMBEDDED
-    from arr_coc.qwen.tiny import build_tiny_qwen
+    from _app_server import save_tiny_model
 
-    out = tmp_path_factory.mktemp("tiny-qwen2vl")
-    model, processor = build_tiny_qwen("qwen2_vl", seed=0)
-    model.save_pretrained(out)
-    processor.save_pretrained(str(out))
-    return str(out)
+    return str(save_tiny_model(tmp_path_factory.mktemp("tiny-qwen2vl")))
 
 
 def test_eval_end_to_end_writes_results_table_and_plot(split, model_dir, tmp_path, capsys):

@@ -220,13 +220,9 @@ def test_the_lmms_eval_model_refuses_windows_on_a_tower_without_them(tmp_path):
 # ------------------------------------------------------------------------------- the commands, end to end
 @pytest.fixture(scope="module")
 def qwen25_dir(tmp_path_factory) -> str:
-    from arr_coc.qwen.tiny import build_tiny_qwen
+    from _app_server import save_tiny_model
 
-    folder = tmp_path_factory.mktemp("qwen2_5_vl")
-    model, processor = build_tiny_qwen("qwen2_5_vl", seed=0)
-    model.save_pretrained(folder)
-    processor.save_pretrained(str(folder))
-    return str(folder)
+    return str(save_tiny_model(tmp_path_factory.mktemp("qwen2_5_vl"), "qwen2_5_vl"))
 
 
 def test_ask_with_whole_windows_encodes_context_the_lm_does_not_read(qwen25_dir, tmp_path, capsys, make_image):
@@ -296,12 +292,11 @@ def test_bench_measures_cells_margin_and_whole_windows_side_by_side(tmp_path):
 
 
 def test_ask_and_eval_refuse_whole_windows_on_a_tower_without_windows(tmp_path, capsys, make_image):
-    from arr_coc.qwen.tiny import build_tiny_qwen
+    from _app_server import save_tiny_model
     from arr_coc.shapes import write_split
 
-    model, processor = build_tiny_qwen("qwen2_vl", seed=0)
-    model.save_pretrained(tmp_path / "m")
-    processor.save_pretrained(str(tmp_path / "m"))
+    (tmp_path / "m").mkdir()
+    save_tiny_model(tmp_path / "m")
     image = tmp_path / "img.png"
     make_image(112, 112, seed=1).save(image)
     with pytest.raises(SystemExit, match="Qwen2.5-VL only.*--margin 1"):
