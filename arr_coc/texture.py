@@ -134,11 +134,16 @@ def _position(ctx: _Context) -> torch.Tensor:
     return torch.stack([yy, xx]).unsqueeze(0).expand(b, -1, -1, -1)
 
 
+def _sobel_gradients(x: torch.Tensor) -> torch.Tensor:
+    """[B, 1, H, W] -> [B, 2, H, W] (d/dx, d/dy), replicate padding; |response| <= 1 for x in [0, 1]."""
+    kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]) / 8.0
+    kernel = torch.stack([kx, kx.T]).unsqueeze(1).to(x)  # [2, 1, 3, 3]
+    return F.conv2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), kernel)
+
+
 @register_channels("sobel", ("sobel_x", "sobel_y", "sobel_mag"))
 def _sobel(ctx: _Context) -> torch.Tensor:
-    kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]) / 8.0  # |response| <= 1
-    kernel = torch.stack([kx, kx.T]).unsqueeze(1).to(ctx.image)  # [2, 1, 3, 3]
-    g = F.conv2d(F.pad(ctx.luma, (1, 1, 1, 1), mode="replicate"), kernel)  # [B, 2, H, W]
+    g = _sobel_gradients(ctx.luma)  # [B, 2, H, W]
     mag = g.pow(2).sum(1, keepdim=True).sqrt()
     energy = ctx.pool(torch.cat([g.abs(), mag], dim=1))
     return _squash(energy, ctx.config.edge_scale)
@@ -203,9 +208,7 @@ def _silhouette(ctx: _Context) -> torch.Tensor:
 
 @register_channels("orientation", ("edge_vert", "edge_horiz", "edge_rise", "edge_fall"))
 def _orientation(ctx: _Context) -> torch.Tensor:
-    kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]) / 8.0  # |response| <= 1
-    kernel = torch.stack([kx, kx.T]).unsqueeze(1).to(ctx.image)  # [2, 1, 3, 3]
-    g = F.conv2d(F.pad(ctx.foreground, (1, 1, 1, 1), mode="replicate"), kernel)  # [B, 2, H, W]
+    g = _sobel_gradients(ctx.foreground)  # [B, 2, H, W]
     gx, gy = g[:, :1], g[:, 1:]
     # The gradient runs across an edge and y grows downwards: a vertical edge has a horizontal gradient, a
     # rising edge "/" a gradient along (1, 1). vert + horiz = rise + fall = the cell's whole edge energy, so each
