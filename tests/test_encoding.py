@@ -117,6 +117,19 @@ def test_dilate_and_config_checks():
         EncodeConfig(mode="during")
     with pytest.raises(ValueError, match="needs gist"):
         EncodeConfig(mode="before", gist=0.0, periphery=True)
+    for extra in ({"gist": 0.25}, {"margin": 1}):         # once silently ignored by ask/eval with --encode after
+        with pytest.raises(ValueError, match="mode='before'"):
+            EncodeConfig(mode="after", **extra)
+    import argparse
+
+    from arr_coc.cli.args import add_encode, encode_config
+
+    parser = argparse.ArgumentParser()
+    add_encode(parser)                                               # ask's and eval's --encode options
+    assert encode_config(parser.parse_args(["--encode", "before", "--margin", "1"])).margin == 1
+    for argv in (["--margin", "1"], ["--gist", "0.25"]):
+        with pytest.raises(SystemExit, match="--encode before"):
+            encode_config(parser.parse_args(argv))
 
 
 # --------------------------------------------------------------- encode="before" through the wrapper

@@ -70,6 +70,9 @@ class EncodeConfig:
             raise ValueError(f"gist={self.gist} must be a share of the tokens in [0, 1) (0: no gist)")
         if self.margin < 0:
             raise ValueError(f"margin={self.margin} must be >= 0 cells")
+        if self.mode == "after" and (self.gist > 0 or self.margin > 0):
+            raise ValueError(f"gist={self.gist} / margin={self.margin} shape what the tower encodes before selection: "
+                             "they need mode='before' (--encode before); with 'after' every patch is encoded")
         if self.periphery and self.gist <= 0:
             raise ValueError("periphery=True shows the language model the gist: it needs gist > 0")
         if self.windows and self.mode != "before":
