@@ -10,11 +10,11 @@ export TOKENIZERS_PARALLELISM = false
 
 .PHONY: install test run clean
 
-$(STAMP): requirements.txt requirements-dev.txt requirements-lmms.txt pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt requirements-lmms.txt constraints.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
 	@# lmms-eval without its dependencies (its metadata asks for torchvision): the file pins what it needs here.
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-lmms.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-lmms.txt -c constraints.txt
 	@# The project itself, editable, so that its entry points exist (lmms-eval finds `--model arr_coc` through one).
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $(STAMP)
