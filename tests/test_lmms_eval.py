@@ -176,8 +176,11 @@ def run_lmms_eval(task_dir: Path, out: Path, processes: int, cache: Path) -> tup
     proc = subprocess.run([sys.executable, *cli], capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
-    results = json.loads(next(out.rglob("*_results.json")).read_text())
-    samples = [json.loads(line) for line in next(out.rglob(f"*_samples_{TASK}.jsonl")).read_text().splitlines()]
+    # lmms-eval logs an evaluation error and still exits 0 (e.g. a dependency it cannot import): no results file
+    found = {pattern: sorted(out.rglob(pattern)) for pattern in ("*_results.json", f"*_samples_{TASK}.jsonl")}
+    assert all(found.values()), f"lmms-eval wrote no {[p for p, f in found.items() if not f]}; its log:\n{log[-4000:]}"
+    results = json.loads(found["*_results.json"][0].read_text())
+    samples = [json.loads(line) for line in found[f"*_samples_{TASK}.jsonl"][0].read_text().splitlines()]
     return results, sorted(samples, key=lambda s: s["doc_id"]), log
 
 
