@@ -97,6 +97,7 @@ def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
     assert "Error" not in page.inner_text("#error")
 
     # the toggle: config A encodes before, with the before mode's settings; its encoded cells shrink
+    main_layer = page.eval_on_selector("#layer input", "el => el.value")
     page.locator("#encode input[type=radio][value=before]").check()   # check() fails unless it took
     page.locator("#before-settings").get_by_text("encode before: gist, margin, periphery").click()
     page.fill("#gist input[type=number]", "0.25")
@@ -104,6 +105,9 @@ def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
     page.fill("#margin input[type=number]", "1")
     page.press("#margin input[type=number]", "Enter")
     page.locator("#periphery input[type=checkbox]").check()
+    # with a gist both configs show the --arr-coc layer again (layer_for_mode); let those swaps land before the run
+    page.wait_for_function("main => ['layer', 'compare-layer'].every(id => "
+                           "document.querySelector(`#${id} input`).value === main)", arg=main_layer, timeout=TIMEOUT_MS)
     page.click("#run")
     page.wait_for_function(f"() => {{ const r = {STATS_ROW}('encode'); return r && r[2].startsWith('before'); }}")
     row = page.evaluate(f"() => {STATS_ROW}('encode')")
