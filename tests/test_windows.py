@@ -295,7 +295,6 @@ def test_ask_and_eval_refuse_whole_windows_on_a_tower_without_windows(tmp_path, 
     from _app_server import save_tiny_model
     from arr_coc.shapes import write_split
 
-    (tmp_path / "m").mkdir()
     save_tiny_model(tmp_path / "m")
     image = tmp_path / "img.png"
     make_image(112, 112, seed=1).save(image)

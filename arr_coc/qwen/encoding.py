@@ -70,14 +70,13 @@ class EncodeConfig:
             raise ValueError(f"gist={self.gist} must be a share of the tokens in [0, 1) (0: no gist)")
         if self.margin < 0:
             raise ValueError(f"margin={self.margin} must be >= 0 cells")
-        if self.mode == "after" and (self.gist > 0 or self.margin > 0):
-            raise ValueError(f"gist={self.gist} / margin={self.margin} shape what the tower encodes before selection: "
-                             "they need mode='before' (--encode before); with 'after' every patch is encoded")
+        before_only = [s for s, on in ((f"gist={self.gist}", self.gist > 0), (f"margin={self.margin}", self.margin > 0),
+                                       ("windows=True (--whole-windows)", self.windows)) if on]
+        if self.mode == "after" and before_only:
+            raise ValueError(f"mode='before' (--encode before) is needed for {', '.join(before_only)}, which choose "
+                             "what the tower encodes before selection; with 'after' every patch is encoded anyway")
         if self.periphery and self.gist <= 0:
             raise ValueError("periphery=True shows the language model the gist: it needs gist > 0")
-        if self.windows and self.mode != "before":
-            raise ValueError("windows=True (--whole-windows) chooses which cells the tower encodes: it needs "
-                             "mode='before' (--encode before); with 'after' every patch is encoded anyway")
 
     def check_family(self, family: str) -> None:
         """Refuse what this VLM family cannot do (before any encoding work): whole windows need Qwen2.5-VL."""
