@@ -18,7 +18,10 @@ from .budget import DEFAULT_BUDGET, Budget, check_budget
 TEXTURE_GROUPS = ("rgb", "position", "sobel", "saliency", "clusters", "highpass")   # the default array
 # Groups a layer may add to the default (texture.groups in its config.json): shape cues for a layer that reads
 # no visual token (encode="before"), where colour and position alone cannot tell a triangle from a square.
+# SHAPE_GROUPS describe what each cell holds; OBJECT_GROUPS the whole object a cell is part of.
 SHAPE_GROUPS = ("silhouette", "orientation")
+OBJECT_GROUPS = ("object",)
+EXTRA_GROUPS = SHAPE_GROUPS + OBJECT_GROUPS
 
 
 def _check(condition: bool, message: str) -> None:
@@ -41,7 +44,7 @@ class TextureConfig:
 
     def __post_init__(self) -> None:
         self.groups = tuple(self.groups)
-        known = TEXTURE_GROUPS + SHAPE_GROUPS
+        known = TEXTURE_GROUPS + EXTRA_GROUPS
         unknown = [g for g in self.groups if g not in known]
         _check(not unknown, f"unknown texture groups {unknown}; choose from {known}")
         _check(len(set(self.groups)) == len(self.groups), f"texture.groups {self.groups} names a group twice")

@@ -24,6 +24,9 @@ array; a layer lists them in its config's texture.groups:
               the 4 x 4 sub-cells of a cell: a 16-value thumbnail of what the cell holds.
 - orientation foreground edge strength split by direction (vertical, horizontal, rising "/",
               falling "\\"): a triangle's or a diamond's slanted sides against a square's upright ones.
+- object      the shape of the whole object a cell's foreground belongs to (its connected component:
+              fill ratio, aspect, size, silhouette resampled to its own box; `components.py`), the same
+              on every cell of the object, so each cell of a triangle knows it is on a triangle.
 
 Every channel lies in [0, 1]. Energies are squashed with a FIXED constant
 (e -> e / (e + scale)) rather than divided by the image's own maximum, so a
@@ -43,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from .components import OBJECT_CHANNELS, PX_PER_CELL, object_channels
 from .config import TextureConfig
 
 ImageLike = Union[Image.Image, np.ndarray, torch.Tensor]
@@ -217,6 +221,14 @@ def _orientation(ctx: _Context) -> torch.Tensor:
     energy = ctx.pool(torch.cat([gx**2, gy**2, (gx + gy) ** 2 / 2, (gx - gy) ** 2 / 2], dim=1))  # [B, 4, h, w]
     total = energy[:, :2].sum(1, keepdim=True)
     return _squash(total.sqrt(), ctx.config.edge_scale) * energy / total.clamp_min(1e-12)
+
+
+@register_channels("object", OBJECT_CHANNELS)
+def _object(ctx: _Context) -> torch.Tensor:
+    # Foreground: further from the dominant colour than contrast_scale (the squashed distance passes 1/2).
+    h, w = ctx.grid_hw
+    share = F.adaptive_avg_pool2d(ctx.foreground, (h * PX_PER_CELL, w * PX_PER_CELL))  # [B, 1, 8h, 8w]
+    return object_channels(share[:, 0] > 0.5, ctx.grid_hw)
 
 
 def _gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:

@@ -64,8 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "share of the image's tokens) instead of the full encoding; stage 2's language model "
                              "still reads the full encoding (default 0: encode='after')")
     parser.add_argument("--add-texture", type=_texture_groups, default=(), metavar="GROUP[,GROUP]",
-                        help="add texture channel groups to the layer, e.g. silhouette,orientation (shape cues for "
-                             "--encode before); with --init the new channels start at zero weight, so training "
+                        help="add texture channel groups to the layer, shape cues for --encode before: silhouette, "
+                             "orientation (what each cell holds), object (the shape of the whole object a cell is "
+                             "on); with --init the new channels start at zero weight, so training "
                              "starts from exactly the init layer's scores")
     add_runtime(parser)  # the frozen VLM's; the layer trains in float32 on the same device
     parser.add_argument("--resume", action="store_true")
@@ -74,12 +75,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _texture_groups(text: str) -> tuple[str, ...]:
     """'silhouette,orientation' -> the groups, each one the texture array knows."""
-    from arr_coc.config import SHAPE_GROUPS, TEXTURE_GROUPS
+    from arr_coc.config import EXTRA_GROUPS, TEXTURE_GROUPS
 
     groups = tuple(g.strip() for g in text.split(",") if g.strip())
-    unknown = [g for g in groups if g not in TEXTURE_GROUPS + SHAPE_GROUPS]
+    unknown = [g for g in groups if g not in TEXTURE_GROUPS + EXTRA_GROUPS]
     if not groups or unknown:
-        raise argparse.ArgumentTypeError(f"unknown texture groups {unknown or [text]}; add some of {list(SHAPE_GROUPS)}")
+        raise argparse.ArgumentTypeError(f"unknown texture groups {unknown or [text]}; add some of {list(EXTRA_GROUPS)}")
     return groups
 
 
