@@ -149,13 +149,17 @@ def test_the_shipped_layer_gives_count_questions_more_tokens_than_one_object_que
     assert sum(map(sum, kept.values())) / sum(map(len, kept.values())) <= 13.5, mean
 
 
-def test_the_shipped_before_layer_reads_the_shape_channels():
-    """The before-mode layer was widened with the silhouette and orientation groups and trained on them
-    (docs/TRAINING.md): they change what it keeps. Negative control: the same layer with their weights
-    zeroed, i.e. the texture-only layer it started from, keeps other cells."""
+def test_the_shipped_before_layer_finds_the_named_shape():
+    """The before-mode layer reads the shape channels (silhouette, orientation: what each cell holds; object:
+    the shape of the whole object a cell is on) and was trained on them (docs/TRAINING.md). On "What color is
+    the {shape}?", where the colour cannot guide it, it keeps the named shape's cells at a 3% budget.
+    Negative control: the same layer with the object channels' weights zeroed (the layer it started from)
+    finds fewer of them."""
     import torch
 
-    from arr_coc.config import SHAPE_GROUPS
+    from arr_coc.config import EXTRA_GROUPS
+    from arr_coc.components import OBJECT_CHANNELS
+    from arr_coc.geometry import boxes_to_cell_shares
     from arr_coc.layer import ARRCOCLayer
     from arr_coc.paths import SHIPPED_BEFORE_LAYER
     from arr_coc.qwen import ARRCOCQwen
@@ -163,20 +167,24 @@ def test_the_shipped_before_layer_reads_the_shape_channels():
     from arr_coc.training.widen import CHANNEL_INPUTS
 
     layer = ARRCOCLayer.from_pretrained(SHIPPED_BEFORE_LAYER)
-    assert layer.config.texture.groups[-2:] == SHAPE_GROUPS
+    assert layer.config.texture.groups[-3:] == EXTRA_GROUPS
     blind = ARRCOCLayer.from_pretrained(SHIPPED_BEFORE_LAYER)
-    n_old = len(layer.channel_names) - 20
+    n_old, n_obj = len(layer.channel_names) - len(OBJECT_CHANNELS), len(OBJECT_CHANNELS)
     with torch.no_grad():
         for name, dim in CHANNEL_INPUTS.items():
             p = dict(blind.named_parameters())[name]
-            p.narrow(dim, n_old, 20).fill_(-30.0 if name.startswith("information.") else 0.0)
-    kept = {}
+            p.narrow(dim, n_old, n_obj).fill_(-30.0 if name.startswith("information.") else 0.0)
+    items = [make_item(3, "test", i) for i in range(80)]
+    items = [(image, record) for image, record, _ in items if record["type"] == "color"][:10]
+    assert len(items) == 10
+    found = {}
     for tag, scorer in (("shipped", layer), ("blind", blind)):
         wrapper = ARRCOCQwen.from_pretrained(DEFAULT_CHECKPOINT, arr_coc=scorer)
-        kept[tag] = []
-        for i in range(6):
-            image, record, _ = make_item(0, "test", i)
-            _, traces = wrapper.prepare(wrapper.build_inputs([[image]], [record["question"]]), budget=0.1,
+        found[tag] = 0
+        for image, record in items:
+            _, traces = wrapper.prepare(wrapper.build_inputs([[image]], [record["question"]]), budget=0.03,
                                         encode=EncodeConfig("before"))
-            kept[tag].append(traces[0].kept_indices[0].tolist())
-    assert sum(a != b for a, b in zip(kept["shipped"], kept["blind"])) >= 3, kept
+            assert traces[0].grid_hw[0] == (image.height // 28, image.width // 28)  # 448 px: not resized
+            share = torch.from_numpy(boxes_to_cell_shares(record["boxes"], image.size, 28)).flatten()
+            found[tag] += int(share[traces[0].kept_indices[0]].sum() > 0.25)  # a quarter of the shape's area kept
+    assert found["shipped"] >= 9 and found["shipped"] >= found["blind"] + 3, found
