@@ -324,10 +324,14 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
                               object_fit="contain")
 
         # Switching a config's encode mode (or the gist) swaps the shipped layer for the one trained for that mode.
+        # The swaps run one at a time in the order they were triggered (one queue slot of their own): unqueued, a
+        # quick "encode before" then "gist 0.25" could land out of order and leave the before-mode layer selected
+        # with a gist. In order, the last swap wins, and for the shipped pair it depends on the mode and gist only.
         for mode_box, layer_box in ((encode, layer), (compare_encode, compare_layer)):
             gr.on([mode_box.change, gist.change], lambda mode, name, share: gr.update(
                       value=layer_for_mode(scope, name, mode, share)),
-                  inputs=[mode_box, layer_box, gist], outputs=layer_box, queue=False, api_visibility="private")
+                  inputs=[mode_box, layer_box, gist], outputs=layer_box, concurrency_limit=1,
+                  concurrency_id="layer-for-mode", api_visibility="private")
         outputs = [answer_base, answer_arr, answer_compare, stats, heatmap, resolution_a, resolution_b, maps, weights,
                    channels, trace, error]
         assert len(outputs) == len(OUTPUT_NAMES)
