@@ -5,15 +5,16 @@ A cell-level channel sees at most a cell (28 px) of an object, so a layer that r
 learns the shape of the whole object it belongs to: the 4-connected component of the foreground mask,
 described by numbers that do not depend on where the object is or how big it is (its silhouette
 resampled to its own bounding box, its fill ratio, its aspect), and the texture array then gives every
-cell the mean description over its foreground pixels. On ShapesVQA's shapes the descriptions differ
-plainly: a square fills its box (fill 1, every thumbnail bin full), a circle 0.79 with empty corners,
-an upright triangle 0.5 with an empty top row's corners, a diamond 0.5 with four empty corners, a
-cross about 0.56 with full middle bins, a star about 0.35-0.4.
+cell the mean description over its foreground pixels. On the ShapesVQA test split's shapes (mean fill
+at the mask's 8 pixels per cell) the descriptions differ plainly: a square fills its box (0.99, every
+thumbnail bin full), a circle 0.78 with faint corners, an upright triangle 0.56 with an empty top row
+but its middle and a full base row, a diamond 0.55 with four empty corners, a cross 0.56 with a full
+middle row and column, a star 0.45.
 
 Everything is batched torch, no loop over objects: labels spread by repeated minimum over the four
 neighbours inside the mask, with pointer jumping (a label is the flat index of a pixel of the same
-component, so the label's own label is also one), which converges in a few dozen steps on a
-scene of objects. Per-component statistics are scatter reductions over the labels.
+component, so the label's own label is also one), which converges in 14 steps on a 448 px
+ShapesVQA scene. Per-component statistics are scatter reductions over the labels.
 """
 
 from __future__ import annotations
