@@ -8,6 +8,7 @@ docs/app_screenshot.png (otherwise it goes to pytest's tmp folder).
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 
@@ -66,6 +67,31 @@ def _wait_images(page, elem_id: str, n: int) -> None:
                            f".filter(i => i.complete && i.naturalWidth > 0).length >= {n}", timeout=TIMEOUT_MS)
 
 
+def _wait_layers(page, main: str) -> None:
+    """Both configs' layer dropdowns show `main`.
+
+    In three fresh-clone suites (two on 2026-11-25 at this wait, one earlier at the run after it; never
+    alone, never in the working tree's suites) they had not, 120 s after "encode before" then "gist
+    0.25". The cause is not found: running the swaps in trigger order did not cure it. So after 30 s this warns with what the dropdowns show,
+    which lands in the suite's summary, and changes the gist once more (0.2, then 0.25 again): the
+    swaps must then land, or the test fails.
+    """
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    settled = "main => ['layer', 'compare-layer'].every(id => document.querySelector(`#${id} input`).value === main)"
+    try:
+        page.wait_for_function(settled, arg=main, timeout=30_000)
+        return
+    except PlaywrightTimeout:
+        shown = page.evaluate("() => ['layer', 'compare-layer', 'gist'].map(id => document.querySelector(`#${id} input`).value)")
+        warnings.warn(f"layer swaps had not landed 30 s after encode=before + gist 0.25: layer, compare-layer, gist = "
+                      f"{shown}, expected {main!r} for both layers; changing the gist again")
+    for share in ("0.2", "0.25"):
+        page.fill("#gist input[type=number]", share)
+        page.press("#gist input[type=number]", "Enter")
+    page.wait_for_function(settled, arg=main, timeout=TIMEOUT_MS)
+
+
 def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
     examples = read_examples()
     first = next(e for e in examples if os.path.basename(e["image"]) == "shapes_letter.png")
@@ -106,8 +132,7 @@ def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
     page.press("#margin input[type=number]", "Enter")
     page.locator("#periphery input[type=checkbox]").check()
     # with a gist both configs show the --arr-coc layer again (layer_for_mode); let those swaps land before the run
-    page.wait_for_function("main => ['layer', 'compare-layer'].every(id => "
-                           "document.querySelector(`#${id} input`).value === main)", arg=main_layer, timeout=TIMEOUT_MS)
+    _wait_layers(page, main_layer)
     page.click("#run")
     page.wait_for_function(f"() => {{ const r = {STATS_ROW}('encode'); return r && r[2].startsWith('before'); }}")
     row = page.evaluate(f"() => {STATS_ROW}('encode')")
