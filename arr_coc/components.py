@@ -42,13 +42,12 @@ def label_components(mask: torch.Tensor, max_steps: int = 10_000) -> torch.Tenso
     label = torch.where(inside, index, torch.full_like(index, big)).reshape(b, h, w)
     right = mask[:, :, :-1] & mask[:, :, 1:]  # [B, H, W-1]: the pixel and its right neighbour are both inside
     down = mask[:, :-1, :] & mask[:, 1:, :]   # [B, H-1, W]
-    fill = torch.full_like(label, big)
     for _ in range(max_steps):
         new = label.clone()
-        new[:, :, :-1] = torch.minimum(new[:, :, :-1], torch.where(right, label[:, :, 1:], fill[:, :, 1:]))
-        new[:, :, 1:] = torch.minimum(new[:, :, 1:], torch.where(right, label[:, :, :-1], fill[:, :, :-1]))
-        new[:, :-1, :] = torch.minimum(new[:, :-1, :], torch.where(down, label[:, 1:, :], fill[:, 1:, :]))
-        new[:, 1:, :] = torch.minimum(new[:, 1:, :], torch.where(down, label[:, :-1, :], fill[:, :-1, :]))
+        new[:, :, :-1] = torch.minimum(new[:, :, :-1], torch.where(right, label[:, :, 1:], big))
+        new[:, :, 1:] = torch.minimum(new[:, :, 1:], torch.where(right, label[:, :, :-1], big))
+        new[:, :-1, :] = torch.minimum(new[:, :-1, :], torch.where(down, label[:, 1:, :], big))
+        new[:, 1:, :] = torch.minimum(new[:, 1:, :], torch.where(down, label[:, :-1, :], big))
         flat = new.reshape(b, n)
         jumped = torch.where(inside, flat.gather(1, flat.clamp(max=n - 1)), flat)  # label of the label
         new = torch.minimum(flat, jumped).reshape(b, h, w)
