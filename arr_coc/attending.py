@@ -176,6 +176,7 @@ class TokenAllocator(nn.Module):
         budget: Budget | Sequence[Budget | None] | None = None,
         structure: torch.Tensor | None = None,
         budget_mode: BudgetMode | None = None,
+        cells: Sequence[float] | torch.Tensor | None = None,
     ) -> Allocation:
         """relevance [B, Hm, Wm] (image i valid in its top-left h_i x w_i); structure: same shape,
         the bottom-up map used to detect low-structure images (defaults to relevance).
@@ -183,6 +184,8 @@ class TokenAllocator(nn.Module):
         budget: one for all images or one per image; None (or a None entry) means this layer's
         default: its configured budget, or adaptive when the config's mode is "adaptive".
         budget_mode: "exact" | "mean" | "adaptive" | None (`default_mode`), see arr_coc.budget.
+        cells: [B] how many cells each image's question needs, which "mean" budgets scale by (the
+            layer's `ExtentHead`); None: the perplexity of the relevance map (`relevant_cells`).
         """
         cfg = self.config
         mode = check_mode(budget_mode) or self.default_mode()
@@ -202,7 +205,8 @@ class TokenAllocator(nn.Module):
             else:
                 k = resolve_count(cfg.budget if budgets[i] is None else budgets[i], h * w)
                 if mode == "mean" and not void:
-                    k = resolve_count(spread_count(k, relevant_cells(rel, cfg.spread_tau), cfg), h * w)
+                    need = relevant_cells(rel, cfg.spread_tau) if cells is None else float(cells[i])
+                    k = resolve_count(spread_count(k, need, cfg), h * w)
             if void:
                 idx, why = grid_indices(h, w, k), "grid"
             else:

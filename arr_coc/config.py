@@ -108,8 +108,10 @@ class AttendingConfig:
     # of softmax(relevance / spread_tau), over spread_reference (training sets it so the scale
     # averages 1 over its items), clipped to [spread_min, spread_max]; it is raised to at most
     # spread_per_cell tokens per relevant cell (more only adds distractors), so the tokens kept
-    # average at most the budget.
+    # average at most the budget. spread_source "extent": the relevant cells are the layer's
+    # `ExtentHead` prediction of the answer's cells instead of that perplexity (arr_coc.extent).
     spread_tau: float = 0.0
+    spread_source: str = "perplexity"
     spread_reference: float = 1.0
     spread_min: float = 0.6
     spread_max: float = 2.0
@@ -122,6 +124,8 @@ class AttendingConfig:
         _check(0.0 < self.spread_min <= 1.0 <= self.spread_max,
                "need 0 < attending.spread_min <= 1 <= spread_max (the scale of an image's budget)")
         _check(self.spread_per_cell > 0.0, "attending.spread_per_cell must be > 0")
+        _check(self.spread_source in ("perplexity", "extent"),
+               f"attending.spread_source must be 'perplexity' or 'extent', got {self.spread_source!r}")
         _check(self.mode in ("fixed", "adaptive"), f"attending.mode must be 'fixed' or 'adaptive', got {self.mode!r}")
         _check(0.0 < self.min_ratio <= self.max_ratio <= 1.0, "need 0 < attending.min_ratio <= max_ratio <= 1")
         _check(self.void_threshold >= 0.0, "attending.void_threshold must be >= 0 (0 disables the grid fallback)")

@@ -22,6 +22,7 @@ from .attending import TokenAllocator
 from .balancing import AdaptiveTensionBalancer
 from .budget import Budget, BudgetMode
 from .config import ARRCOCConfig
+from .extent import ExtentHead
 from .knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
 from .texture import ImageLike, channel_names, generate_texture_array
 
@@ -53,6 +54,7 @@ class ARRCOCOutput:
     weights: torch.Tensor | None = None  # [B, 3]: information, perspectival, participatory
     texture: torch.Tensor | None = None  # [B, C, Hm, Wm] in [0, 1]
     channel_names: list[str] | None = None
+    extent: torch.Tensor | None = None  # [B]: the cells each question needs, by the layer's ExtentHead (if it has one)
 
     def __len__(self) -> int:
         return len(self.kept_indices)
@@ -81,6 +83,7 @@ class ARRCOCOutput:
             weights=None if self.weights is None else self.weights[i : i + 1],
             texture=crop(self.texture),
             channel_names=self.channel_names,
+            extent=None if self.extent is None else self.extent[i : i + 1],
         )
 
 
@@ -119,6 +122,8 @@ class ARRCOCLayer(nn.Module):
         self.participatory = participatory or ParticipatoryScorer(config.texture, config.knowing)
         self.balancer = balancer or AdaptiveTensionBalancer(config.balancing, config.knowing)
         self.allocator = allocator or TokenAllocator(config.attending)
+        # The question-following budget's estimate of the answer's cells (only layers fitted with one).
+        self.extent = ExtentHead(config.knowing.query_dim) if config.attending.spread_source == "extent" else None
         self.channel_names = channel_names(config.texture)
 
     # ------------------------------------------------------------------ stages
@@ -234,7 +239,8 @@ class ARRCOCLayer(nn.Module):
         # Bottom-up structure (question-independent) decides whether the image is a "void".
         structure = 0.5 * (maps["information"] + maps["perspectival"]).detach()
         structure = torch.where(torch.isfinite(structure), structure, torch.zeros(()))
-        alloc = self.allocator(relevance, grid_hw, budget, structure, budget_mode)
+        extent = None if self.extent is None else self.extent(relevance, valid, query, qmask)  # [B] cells
+        alloc = self.allocator(relevance, grid_hw, budget, structure, budget_mode, extent)
 
         kept, fallback, budgets = list(alloc.kept_indices), list(alloc.fallback), alloc.budgets.clone()
         keep_mask = alloc.keep_mask.clone()
@@ -263,6 +269,7 @@ class ARRCOCLayer(nn.Module):
             weights=maps["weights"],
             texture=tex,
             channel_names=list(self.channel_names),
+            extent=extent,
         )
 
     def _keep_all(self, grid_hw: list[tuple[int, int]], error: str, detail: str) -> ARRCOCOutput:
@@ -310,6 +317,7 @@ class ARRCOCLayer(nn.Module):
             weights=None if any(o.weights is None for o in outs) else torch.cat([o.weights for o in outs]),
             texture=cat("texture"),
             channel_names=list(self.channel_names),
+            extent=None if any(o.extent is None for o in outs) else torch.cat([o.extent for o in outs]),
         )
 
     # ------------------------------------------------------------- persistence
@@ -340,6 +348,8 @@ class ARRCOCLayer(nn.Module):
         # Layers saved before the participatory scorer gained its token projection, context conv and
         # pair MLP lack those weights; at their zero initialisation the layer scores exactly as they did.
         missing = [k for k in missing if not k.startswith(OPTIONAL_PREFIXES)]
+        if layer.extent is None:  # loaded to count cells by perplexity (an override): its extent head goes unused
+            unexpected = [k for k in unexpected if not k.startswith("extent.")]
         if missing or unexpected:
             raise RuntimeError(f"{weights} does not fit this ARR-COC config: missing {missing}, unexpected {unexpected}")
         return layer

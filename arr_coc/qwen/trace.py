@@ -100,6 +100,9 @@ class Trace:
             if self.encode == "before" else [0] * len(self.encoded_cells),
             "periphery_per_image": [int(c.numel()) for c in self.periphery_cells],
             "gist_grid": [list(g) for g in self.gist_grid],
+            # the cells each image's question needs, by the layer's extent head (None: it has none)
+            "extent_per_image": None if self.arr_coc is None or self.arr_coc.extent is None
+            else [round(float(c), 2) for c in self.arr_coc.extent],
         }
 
 
