@@ -274,3 +274,33 @@ def test_train_config_ties_a_gist_to_encode_before():
     assert not TrainConfig(encode="before").reads_tokens and TrainConfig().reads_tokens
     with pytest.raises(ValueError, match="'after' or 'before'"):
         TrainConfig(encode="sideways")
+
+
+def test_zero_steps_refit_only_the_budget_to_the_answers_extent(setup, tmp_path):
+    """`train --init L --steps 0 --budget-follows extent` keeps L's scorers and fits an extent head to the training
+    items' answer cells; the saved layer then scales budgets by its predictions."""
+    from arr_coc.extent import pooled_query, map_features
+
+    wrapper, data = setup
+    first = _cfg(tmp_path / "first", stage=1, steps=6)
+    train(first, "", data, progress=False, wrapper=wrapper)
+    refit = _cfg(tmp_path / "refit", stage=1, steps=0, budget_follows="extent", spread_bounds=(0.3, 4.0),
+                 spread_per_cell=4.0)
+    state = train(refit, "", data, init=first.out, progress=False, wrapper=wrapper)
+    before, after = ARRCOCLayer.from_pretrained(first.out), ARRCOCLayer.from_pretrained(refit.out)
+    assert before.extent is None and after.extent is not None
+    old, new = before.state_dict(), after.state_dict()
+    assert set(new) - set(old) == {"extent.mean", "extent.std", "extent.weight", "extent.bias"}
+    assert all(torch.equal(old[k], new[k]) for k in old)  # the scorers did not move
+    cfg = after.config.attending
+    assert (cfg.spread_source, cfg.spread_min, cfg.spread_max, cfg.spread_per_cell) == ("extent", 0.3, 4.0, 4.0)
+    assert cfg.spread_reference == pytest.approx(state["budget_spread"]["reference"])
+    # In-sample (13 items, a few hundred features) the ridge fit follows the answers' cells closely.
+    items = [f for f in extract_features(wrapper, list(read_jsonl(data)), progress=False)][3:]
+    maps = batch_scores(after.eval(), items)
+    x = torch.cat([torch.cat([pooled_query(f.query[None], None, 1, after.extent.query_dim) for f in items]),
+                   map_features(maps["relevance"], maps["valid"])], 1)
+    predicted = after.extent.predict(x)
+    answer = torch.tensor([float((f.target > 0).sum()) for f in items])
+    assert state["budget_spread"]["extent_r2"] > 0.9
+    assert torch.corrcoef(torch.stack([predicted.log1p(), answer.log1p()]))[0, 1] > 0.9

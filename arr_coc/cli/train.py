@@ -55,6 +55,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(perplexity of softmax(relevance / T)), calibrated on the training items to average "
                              "1 and raised to at most 2 tokens per such cell, so the tokens kept average at most the "
                              "budget; 0 keeps every image's budget exact (default: 0.02)")
+    parser.add_argument("--budget-follows", choices=("perplexity", "extent"), default=d.budget_follows,
+                        help="what the budget's scale counts as the cells a question needs: the relevance map's "
+                             "perplexity, or the answer's cells as a linear head on the question and the map predicts "
+                             "them (fitted in closed form on the training items' boxes after the steps; with --init "
+                             "and --steps 0 it refits an existing layer's budget only) (default: perplexity)")
+    parser.add_argument("--spread-range", type=_spread_range, default=d.spread_bounds, metavar="LOW,HIGH",
+                        help="clip the budget's scale to [LOW, HIGH], LOW <= 1 <= HIGH (default: the layer's own, "
+                             "0.6,2 for a fresh one)")
+    parser.add_argument("--spread-per-cell", type=float, default=d.spread_per_cell, metavar="N",
+                        help="raise an image's budget to at most N tokens per cell its question needs (default: the "
+                             "layer's own, 2 for a fresh one)")
     parser.add_argument("--encode", choices=("after", "before"), default=d.encode,
                         help="the mode the layer is trained for: after (it reads the full encoding) or before (it reads "
                              "the gist with --gist > 0, else only the texture array and the question; stage 2's "
@@ -84,6 +95,17 @@ def _texture_groups(text: str) -> tuple[str, ...]:
     return groups
 
 
+def _spread_range(text: str) -> tuple[float, float]:
+    """'0.3,4' -> (0.3, 4.0), checked: the scale must be able to average 1."""
+    try:
+        low, high = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW,HIGH such as 0.6,2, got {text!r}") from None
+    if not 0 < low <= 1 <= high:
+        raise argparse.ArgumentTypeError(f"need 0 < LOW <= 1 <= HIGH, got {low},{high}")
+    return low, high
+
+
 def run(args: argparse.Namespace) -> int:
     from arr_coc.training.config import TrainConfig
     from arr_coc.training.distributed import LaunchError, Processes
@@ -97,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(stage=args.stage, out=args.out, seed=args.seed, steps=args.steps, batch_size=args.batch_size,
                       lr=args.lr, eval_every=args.eval_every, rank_weight=args.rank_weight, budgets=args.budgets,
                       attn_dim=args.attn_dim, spread_tau=args.spread_tau, encode=args.encode, gist=args.gist,
-                      add_texture=args.add_texture)
+                      add_texture=args.add_texture, budget_follows=args.budget_follows, spread_bounds=args.spread_range,
+                      spread_per_cell=args.spread_per_cell)
     run_on = runtime(args)  # a wrong --device/--dtype stops here, before anything is written
     os.makedirs(cfg.out, exist_ok=True)
     train(cfg, args.model, args.data, init=args.init, resume=args.resume, stop_after=args.stop_after,

@@ -30,6 +30,9 @@ class TrainConfig:
     gist: float = 0.0              # > 0: the layer reads the gist's tokens, as with encode="before" (that share)
     add_texture: tuple[str, ...] = ()  # texture groups added to the layer (widen_texture), e.g. SHAPE_GROUPS
     spread_tau: float = 0.02       # saved layer: budget scaled by the relevant cells at this softmax T (0: exact)
+    budget_follows: str = "perplexity"  # what counts the relevant cells: "perplexity" of the map or "extent" (a fitted head)
+    spread_bounds: tuple[float, float] | None = None  # the budget's scale is clipped to these (None: the layer's own)
+    spread_per_cell: float | None = None  # raise a budget to at most this many tokens per needed cell (None: the layer's)
     val_fraction: float = 0.1
     eval_every: int = 50
 
@@ -39,6 +42,10 @@ class TrainConfig:
         if self.gist > 0:
             self.encode = "before"  # a gist exists only in before mode
         self.add_texture = tuple(self.add_texture)
+        if self.budget_follows not in ("perplexity", "extent"):
+            raise ValueError(f"budget_follows={self.budget_follows!r} must be 'perplexity' or 'extent'")
+        if self.spread_bounds is not None:
+            self.spread_bounds = (float(self.spread_bounds[0]), float(self.spread_bounds[1]))
 
     @property
     def reads_tokens(self) -> bool:

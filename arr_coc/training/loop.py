@@ -52,6 +52,7 @@ import torch
 from ..attending import calibrate_spread, relevant_cells
 from ..config import ARRCOCConfig
 from ..data import read_jsonl
+from ..extent import ExtentHead, fit_extent_head, map_features, pooled_query
 from ..layer import ARRCOCLayer
 from .config import VAL_BUDGETS, TrainConfig
 from .distributed import Processes
@@ -213,41 +214,69 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
     bar.close()
     if procs.is_main:
         if state["step"] >= cfg.steps:
-            state["budget_spread"] = calibrate_budget_spread(layer, train_set, cfg.spread_tau)
+            state["budget_spread"] = calibrate_budget_spread(layer, train_set, cfg.spread_tau, cfg.budget_follows,
+                                                             cfg.spread_bounds, cfg.spread_per_cell)
             if progress and cfg.spread_tau > 0:
-                tqdm.write("budget follows the question: relevant cells (median {median_cells:.1f}) / reference "
-                           "{reference:.2f}, clipped to [{low}, {high}]".format(**state["budget_spread"]))
+                tqdm.write("budget follows the question: cells by {source} (median {median_cells:.1f}) / reference "
+                           "{reference:.2f}, clipped to [{low}, {high}], at most {per_cell} tokens per cell"
+                           .format(**state["budget_spread"]))
         save(layer, opt, state, cfg, state_path)
     procs.barrier()  # the checkpoint is on disk before any process returns
     return state
 
 
 @torch.no_grad()
-def calibrate_budget_spread(layer: ARRCOCLayer, items: list[Features], tau: float) -> dict:
+def calibrate_budget_spread(layer: ARRCOCLayer, items: list[Features], tau: float, source: str = "perplexity",
+                            bounds: tuple[float, float] | None = None, per_cell: float | None = None) -> dict:
     """Let the trained layer's budgets follow the question: scale = relevant cells / reference, averaging 1.
 
-    The reference is set on `items` (the stage's training items) so that the scale averages 1
-    there: over data like them the tokens kept average at most the budget (the per-cell cap
-    only lowers counts). tau 0 turns the scaling off (exact budgets).
-    Returns what was set, for the training log.
+    The relevant cells are the relevance map's perplexity at `tau` (source "perplexity") or, with
+    source "extent", the prediction of an `ExtentHead` fitted here to the items' answer cells.
+    The reference is set on `items` (the stage's training items) so that the scale, clipped to
+    `bounds` (default: the layer's [spread_min, spread_max]), averages 1 there: over data like them
+    the tokens kept average at most the budget (the cap of `per_cell` tokens per needed cell, default
+    the layer's, only lowers counts). tau 0 turns the scaling off (exact budgets). Returns what was
+    set, for the training log.
     """
     attending = layer.config.attending
     attending.spread_tau = tau
     if tau <= 0:
         return {"tau": 0.0}
+    if source not in ("perplexity", "extent"):
+        raise ValueError(f"budgets follow 'perplexity' or 'extent', got {source!r}")
+    if bounds is not None:
+        attending.spread_min, attending.spread_max = bounds
+    if per_cell is not None:
+        attending.spread_per_cell = per_cell
+    attending.__post_init__()  # the config's own checks of what was set
     was = layer.training
     layer.eval()
-    cells = []
+    cells, features, answer_cells = [], [], []
+    head = ExtentHead(layer.config.knowing.query_dim) if source == "extent" else None
     for s in range(0, len(items), 32):
         chunk = items[s : s + 32]
         maps = batch_scores(layer, chunk)
+        if head is not None:
+            query = [pooled_query(f.query[None], None, 1, head.query_dim) for f in chunk]
+            features.append(torch.cat([torch.cat(query), map_features(maps["relevance"].cpu(), maps["valid"].cpu())], 1))
+            answer_cells += [float((f.target > 0).sum()) for f in chunk]
         for i, f in enumerate(chunk):
             h, w = f.grid_hw
             cells.append(relevant_cells(maps["relevance"][i, :h, :w], tau))
     layer.train(was)
+    out = {"tau": tau, "source": source}
+    if head is not None:
+        x = torch.cat(features)
+        out["extent_r2"] = fit_extent_head(head, x, torch.tensor(answer_cells))
+        cells = head.predict(x).tolist()
+        layer.extent = head.to(next(layer.parameters()).device)
+    else:
+        layer.extent = None
+    attending.spread_source = source
     attending.spread_reference = calibrate_spread(cells, attending.spread_min, attending.spread_max)
-    return {"tau": tau, "reference": attending.spread_reference, "median_cells": sorted(cells)[len(cells) // 2],
-            "low": attending.spread_min, "high": attending.spread_max, "items": len(cells)}
+    return {**out, "reference": attending.spread_reference, "median_cells": sorted(cells)[len(cells) // 2],
+            "low": attending.spread_min, "high": attending.spread_max, "per_cell": attending.spread_per_cell,
+            "items": len(cells)}
 
 
 @torch.no_grad()
