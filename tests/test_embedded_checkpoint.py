@@ -188,3 +188,36 @@ def test_the_shipped_before_layer_finds_the_named_shape():
             share = torch.from_numpy(boxes_to_cell_shares(record["boxes"], image.size, 28)).flatten()
             found[tag] += int(share[traces[0].kept_indices[0]].sum() > 0.25)  # a quarter of the shape's area kept
     assert found["shipped"] >= 9 and found["shipped"] >= found["blind"] + 3, found
+
+
+def test_the_shipped_before_layer_spends_its_budget_where_the_question_needs_it():
+    """Counting needs every instance's cells, naming a colour one object's: the before-mode layer's extent head
+    (docs/TRAINING.md, run 4) gives count questions well over twice the tokens of colour questions at the same
+    budget, and the trace reports what it predicted. Negative control: run 3's rule (the relevance map's
+    perplexity, scale in [0.6, 2], its reference from its training log) gives count questions far fewer."""
+    from arr_coc.layer import ARRCOCLayer
+    from arr_coc.paths import SHIPPED_BEFORE_LAYER
+    from arr_coc.qwen import ARRCOCQwen
+    from arr_coc.qwen.encoding import EncodeConfig
+
+    items = [make_item(3, "test", i) for i in range(80)]
+    by_kind = {kind: [(image, record["question"]) for image, record, _ in items if record["type"] == kind][:8]
+               for kind in ("count", "color")}
+    assert all(len(v) == 8 for v in by_kind.values())
+    run3 = {"spread_source": "perplexity", "spread_reference": 3.9267539925076083, "spread_min": 0.6,
+            "spread_max": 2.0, "spread_per_cell": 2.0}
+    tokens = {}
+    for tag, overrides in (("extent", {}), ("run 3", run3)):
+        layer = ARRCOCLayer.from_pretrained(SHIPPED_BEFORE_LAYER, **({"attending": overrides} if overrides else {}))
+        assert (layer.extent is not None) == (tag == "extent")
+        wrapper = ARRCOCQwen.from_pretrained(DEFAULT_CHECKPOINT, arr_coc=layer)
+        for kind, asked in by_kind.items():
+            tokens[tag, kind] = 0
+            for image, question in asked:
+                _, traces = wrapper.prepare(wrapper.build_inputs([[image]], [question]), budget=0.08,
+                                            encode=EncodeConfig("before"))
+                tokens[tag, kind] += traces[0].kept_tokens
+                extent = traces[0].to_dict()["extent_per_image"]  # what the trace reports
+                assert (extent is None) == (tag == "run 3") and (extent is None or extent[0] >= 1.0)
+    assert tokens["extent", "count"] >= 2 * tokens["extent", "color"], tokens
+    assert tokens["extent", "count"] >= 1.5 * tokens["run 3", "count"], tokens
