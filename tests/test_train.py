@@ -279,8 +279,6 @@ def test_train_config_ties_a_gist_to_encode_before():
 def test_zero_steps_refit_only_the_budget_to_the_answers_extent(setup, tmp_path):
     """`train --init L --steps 0 --budget-follows extent` keeps L's scorers and fits an extent head to the training
     items' answer cells; the saved layer then scales budgets by its predictions."""
-    from arr_coc.extent import pooled_query, map_features
-
     wrapper, data = setup
     first = _cfg(tmp_path / "first", stage=1, steps=6)
     train(first, "", data, progress=False, wrapper=wrapper)
@@ -298,9 +296,8 @@ def test_zero_steps_refit_only_the_budget_to_the_answers_extent(setup, tmp_path)
     # In-sample (13 items, a few hundred features) the ridge fit follows the answers' cells closely.
     items = [f for f in extract_features(wrapper, list(read_jsonl(data)), progress=False)][3:]
     maps = batch_scores(after.eval(), items)
-    x = torch.cat([torch.cat([pooled_query(f.query[None], None, 1, after.extent.query_dim) for f in items]),
-                   map_features(maps["relevance"], maps["valid"])], 1)
-    predicted = after.extent.predict(x)
+    predicted = torch.cat([after.extent(maps["relevance"][i : i + 1], maps["valid"][i : i + 1], f.query[None])
+                           for i, f in enumerate(items)])
     answer = torch.tensor([float((f.target > 0).sum()) for f in items])
     assert state["budget_spread"]["extent_r2"] > 0.9
     assert torch.corrcoef(torch.stack([predicted.log1p(), answer.log1p()]))[0, 1] > 0.9

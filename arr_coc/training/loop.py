@@ -52,7 +52,7 @@ import torch
 from ..attending import calibrate_spread, relevant_cells
 from ..config import ARRCOCConfig
 from ..data import read_jsonl
-from ..extent import ExtentHead, fit_extent_head, map_features, pooled_query
+from ..extent import ExtentHead, fit_extent_head
 from ..layer import ARRCOCLayer
 from .config import VAL_BUDGETS, TrainConfig
 from .distributed import Processes
@@ -256,13 +256,12 @@ def calibrate_budget_spread(layer: ARRCOCLayer, items: list[Features], tau: floa
     for s in range(0, len(items), 32):
         chunk = items[s : s + 32]
         maps = batch_scores(layer, chunk)
-        if head is not None:
-            query = [pooled_query(f.query[None], None, 1, head.query_dim) for f in chunk]
-            features.append(torch.cat([torch.cat(query), map_features(maps["relevance"].cpu(), maps["valid"].cpu())], 1))
+        rel, valid = maps["relevance"].cpu(), maps["valid"].cpu()
+        if head is not None:  # the head's own features, image by image (each question unpadded)
+            features += [head.features(rel[i : i + 1], valid[i : i + 1], f.query[None], None) for i, f in enumerate(chunk)]
             answer_cells += [float((f.target > 0).sum()) for f in chunk]
-        for i, f in enumerate(chunk):
-            h, w = f.grid_hw
-            cells.append(relevant_cells(maps["relevance"][i, :h, :w], tau))
+        else:
+            cells += [relevant_cells(rel[i, : f.grid_hw[0], : f.grid_hw[1]], tau) for i, f in enumerate(chunk)]
     layer.train(was)
     out = {"tau": tau, "source": source}
     if head is not None:
