@@ -49,6 +49,14 @@ def kept_per_budget(t: Trace) -> str:
     return f"{chosen / resolve_count(t.budget, t.total_tokens):.2f}x"
 
 
+def predicted_cells(t: Trace) -> str:
+    """The cells the layer's extent head predicts the answer covers (what scaled the budget), or "-"."""
+    out = t.arr_coc
+    if out is None or getattr(out, "extent", None) is None:
+        return "-"
+    return ", ".join(f"{float(c):.1f}" for c in out.extent)
+
+
 def _share(n: int, total: int) -> str:
     return f"{n} ({100 * n / max(1, total):.0f}%)"
 
@@ -75,6 +83,7 @@ ROWS: list[tuple[str, Callable[[Run], str], Callable[[Run, Any, Run], str]]] = [
     ("visual tokens (kept)", lambda b: str(b.trace.kept_tokens),
      lambda r, c, b: _share(r.trace.kept_tokens, r.trace.total_tokens)),
     ("kept / budget", lambda b: "-", lambda r, c, b: kept_per_budget(r.trace)),
+    ("answer's cells (predicted)", lambda b: "-", lambda r, c, b: predicted_cells(r.trace)),
     ("cells encoded at full resolution", lambda b: str(_encoded(b.trace)),
      lambda r, c, b: _share(_encoded(r.trace), r.trace.total_tokens)),
     ("margin cells (encoded, not read)", lambda b: "-", lambda r, c, b: _margin(r.trace)),

@@ -188,6 +188,7 @@ def test_ask_gives_both_answers_stats_and_pictures(scope, good_image):
     assert int(rows["visual tokens (kept)"][0]) == total
     assert int(kept.split()[0]) == round(0.25 * total)
     assert rows["kept / budget"] == ["-", "1.00x", "1.00x"]  # this layer keeps its budget exactly (A and B)
+    assert rows["answer's cells (predicted)"] == ["-", "-", "-"]  # it has no extent head (the shipped before layer does)
     assert rows["LM prefill speedup"][1].endswith("x") and rows["whole prefill speedup"][1].endswith("x")
     h, w = r.record["arr_coc"]["grid_hw"][0]
     assert Image.open(r.heatmap).size == (w * scope.cell_px, h * scope.cell_px)

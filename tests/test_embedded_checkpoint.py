@@ -199,6 +199,7 @@ def test_the_shipped_before_layer_spends_its_budget_where_the_question_needs_it(
     from arr_coc.paths import SHIPPED_BEFORE_LAYER
     from arr_coc.qwen import ARRCOCQwen
     from arr_coc.qwen.encoding import EncodeConfig
+    from microscope import readout
 
     items = [make_item(3, "test", i) for i in range(80)]
     by_kind = {kind: [(image, record["question"]) for image, record, _ in items if record["type"] == kind][:8]
@@ -219,5 +220,7 @@ def test_the_shipped_before_layer_spends_its_budget_where_the_question_needs_it(
                 tokens[tag, kind] += traces[0].kept_tokens
                 extent = traces[0].to_dict()["extent_per_image"]  # what the trace reports
                 assert (extent is None) == (tag == "run 3") and (extent is None or extent[0] >= 1.0)
+                shown = readout.predicted_cells(traces[0])                # and the microscope's table row
+                assert shown == "-" if extent is None else abs(float(shown) - extent[0]) <= 0.051, (shown, extent)
     assert tokens["extent", "count"] >= 2 * tokens["extent", "color"], tokens
     assert tokens["extent", "count"] >= 1.5 * tokens["run 3", "count"], tokens
