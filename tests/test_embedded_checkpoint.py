@@ -129,6 +129,9 @@ def test_eval_with_encode_before_uses_the_layer_trained_for_it(tmp_path):
     assert row["encode"] == "before" and row["status"] == "ok"
     # the tower encoded only what was chosen: its FLOPs are counted and a small part of a full encode (2.56 G)
     assert 0 < row["vision_flops_mean"] < 0.5e9 and row["kept_share"] <= 0.2
+    # per item, what it encoded and what the LM read (no margin: the same cells), of the full grid
+    assert row["item_encoded"] == row["item_kept"] and sum(row["item_kept"]) / 8 == row["kept_tokens_mean"]
+    assert all(0 < k < t for k, t in zip(row["item_kept"], row["item_total"])) and len(set(row["item_kept"])) > 1
 
 
 def test_the_shipped_layer_gives_count_questions_more_tokens_than_one_object_questions(tmp_path):

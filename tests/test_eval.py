@@ -105,6 +105,9 @@ def test_eval_end_to_end_writes_results_table_and_plot(split, model_dir, tmp_pat
     for r in report["results"]:
         assert [score(a, rec.answers) for a, rec in zip(r["answers"], records)] == r["correct"]
         covered = [c for c in r["item_coverage"] if c is not None]
+        assert sum(r["item_kept"]) / 20 == pytest.approx(r["kept_tokens_mean"])
+        if r["method"] != "downscale":  # after the tower: every cell of the full grid encoded
+            assert r["item_encoded"] == r["item_total"] and sum(r["item_total"]) / 20 == r["total_tokens_mean"]
         if r["coverage"] is not None:
             assert len(covered) == r["n_with_boxes"] and sum(covered) / len(covered) == pytest.approx(r["coverage"])
     assert "minus each method on the same items" in md and "| oracle | " in md.split("minus each method")[1]

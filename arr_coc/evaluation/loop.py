@@ -115,7 +115,8 @@ class _Rows:
     answers: list[str] = dataclasses.field(default_factory=list)
     coverage: list[float | None] = dataclasses.field(default_factory=list)  # per item; None: no boxes (or downscale)
     types: list[str] = dataclasses.field(default_factory=list)
-    kept: list[int] = dataclasses.field(default_factory=list)
+    kept: list[int] = dataclasses.field(default_factory=list)      # per item: visual tokens the LM read
+    encoded: list[int] = dataclasses.field(default_factory=list)   # per item: cells encoded at full resolution
     total: list[int] = dataclasses.field(default_factory=list)
     prefill_flops: list[float | None] = dataclasses.field(default_factory=list)    # None: unknown
     selector_flops: list[float | None] = dataclasses.field(default_factory=list)   # None: unknown
@@ -286,6 +287,7 @@ def run_one(wrapper: ARRCOCQwen, plan: MethodPlan, batch: Sequence[VQARecord], i
         rows.coverage.append(None)
         rows.types.append(rec.type or "other")
         rows.kept.append(int(tr.kept_tokens))
+        rows.encoded.append(sum(int(c.numel()) for c in tr.encoded_cells) if tr.encoded_cells else int(tr.total_tokens))
         rows.total.append(int(grids[b][0] * grids[b][1]))
         rows.fallback.append(next((fb for fb in tr.fallback if fb), None))
         length = int(pruned.attention_mask[b].sum())
@@ -338,7 +340,7 @@ def summarise(method: str, budget: Budget, r: _Rows, error: str | None = None,
                 "coverage": None, "full_coverage": None, "kept_tokens_mean": None, "total_tokens_mean": None,
                 "prefill_flops_mean": None, "latency_s_median": None, "per_type": {}, "kept_share": None,
                 "selector_flops_mean": None, "n": 0, "n_with_boxes": 0, "fallbacks": {}, "correct": [],
-                "answers": [], "item_coverage": []}
+                "answers": [], "item_coverage": [], "item_kept": [], "item_encoded": [], "item_total": []}
     by_type: dict[str, list[float]] = defaultdict(list)
     for t, c in zip(r.types, r.correct):
         by_type[t].append(c)
@@ -369,4 +371,7 @@ def summarise(method: str, budget: Budget, r: _Rows, error: str | None = None,
         "correct": [int(c) if c in (0, 1) else c for c in r.correct],   # VQA accuracy gives 0.3, 0.6, 0.9
         "answers": list(r.answers),              # what the VLM generated (stripped), as scored
         "item_coverage": list(r.coverage),  # share of the item's box cells kept; null without boxes
+        "item_kept": list(r.kept),          # visual tokens the LM read (what the cost at another width needs)
+        "item_encoded": list(r.encoded),    # cells the tower encoded at full resolution (after: the whole grid)
+        "item_total": list(r.total),        # the full grid's merged cells
     }
