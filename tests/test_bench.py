@@ -185,3 +185,34 @@ def test_the_tower_flops_agree_with_the_evaluations_counter(tiny_report):
         _, traces = vlm.prepare(inputs, budget=0.25, encode=EncodeConfig(encode, gist=gist))
         row = _row(report, encode, 0.25, gist)
         assert vision_flops(vlm, inputs, traces, gist, {}) == [row["vision_flops"] + row["gist_flops"]]
+
+
+def test_cost_at_width_prices_each_item_as_the_bench_counted_it(tmp_path, monkeypatch):
+    """scripts/cost_at_width.py fits the tower's and the LM's full-depth FLOPs as quadratics in the counts
+    (attention) from bench's before-mode rows: items that encode and read what a bench row did cost that row's
+    share; an item on a grid twice as fine maps to the same shares. Negative control: a linear fit misses."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--preset", "tiny", "--encode", "after,before", "--budgets", "0.1,0.25,0.5,0.75,1.0",
+                 "--repeats", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    path = Path(__file__).resolve().parent.parent / "scripts" / "cost_at_width.py"
+    spec = importlib.util.spec_from_file_location("cost_at_width", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)   # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    cost = module.WidthCost.from_bench(report)
+    assert cost.rows == 4 and max(cost.residual) < 1e-6   # FLOPs are exactly quadratic in the counts
+    rows = [_row(report, "before", b) for b in (0.1, 0.25, 0.5, 0.75)]
+    n = [r["encoded_tokens"] for r in rows]
+    assert len(set(n)) == 4 and cost.grid == report["visual_tokens_full"]
+    got = cost.shares(n, n, [cost.grid] * 4)
+    assert got == pytest.approx([r["e2e_flops_share"] for r in rows], rel=1e-4)
+    assert (cost.shares([2 * k for k in n], [2 * k for k in n], [2 * cost.grid] * 4) == got).all()
+    linear = np.poly1d(np.polyfit(n, [r["vision_flops_full"] for r in rows], 1))
+    assert max(abs(linear(k) - r["vision_flops_full"]) / r["vision_flops_full"] for k, r in zip(n, rows)) > 1e-3
