@@ -1,8 +1,10 @@
 """What an `eval` configuration would cost on a real model's shape: per item, at full depth, from `bench`.
 
     python -m arr_coc bench --preset qwen2-vl-2b --encode after,before --budgets 0.02,0.05,0.1,0.2,0.3,0.5,1.0 \
-        --repeats 1 --out bench_2b.json
-    python scripts/cost_at_width.py bench_2b.json t_ext.json@0.08 t_ext.json@0.24 --markdown cost_2b.md
+        --repeats 3 --out bench_2b.json
+    python -m arr_coc eval --data data/shapes/test.jsonl --methods arr_coc_trained --budgets 0.08,0.24 \
+        --encode before --out t_ship.json
+    python scripts/cost_at_width.py bench_2b.json t_ship.json@0.08 t_ship.json@0.24 --markdown cost_2b.md
 
 A before-mode row's cost depends on how many cells each item encodes and how many tokens its language
 model reads, and attention makes it grow faster than linearly in both, so the cost of a configuration is
