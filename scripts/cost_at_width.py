@@ -1,4 +1,4 @@
-"""What an `eval` configuration would cost on a real model's shape: per item, at full depth, from `bench`.
+r"""What an `eval` configuration would cost on a real model's shape: per item, at full depth, from `bench`.
 
     python -m arr_coc bench --preset qwen2-vl-2b --encode after,before --budgets 0.02,0.05,0.1,0.2,0.3,0.5,1.0 \
         --repeats 3 --out bench_2b.json
