@@ -1,4 +1,4 @@
-"""Accuracy against whole-prefill FLOPs across several `eval` runs on the same items, with paired intervals.
+r"""Accuracy against whole-prefill FLOPs across several `eval` runs on the same items, with paired intervals.
 
     python scripts/frontier.py runs/after.json runs/before.json=layer:before-tex --reference none@1.0 \
         --out docs/frontier.png --markdown frontier.md
