@@ -22,6 +22,8 @@ TEXTURE_GROUPS = ("rgb", "position", "sobel", "saliency", "clusters", "highpass"
 SHAPE_GROUPS = ("silhouette", "orientation")
 OBJECT_GROUPS = ("object",)
 EXTRA_GROUPS = SHAPE_GROUPS + OBJECT_GROUPS
+# What a question-following budget counts as the cells a question needs (AttendingConfig.spread_source).
+SPREAD_SOURCES = ("perplexity", "extent")
 
 
 def _check(condition: bool, message: str) -> None:
@@ -124,7 +126,7 @@ class AttendingConfig:
         _check(0.0 < self.spread_min <= 1.0 <= self.spread_max,
                "need 0 < attending.spread_min <= 1 <= spread_max (the scale of an image's budget)")
         _check(self.spread_per_cell > 0.0, "attending.spread_per_cell must be > 0")
-        _check(self.spread_source in ("perplexity", "extent"),
+        _check(self.spread_source in SPREAD_SOURCES,
                f"attending.spread_source must be 'perplexity' or 'extent', got {self.spread_source!r}")
         _check(self.mode in ("fixed", "adaptive"), f"attending.mode must be 'fixed' or 'adaptive', got {self.mode!r}")
         _check(0.0 < self.min_ratio <= self.max_ratio <= 1.0, "need 0 < attending.min_ratio <= max_ratio <= 1")

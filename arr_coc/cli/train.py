@@ -22,6 +22,7 @@ from .args import add_runtime, budgets_arg, runtime
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from arr_coc.config import SPREAD_SOURCES
     from arr_coc.paths import EMBEDDED_MODEL
     from arr_coc.training.config import TrainConfig
 
@@ -55,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(perplexity of softmax(relevance / T)), calibrated on the training items to average "
                              "1 and raised to at most 2 tokens per such cell, so the tokens kept average at most the "
                              "budget; 0 keeps every image's budget exact (default: 0.02)")
-    parser.add_argument("--budget-follows", choices=("perplexity", "extent"), default=d.budget_follows,
+    parser.add_argument("--budget-follows", choices=SPREAD_SOURCES, default=d.budget_follows,
                         help="what the budget's scale counts as the cells a question needs: the relevance map's "
                              "perplexity, or the answer's cells as a linear head on the question and the map predicts "
                              "them (fitted in closed form on the training items' boxes after the steps; with --init "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config import SPREAD_SOURCES
 from ..paths import SHIPPED_LAYER
 
 VAL_BUDGETS = (0.05, 0.1, 0.25)   # validation: answer-cell coverage at these budgets
@@ -42,7 +43,7 @@ class TrainConfig:
         if self.gist > 0:
             self.encode = "before"  # a gist exists only in before mode
         self.add_texture = tuple(self.add_texture)
-        if self.budget_follows not in ("perplexity", "extent"):
+        if self.budget_follows not in SPREAD_SOURCES:
             raise ValueError(f"budget_follows={self.budget_follows!r} must be 'perplexity' or 'extent'")
         if self.spread_bounds is not None:
             self.spread_bounds = (float(self.spread_bounds[0]), float(self.spread_bounds[1]))

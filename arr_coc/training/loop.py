@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..attending import calibrate_spread, relevant_cells
-from ..config import ARRCOCConfig
+from ..config import SPREAD_SOURCES, ARRCOCConfig
 from ..data import read_jsonl
 from ..extent import ExtentHead, fit_extent_head
 from ..layer import ARRCOCLayer
@@ -242,7 +242,7 @@ def calibrate_budget_spread(layer: ARRCOCLayer, items: list[Features], tau: floa
     attending.spread_tau = tau
     if tau <= 0:
         return {"tau": 0.0}
-    if source not in ("perplexity", "extent"):
+    if source not in SPREAD_SOURCES:
         raise ValueError(f"budgets follow 'perplexity' or 'extent', got {source!r}")
     if bounds is not None:
         attending.spread_min, attending.spread_max = bounds
