@@ -9,7 +9,7 @@ names the case for programs and tests. What can be made valid safely is made val
 |---|---|
 | animated image | the first frame, with a note |
 | 16-bit / 32-bit, CMYK, palette, transparency | 8-bit RGB (alpha flattened onto white), with a note |
-| EXIF orientation | applied |
+| EXIF orientation | applied once (`upright`); the picture keeps no orientation tag, so checking it again changes nothing |
 | more than `max_image_pixels` | downscaled keeping its aspect ratio inside the model's limit, with a note |
 | aspect ratio beyond `max_aspect` (200:1, what Qwen-VL takes) up to `max_pad_aspect` | padded with white to 200:1, with a note |
 | fewer than `min_image_pixels` (1 x 1, 20 x 20), thinner than `max_pad_aspect`, more than `max_decode_pixels` (checked before decoding; decompression bombs), a file over `max_file_bytes`, empty, truncated, not an image, a folder, missing | refused |
@@ -399,10 +399,43 @@ def finish_image(opened: OpenedImage, limits: InputLimits = LIMITS) -> tuple[Ima
         info.notes.append(f"Very thin image ({w}x{h} px, {max(w, h) / min(w, h):,.0f}:1): padded with white to "
                           f"{canvas[0]}x{canvas[1]} px, because Qwen-VL takes aspect ratios up to "
                           f"{limits.max_aspect:.0f}:1.")
-    if orientation not in (None, 1):
-        im = _apply_orientation(im, orientation)
+    im = upright(im, orientation)
     info.used_size = im.size
     return im, info
+
+
+def _transpose_for(orientation: int | None) -> Any:
+    """The PIL transpose that shows a picture stored with EXIF `orientation` upright (None for 1 or unknown)."""
+    from PIL import Image
+
+    t = Image.Transpose
+    return {2: t.FLIP_LEFT_RIGHT, 3: t.ROTATE_180, 4: t.FLIP_TOP_BOTTOM, 5: t.TRANSPOSE, 6: t.ROTATE_270,
+            7: t.TRANSVERSE, 8: t.ROTATE_90}.get(orientation or 1)
+
+
+# What can tell a viewer to turn a picture: EXIF (as JPEG, WebP and PNG keep it) and XMP's tiff:Orientation.
+_ORIENTATION_KEYS = ("exif", "Raw profile type exif", "xmp", "XML:com.adobe.xmp")
+
+
+def upright(im: Image, orientation: int | None = None) -> Image:
+    """The picture as it is meant to be seen: its EXIF orientation (2-8: mirrored and/or rotated) applied.
+
+    The one place a picture is turned upright (`finish_image` calls it, so the CLI, the app and `generate`
+    all do). The turned picture keeps no orientation metadata, so a second call, e.g. `generate` checking a
+    picture the CLI or the app already checked, changes nothing: a portrait phone photo once reached the
+    model on its side because the tag survived the first turn. `orientation` is the tag as read before
+    decoding and converting (which may drop the metadata); None reads it from `im`. A picture with no turn
+    to make is returned as it is (never mutated: it may be the caller's own).
+    """
+    if orientation is None:
+        orientation = _orientation(im)
+    op = _transpose_for(orientation)
+    if op is None:
+        return im
+    im = im.transpose(op)               # a new image: the caller's is untouched
+    for key in _ORIENTATION_KEYS:
+        im.info.pop(key, None)
+    return im
 
 
 def _orientation(im: Any) -> int | None:
@@ -410,17 +443,6 @@ def _orientation(im: Any) -> int | None:
         return int(im.getexif().get(0x0112) or 1)
     except Exception:  # noqa: BLE001 - a broken EXIF block is no reason to refuse the picture
         return None
-
-
-def _apply_orientation(im: Any, orientation: int) -> Any:
-    from PIL import Image
-
-    ops = {2: [Image.Transpose.FLIP_LEFT_RIGHT], 3: [Image.Transpose.ROTATE_180], 4: [Image.Transpose.FLIP_TOP_BOTTOM],
-           5: [Image.Transpose.TRANSPOSE], 6: [Image.Transpose.ROTATE_270], 7: [Image.Transpose.TRANSVERSE],
-           8: [Image.Transpose.ROTATE_90]}
-    for op in ops.get(orientation, []):
-        im = im.transpose(op)
-    return im
 
 
 def _has_alpha(im: Any) -> bool:

@@ -1,0 +1,154 @@
+"""Right at the edges (issue 39): inputs that once gave a user a wrong result without saying so.
+
+- A phone photo's EXIF orientation is applied once on every path (`ask`, the app's handler, `generate`),
+  and checking a checked picture changes nothing.
+- A layer folder that is not there (`--arr-coc`, `arr_coc=`) is refused before the model loads.
+- The command line's arguments are checked by the library's one validator before any work: exit 2, one
+  line, no traceback.
+- Notes say what is true: "characters this model does not read" only for such characters, and an empty
+  answer names the run(s) that gave it.
+- The app's API refuses what is not a question, reads budgets by the one parser and rule, and says what a
+  device or a pipe is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from _app_server import save_tiny_model, scene
+
+from arr_coc.inputs import InputError, check_image, upright
+from arr_coc.qwen import ARRCOCQwen
+
+Q = "What color is the circle?"
+# The transpose that shows a picture stored with each EXIF orientation upright, and the one that stores it.
+SHOW = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+        5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+        8: Image.Transpose.ROTATE_90}
+STORE = {**SHOW, 6: Image.Transpose.ROTATE_90, 8: Image.Transpose.ROTATE_270}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_edges"))
+
+
+@pytest.fixture(scope="module")
+def wrapper(tiny_dir):
+    return ARRCOCQwen.from_pretrained(str(tiny_dir))
+
+
+@pytest.fixture(scope="module")
+def scope(tiny_dir):
+    from microscope import server
+
+    scope = server.load(str(tiny_dir), device="cpu", max_new_tokens=2)
+    scope.count_flops = False
+    return scope
+
+
+def ask_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    """`python -m arr_coc ...` in this process -> (exit status, stdout, stderr)."""
+    from arr_coc.cli import main
+
+    capsys.readouterr()
+    try:
+        rc = main(argv)
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else 1
+        if not isinstance(exc.code, int) and exc.code is not None:
+            print(exc.code, file=__import__("sys").stderr)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# ----------------------------------------------------------------------------- 1. EXIF orientation
+
+
+def _photo_pair(folder: Path, orientation: int) -> tuple[Path, Path]:
+    """(a JPEG stored turned, with the EXIF tag that says how to show it; a PNG of the same upright pixels).
+
+    The PNG is made from the JPEG's own decoded pixels, turned: both are the same picture to the last bit."""
+    portrait = scene(112, 168, seed=orientation)          # 112 wide, 168 tall, as the phone's user saw it
+    stored = portrait.transpose(STORE[orientation])
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    jpeg = folder / f"photo_{orientation}.jpg"
+    stored.save(jpeg, exif=exif, quality=95)
+    with Image.open(jpeg) as raw:
+        decoded = raw.convert("RGB")
+    png = folder / f"photo_{orientation}.png"
+    decoded.transpose(SHOW[orientation]).save(png)
+    return jpeg, png
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> dict[int, tuple[Path, Path]]:
+    folder = tmp_path_factory.mktemp("exif")
+    return {k: _photo_pair(folder, k) for k in SHOW}
+
+
+@pytest.mark.parametrize("orientation", sorted(SHOW))
+def test_an_exif_turned_photo_is_seen_upright_once(photos, orientation):
+    jpeg, png = photos[orientation]
+    picture, _ = check_image(str(jpeg))
+    with Image.open(png) as im:
+        expected = im.convert("RGB")
+    assert picture.size == expected.size == (112, 168)
+    assert picture.tobytes() == expected.tobytes()
+    again, _ = check_image(picture)                       # generate() checking what the CLI or the app checked
+    assert again.size == picture.size and again.tobytes() == picture.tobytes()
+    assert upright(upright(picture)) is picture           # nothing left to turn
+    with Image.open(jpeg) as raw:                         # negative control: the stored pixels are not upright
+        stored = raw.convert("RGB")
+    assert stored.tobytes() != picture.tobytes()
+    assert (stored.size != picture.size) == (orientation >= 5)
+
+
+def _generate_spy(monkeypatch) -> list:
+    """Record every trace `ARRCOCQwen.generate` returns (whatever path called it)."""
+    traces = []
+    real = ARRCOCQwen.generate
+
+    def spy(self, *args, **kwargs):
+        answer, trace = real(self, *args, **kwargs)
+        traces.append((answer, trace))
+        return answer, trace
+
+    monkeypatch.setattr(ARRCOCQwen, "generate", spy)
+    return traces
+
+
+def _seen(answer, trace) -> tuple:
+    return (tuple(trace.grid_hw[0]), trace.kept_indices[0].tolist(), str(answer).strip())
+
+
+@pytest.mark.parametrize("orientation", sorted(SHOW))
+def test_a_turned_jpeg_and_its_upright_png_get_the_same_grid_cells_and_answer_everywhere(
+        photos, orientation, wrapper, scope, tiny_dir, capsys, monkeypatch):
+    """Through `ask`, the app's handler and `generate`: the same grid (tall: 6 x 4 cells), the same kept cells
+    and the same answer for the tagged JPEG as for the upright PNG."""
+    from microscope import handler
+
+    jpeg, png = photos[orientation]
+    seen = {}
+    for name, path in (("jpeg", jpeg), ("png", png)):
+        seen[name, "generate"] = _seen(*wrapper.generate(str(path), Q, budget=0.25, max_new_tokens=2))
+        record = handler.ask(scope, str(path), Q, budget=0.25, compare_layer="off").record
+        seen[name, "app"] = (tuple(record["arr_coc"]["grid_hw"][0]), record["arr_coc"]["kept_indices"][0],
+                             record["arr_coc"]["answer"])
+        with monkeypatch.context() as m:
+            m.setattr(ARRCOCQwen, "from_pretrained", classmethod(lambda cls, *a, **k: wrapper))
+            traces = _generate_spy(m)
+            rc, out, err = ask_cli(["ask", "--model", str(tiny_dir), "--image", str(path), "--question", Q,
+                                    "--budget", "0.25", "--max-new-tokens", "2", "--json"], capsys)
+        assert rc == 0, err
+        seen[name, "ask"] = _seen(*traces[-1])
+        assert json.loads(out)["answer"] == traces[-1][0]
+    for where in ("generate", "app", "ask"):
+        assert seen["jpeg", where] == seen["png", where], (orientation, where)
+        assert seen["jpeg", where][0] == (6, 4), (orientation, where)      # 168 tall x 112 wide: upright
