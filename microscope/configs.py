@@ -66,16 +66,17 @@ def add_layers(scope: Microscope, folders: list[str] | None) -> None:
     A folder must hold a layer trained for this VLM (config.json + model.safetensors, its question width
     the model's), or be 'untrained'. ValueError (the message says what to pass) when one cannot be built."""
     from arr_coc import ARRCOCQwen
-    from arr_coc.paths import UNTRAINED
+    from arr_coc.paths import UNTRAINED, LayerNotFound, check_layer_folder
 
     for folder in folders or []:
         path = None if folder == UNTRAINED else folder
         name = layer_label(path)
         if name in scope.layers:
             continue
-        if path is not None and not os.path.isdir(path):
-            raise ValueError(f"--compare-arr-coc {folder!r}: no such folder; pass a trained ARR-COC layer folder "
-                             "(config.json + model.safetensors) or 'untrained'")
+        try:
+            path = path if path is None else check_layer_folder(path)
+        except LayerNotFound as exc:
+            raise ValueError(f"--compare-arr-coc: {exc}") from None
         wrapper = ARRCOCQwen(scope.wrapper.model, scope.wrapper.processor, arr_coc=path, seed=scope.wrapper.seed)
         try:
             wrapper.arr_coc_layer   # built now: a bad folder fails at start-up, not on a request

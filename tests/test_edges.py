@@ -152,3 +152,83 @@ def test_a_turned_jpeg_and_its_upright_png_get_the_same_grid_cells_and_answer_ev
     for where in ("generate", "app", "ask"):
         assert seen["jpeg", where] == seen["png", where], (orientation, where)
         assert seen["jpeg", where][0] == (6, 4), (orientation, where)      # 168 tall x 112 wide: upright
+
+
+# ----------------------------------------------------------------------------- 2. a layer that is not there
+
+
+@pytest.fixture(scope="module")
+def layer_dir(tmp_path_factory, wrapper) -> str:
+    """A real (untrained) ARR-COC layer folder for the tiny model: the negative control."""
+    from arr_coc import ARRCOCConfig, ARRCOCLayer
+
+    folder = tmp_path_factory.mktemp("layer") / "layer"
+    ARRCOCLayer(ARRCOCConfig().with_query_dim(wrapper.text_hidden_size)).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if anything loads a model: the refusal must come before."""
+    import arr_coc.qwen.wrapper as wrapper_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the refusal")
+
+    monkeypatch.setattr(wrapper_module, "load_vlm", refuse)
+
+
+@pytest.fixture(scope="module")
+def one_item(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("one_item")
+    scene(112, 84).save(folder / "img.png")
+    (folder / "one.jsonl").write_text(json.dumps({"id": "x", "image": "img.png", "question": Q, "answers": ["red"]}))
+    return folder / "one.jsonl"
+
+
+def _missing_layers(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "a_file").write_text("not a folder")
+    return {"missing": str(tmp_path / "no_such_layer"), "empty": str(tmp_path / "empty"),
+            "a_file": str(tmp_path / "a_file")}
+
+
+def test_a_layer_folder_that_is_not_there_is_refused_by_ask_and_eval_before_the_model_loads(
+        tmp_path, tiny_dir, one_item, capsys, no_model_load):
+    for kind, folder in _missing_layers(tmp_path).items():
+        for argv in (["ask", "--model", str(tiny_dir), "--image", str(one_item.parent / "img.png"), "--question", Q,
+                      "--arr-coc", folder],
+                     ["eval", "--model", str(tiny_dir), "--data", str(one_item), "--arr-coc", folder,
+                      "--out", str(tmp_path / "r.json"), "--quiet"]):
+            rc, out, err = ask_cli(argv, capsys)
+            lines = err.strip().splitlines()
+            assert rc == 2 and len(lines) == 1 and "Traceback" not in err, (kind, argv[0], err)
+            assert "no trained ARR-COC layer at" in lines[0] and repr(folder) in lines[0], (kind, lines)
+            assert "save_pretrained" in lines[0], lines          # what to pass instead
+            assert out == "", out
+
+
+def test_a_layer_folder_that_is_not_there_is_refused_by_the_app_at_start_and_by_the_api(
+        tmp_path, tiny_dir, wrapper, no_model_load):
+    import app
+
+    for kind, folder in _missing_layers(tmp_path).items():
+        with pytest.raises(SystemExit) as info:
+            app.main(["--model", str(tiny_dir), "--device", "cpu", "--arr-coc", folder])
+        message = str(info.value.code)
+        assert "no trained ARR-COC layer at" in message and len(message.splitlines()) == 1, (kind, message)
+        with pytest.raises(FileNotFoundError, match="no trained ARR-COC layer at"):
+            ARRCOCQwen.from_pretrained(str(tiny_dir), arr_coc=folder)
+        with pytest.raises(FileNotFoundError, match="no trained ARR-COC layer at"):
+            ARRCOCQwen(wrapper.model, wrapper.processor, arr_coc=folder)
+
+
+def test_a_layer_folder_that_is_there_prunes(tiny_dir, layer_dir, wrapper, one_item, capsys, monkeypatch):
+    """Negative control: the same calls with a real layer folder run and keep fewer tokens than the image has."""
+    monkeypatch.setattr(ARRCOCQwen, "from_pretrained", classmethod(
+        lambda cls, path, arr_coc=None, **k: ARRCOCQwen(wrapper.model, wrapper.processor, arr_coc=arr_coc)))
+    rc, out, err = ask_cli(["ask", "--model", str(tiny_dir), "--image", str(one_item.parent / "img.png"),
+                            "--question", Q, "--arr-coc", layer_dir, "--budget", "0.25", "--max-new-tokens", "1",
+                            "--json"], capsys)
+    result = json.loads(out)
+    assert rc == 0 and result["kept_tokens"] < result["total_tokens"] and result["budget"] == 0.25, err

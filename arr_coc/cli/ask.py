@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from arr_coc.inputs import (InputError, answer_notes, check_method, check_question, finish_image, limits_for,
                                 open_image)
-    from arr_coc.paths import CHECKPOINTS, default_model_path, resolve_layer
+    from arr_coc.paths import CHECKPOINTS, LayerNotFound, default_model_path, resolve_layer
 
     run_on = runtime(args)  # a wrong device / dtype / attention name, or no GPU for cuda: said before anything loads
     model_path = args.model or default_model_path()
@@ -52,13 +52,14 @@ def run(args: argparse.Namespace) -> int:
         args.method = check_method(args.method)
         question, notes = check_question(args.question)
         opened = open_image(args.image, name=args.image)
-    except InputError as exc:
+        layer = resolve_layer(model_path, args.arr_coc, encode_config(args))   # issue 39: a folder that is there
+    except (InputError, LayerNotFound) as exc:
         return refuse(exc)
     from arr_coc.qwen import ARRCOCQwen
     from arr_coc.runtime import RuntimeChoiceError
 
     try:
-        wrapper = ARRCOCQwen.from_pretrained(model_path, arr_coc=resolve_layer(model_path, args.arr_coc, encode_config(args)),
+        wrapper = ARRCOCQwen.from_pretrained(model_path, arr_coc=layer,
                                              device=run_on.device, dtype=run_on.dtype,
                                              attn_implementation=run_on.attn_implementation)
     except RuntimeChoiceError as exc:  # e.g. flash_attention_2 without a GPU: not the model's fault
