@@ -17,6 +17,8 @@ names the case for programs and tests. What can be made valid safely is made val
 | a question with NUL or other control characters | those removed, with a note |
 | a budget: not a share in (0, 1] or a count in [1, `max_budget_count`] (`arr_coc.budget` reads it) | refused |
 | an unknown method | refused, naming the known ones |
+| an answer length (`max_new_tokens`) below 1 or not a whole number | refused |
+| encode settings that contradict each other, or encode before for a method that reads encoded tokens | refused |
 
 Special-token strings in a question (`<|im_end|>`, `<|image_pad|>`, ...) are not an input problem: the
 question is tokenized as plain text (`arr_coc.qwen.processing.encode_prompts`), so they are characters.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 import unicodedata
 from dataclasses import dataclass, field
@@ -38,6 +41,8 @@ from .cancel import Cancelled, checkpoint
 
 if TYPE_CHECKING:
     from PIL.Image import Image
+
+    from .qwen.encoding import EncodeConfig
 
 FORMATS = "PNG, JPEG, WebP, BMP or GIF"
 
@@ -130,6 +135,39 @@ def check_method(method: Any, default: str = "arr_coc") -> str:
     if not isinstance(method, str) or method not in available_methods():
         raise InputError(unknown_method_message(method), "method")
     return method
+
+
+def check_max_new_tokens(value: Any) -> int:
+    """The answer's length limit: a whole number of tokens, at least 1. Refused here, in the validator's words,
+    rather than by transformers halfway through a request (its ValueError was a traceback on the command line)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise InputError(f"max_new_tokens={value!r} is not an answer length: give a whole number of tokens of at "
+                         "least 1 (--max-new-tokens 32)", "max_new_tokens")
+    return int(value)
+
+
+def check_encode(method: Any, encode: Any = None) -> EncodeConfig:
+    """What the vision tower encodes, for `method` -> an `EncodeConfig`. `encode` is an EncodeConfig, a mode
+    ("after", "before"), None ("after") or a mapping of EncodeConfig's fields (the command line's --encode,
+    --gist, --margin, --periphery, --whole-windows). Refused: settings that contradict each other (a gist
+    or a margin without encode before, a periphery without a gist), and encode before for a method that reads
+    the encoded visual tokens (FastV, VisionZip, ...), which cannot choose before the tower. method None or
+    "none" selects nothing, so only the settings are checked."""
+    from .qwen.encoding import EncodeConfig, as_encode_config
+
+    try:
+        config = EncodeConfig(**encode) if isinstance(encode, dict) else as_encode_config(encode)
+    except (TypeError, ValueError) as exc:
+        raise InputError(str(exc), "encode") from None
+    if config.mode == "before" and isinstance(method, str) and method != "none":
+        from .selection import available_methods, get_selector, selects_before_encoding
+
+        if not selects_before_encoding(get_selector(method)):
+            before = [m for m in available_methods() if m != "none" and selects_before_encoding(get_selector(m))]
+            raise InputError(f"method {method!r} reads the encoded visual tokens, so it cannot choose before the "
+                             "vision tower: run it with --encode after (encode='after'), or pick a method that "
+                             f"chooses before ({', '.join(before)})", "encode")
+    return config
 
 
 # ----------------------------------------------------------------------------- the image

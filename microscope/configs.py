@@ -117,14 +117,14 @@ def read_number(value: Any, name: str, default: float, low: float, high: float, 
 def read_encode(mode: str, gist: float, margin: int, periphery: bool) -> EncodeConfig:
     """An EncodeConfig; its own refusals (periphery without a gist, ...) as InputError. The before mode's
     settings mean nothing after: an "after" run gets the plain EncodeConfig."""
-    from arr_coc.qwen.encoding import EncodeConfig
+    from arr_coc.inputs import check_encode
 
     if mode == "after":
-        return EncodeConfig()
+        return check_encode(None, "after")
     try:
-        return EncodeConfig(mode="before", gist=gist, margin=margin, periphery=periphery)
-    except ValueError as exc:
-        raise InputError(f"{exc}.", "encode") from None
+        return check_encode(None, {"mode": "before", "gist": gist, "margin": margin, "periphery": periphery})
+    except InputError as exc:
+        raise InputError(f"{exc}.", exc.code) from None   # the page's messages are sentences
 
 
 def read_configs(scope: Microscope, method: str, encode: Any, layer: Any, compare_layer: Any, compare_encode: Any,

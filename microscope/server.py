@@ -172,7 +172,7 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     path = model_path(model)
     set_environment(path)
     from arr_coc import ARRCOCQwen
-    from arr_coc.inputs import limits_for
+    from arr_coc.inputs import InputError, check_max_new_tokens, limits_for
     from arr_coc.paths import LayerNotFound, resolve_layer
     from arr_coc.qwen.loading import check_supported
     from arr_coc.runtime import Runtime, RuntimeChoiceError
@@ -181,7 +181,8 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     try:
         run = Runtime.resolve(device, dtype, attn_implementation)
         check_supported(run)
-    except RuntimeChoiceError as exc:
+        max_new_tokens = check_max_new_tokens(max_new_tokens)   # issue 39: else every request would fail
+    except (RuntimeChoiceError, InputError) as exc:
         raise LoadError(str(exc)) from None
     try:  # issue 39: --arr-coc naming a folder that is not there is refused before the model loads
         layer_path = resolve_layer(path, arr_coc)

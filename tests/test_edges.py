@@ -232,3 +232,46 @@ def test_a_layer_folder_that_is_there_prunes(tiny_dir, layer_dir, wrapper, one_i
                             "--json"], capsys)
     result = json.loads(out)
     assert rc == 0 and result["kept_tokens"] < result["total_tokens"] and result["budget"] == 0.25, err
+
+
+# ----------------------------------------------------------------------------- 3. the command line's arguments
+
+CLI_CASES = [
+    ("ask", ["--method", "fastv", "--encode", "before"], "cannot choose before the vision tower"),
+    ("ask", ["--method", "visionzip", "--encode", "before", "--gist", "0.25"], "cannot choose before the vision tower"),
+    ("ask", ["--max-new-tokens", "0"], "max_new_tokens=0 is not an answer length"),
+    ("ask", ["--max-new-tokens", "-3"], "max_new_tokens=-3 is not an answer length"),
+    ("ask", ["--gist", "0.25"], "mode='before' (--encode before) is needed for gist=0.25"),
+    ("ask", ["--margin", "1"], "mode='before' (--encode before) is needed for margin=1"),
+    ("ask", ["--encode", "before", "--margin", "-1"], "margin=-1 must be >= 0"),
+    ("ask", ["--encode", "before", "--periphery"], "periphery=True shows the language model the gist"),
+    ("ask", ["--encode", "before", "--gist", "1.5"], "gist=1.5 must be a share"),
+    ("eval", ["--max-new-tokens", "0"], "max_new_tokens=0 is not an answer length"),
+    ("eval", ["--gist", "0.25"], "mode='before' (--encode before) is needed for gist=0.25"),
+    ("eval", ["--encode", "before", "--periphery"], "periphery=True shows the language model the gist"),
+]
+
+
+@pytest.mark.parametrize("command,extra,words", CLI_CASES, ids=[" ".join([c, *e]) for c, e, _ in CLI_CASES])
+def test_every_bad_argument_exits_2_with_one_line_before_any_work(command, extra, words, tiny_dir, one_item,
+                                                                  tmp_path, capsys, no_model_load):
+    base = {"ask": ["ask", "--model", str(tiny_dir), "--image", str(one_item.parent / "img.png"), "--question", Q],
+            "eval": ["eval", "--model", str(tiny_dir), "--data", str(one_item), "--out", str(tmp_path / "r.json"),
+                     "--quiet"]}[command]
+    rc, out, err = ask_cli(base + extra, capsys)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"python -m arr_coc {command}: error: ") and words in lines[0], lines[0]
+    assert out == "" and not (tmp_path / "r.json").exists()
+
+
+def test_the_same_arguments_are_refused_by_the_python_api_in_the_same_words(wrapper, make_image):
+    from arr_coc.inputs import check_encode
+
+    with pytest.raises(InputError, match="max_new_tokens=0 is not an answer length"):
+        wrapper.generate(make_image(84, 112), Q, max_new_tokens=0)
+    with pytest.raises(InputError, match="cannot choose before the vision tower"):
+        check_encode("fastv", "before")
+    assert check_encode("arr_coc", "before").mode == "before"     # negative control: a method that can
+    _, trace = wrapper.generate(make_image(84, 112), Q, method="fastv", max_new_tokens=1)
+    assert trace.new_tokens >= 1                                   # and fastv after the tower answers

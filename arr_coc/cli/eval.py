@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from .args import add_budget_mode, add_encode, add_runtime, budgets_arg, encode_config, runtime
+from .args import add_budget_mode, add_encode, add_runtime, budgets_arg, encode_config, fail, runtime
 
 DEFAULT_BUDGETS = "0.02,0.03,0.05,0.1,0.25,0.5,1.0"
 
@@ -65,6 +65,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"eval: error: {exc}", file=sys.stderr)
         return 2
     run_on = runtime(args)  # a wrong device / dtype / attention name, or no GPU for cuda: said before anything loads
+    from arr_coc.inputs import InputError, check_max_new_tokens
+
+    try:  # issue 39: the library's validator, before any work (transformers refused 0 halfway, with a traceback)
+        args.max_new_tokens = check_max_new_tokens(args.max_new_tokens)
+    except InputError as exc:
+        fail(args, str(exc))
     model = args.model or EMBEDDED_MODEL
     if args.arr_coc_weights is None:
         # the shipped trained layer for this encoding, embedded model only

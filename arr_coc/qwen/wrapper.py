@@ -29,7 +29,7 @@ import torch
 
 from ..budget import Budget, BudgetMode, BudgetSpec, check_mode, resolve_count
 from ..cancel import checkpoint, stopping_kwargs
-from ..inputs import check_items, limits_for
+from ..inputs import check_items, check_max_new_tokens, limits_for
 from ..layer import ARRCOCLayer
 from ..paths import check_layer_folder
 from ..runtime import Runtime
@@ -470,6 +470,7 @@ class ARRCOCQwen:
             raise ValueError(f"got {len(images)} image entries for {len(questions)} questions; pass one per question")
         item_images = [list(im) if isinstance(im, (list, tuple)) else ([] if im is None else [im]) for im in images]
         item_images, questions, _ = check_items(item_images, questions, limits_for(self.processor))
+        max_new_tokens = check_max_new_tokens(max_new_tokens)   # issue 39: the validator's words, not transformers'
         inputs = self.build_inputs(item_images, questions)
         sequences, new_tokens, traces = self._generate_from_inputs(
             inputs, budget, method, budget_mode, encode, max_new_tokens=max_new_tokens, **gen_kwargs)
