@@ -12,8 +12,8 @@ names the case for programs and tests. What can be made valid safely is made val
 | EXIF orientation | applied once (`upright`); the picture keeps no orientation tag, so checking it again changes nothing |
 | more than `max_image_pixels` | downscaled keeping its aspect ratio inside the model's limit, with a note |
 | aspect ratio beyond `max_aspect` (200:1, what Qwen-VL takes) up to `max_pad_aspect` | padded with white to 200:1, with a note |
-| fewer than `min_image_pixels` (1 x 1, 20 x 20), thinner than `max_pad_aspect`, more than `max_decode_pixels` (checked before decoding; decompression bombs), a file over `max_file_bytes`, empty, truncated, not an image, a folder, missing | refused |
-| a question: empty or blank, over `max_question_chars` | refused |
+| fewer than `min_image_pixels` (1 x 1, 20 x 20), thinner than `max_pad_aspect`, more than `max_decode_pixels` (checked before decoding; decompression bombs), a file over `max_file_bytes`, empty, truncated, not an image, a folder, a device or a pipe, missing | refused |
+| a question: empty or blank, over `max_question_chars`, not text (a list, a dict, a number) | refused |
 | a question with NUL or other control characters | those removed, with a note |
 | a budget: not a share in (0, 1] or a count in [1, `max_budget_count`] (`arr_coc.budget` reads it) | refused |
 | an unknown method | refused, naming the known ones |
@@ -92,8 +92,12 @@ def limits_for(processor: Any = None, limits: InputLimits = LIMITS) -> InputLimi
 
 def check_question(question: Any, limits: InputLimits = LIMITS) -> tuple[str, list[str]]:
     """A question -> (the text to ask, notes). Control characters (NUL, ...) are removed, with a note;
-    blank or over-long questions are refused."""
-    text = "" if question is None else question if isinstance(question, str) else str(question)
+    blank or over-long questions are refused, and so is anything that is not text (a list or a dict an API
+    client sent used to be turned into its repr and answered)."""
+    if question is not None and not isinstance(question, str):
+        raise InputError(f"The question must be text, not a {type(question).__name__}: send one question as a "
+                         "string, e.g. \"What color is the circle?\"", "question_not_text")
+    text = "" if question is None else question
     kept = "".join(c for c in text if c in "\t\n\r" or unicodedata.category(c) != "Cc")
     notes = []
     if len(kept) != len(text):
@@ -109,14 +113,16 @@ def check_question(question: Any, limits: InputLimits = LIMITS) -> tuple[str, li
     return kept, notes
 
 
-def check_budget(value: Any, default: Budget | None = None, limits: InputLimits = LIMITS) -> Budget | None:
+def check_budget(value: Any, default: Budget | None = None, limits: InputLimits = LIMITS,
+                 wire: bool = False) -> Budget | None:
     """A budget as any caller writes it (0.25, "10%", 64, "64tok"), read by `arr_coc.budget.parse_budget`;
     None (not given) is `default`. A refusal carries the budget parser's own message ("" is not a budget,
-    as on the command line and in `generate`)."""
+    as on the command line and in `generate`). wire=True: it came over JSON (the app's API), where a whole
+    number is read as the text it was, so 1 is as ambiguous as "1" on the command line (`parse_budget`)."""
     if value is None:
         return default
     try:
-        budget = parse_budget(value)
+        budget = parse_budget(value, wire=wire)
     except BudgetError as exc:
         raise InputError(str(exc), "budget") from None
     if isinstance(budget, int) and budget > limits.max_budget_count:
@@ -294,6 +300,9 @@ def open_image(value: Any, limits: InputLimits = LIMITS, name: str | None = None
     if os.path.isdir(path):
         raise InputError(f"{repr(name) if name else 'The upload'} is a folder, not an image file: give one image "
                          f"file ({FORMATS}).", "image_missing")
+    if os.path.exists(path) and not os.path.isfile(path):   # a device (/dev/zero), a pipe, a socket: never opened
+        raise InputError(f"{repr(name) if name else 'The upload'} is not a regular image file (it is a device, a pipe "
+                         f"or a socket): give one image file ({FORMATS}).", "image_not_a_file")
     if not os.path.isfile(path):
         raise InputError(f"Could not find the image file {name!r}: check the path and try again." if name else
                          "Could not find the uploaded image file: upload it again.", "image_missing")

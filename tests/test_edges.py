@@ -321,3 +321,86 @@ def test_the_app_names_the_run_whose_answer_was_empty(scope, monkeypatch, blank,
     monkeypatch.setattr(handler, "_generate", real)                 # negative control: answers, no note
     assert not [n for n in handler.ask(scope, scene(112, 84), Q, compare_layer="off").record["notes"]
                 if "empty answer" in n]
+
+
+# ----------------------------------------------------------------------------- 5. what the API and the files are
+
+
+@pytest.mark.parametrize("question", [["What color is the circle?"], {"q": "What color?"}, 5, b"What color?"])
+def test_a_question_that_is_not_text_is_refused_by_the_validator_and_the_handler(question, scope):
+    from arr_coc.inputs import check_question
+    from microscope import handler
+
+    with pytest.raises(InputError, match="The question must be text, not a") as info:
+        check_question(question)
+    assert info.value.code == "question_not_text"
+    result = handler.ask(scope, scene(112, 84), question)
+    assert result.error == f"**Error:** {info.value}" and result.answer_baseline == ""
+    assert check_question(" What color? ") == ("What color?", [])           # negative control
+
+
+@pytest.mark.parametrize("text", ["1_0", "0_5", "1_0%", "0.2_5", "١٠", "６４", "1_000tok"])
+def test_a_budget_is_plain_ascii_digits_everywhere(text, scope):
+    """Python's float() and int() read underscores and other scripts' digits; the one parser does not."""
+    from arr_coc.budget import BudgetError, parse_budget
+    from microscope import handler
+
+    with pytest.raises(BudgetError, match="is not a budget") as info:
+        parse_budget(text)
+    assert handler.ask(scope, scene(112, 84), Q, budget=text).error == f"**Error:** {info.value}"
+    assert parse_budget("10") == 10 and parse_budget("0.5") == 0.5 and parse_budget("10%") == 0.1   # control
+
+
+def test_the_whole_number_1_follows_one_rule_on_the_command_line_and_the_api(scope):
+    """JSON cannot tell 1 from 1.0, so the API reads a whole number as the command line reads its text."""
+    from arr_coc.budget import BudgetError, parse_budget
+    from microscope import handler
+
+    with pytest.raises(BudgetError, match="ambiguous") as info:
+        parse_budget("1")
+    assert handler.ask(scope, scene(112, 84), Q, budget=1).error == f"**Error:** {info.value}"
+    assert parse_budget(1) == 1                               # in Python, where 1 is not 1.0, an int is a count
+    assert handler.ask(scope, scene(112, 84), Q, budget=8, compare_layer="off").record["arr_coc"]["kept_tokens"] == 8
+    full = handler.ask(scope, scene(112, 84), Q, budget="1.0", compare_layer="off").record["arr_coc"]
+    assert full["kept_tokens"] == full["total_tokens"]
+
+
+def test_the_page_sends_the_sliders_maximum_as_text(tmp_path):
+    """The browser-side step of the `ask` event, run by node when it is installed."""
+    import shutil
+    import subprocess
+
+    from microscope.page import slider_max_as_text
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    js = slider_max_as_text(4, 2)
+    script = (f"const f = {js};\nconsole.log(JSON.stringify([f(null, 'q', 1, true), f(null, 'q', 0.25, true, 'out'), "
+              "f(null, 'q', '64', true)]));")
+    out = subprocess.run([node, "-e", script], capture_output=True, text=True, timeout=30)
+    assert json.loads(out.stdout) == [[None, "q", "1.0", True], [None, "q", 0.25, True], [None, "q", "64", True]]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_device_or_a_pipe_is_not_a_regular_image_file(kind, tmp_path, tiny_dir, capsys, wrapper):
+    import os
+
+    from arr_coc.inputs import open_image
+
+    if kind == "fifo":
+        path = str(tmp_path / "pipe.png")
+        os.mkfifo(path)
+    else:
+        path = "/dev/zero"
+        if not os.path.exists(path):
+            pytest.skip("no /dev/zero here")
+    with pytest.raises(InputError, match="is not a regular image file") as info:
+        open_image(path, name=path)
+    assert "Could not find" not in str(info.value)
+    with pytest.raises(InputError, match="is not a regular image file"):
+        wrapper.generate(path, Q, max_new_tokens=1)
+    rc, _, err = ask_cli(["ask", "--model", str(tiny_dir), "--image", path, "--question", Q], capsys)
+    assert rc == 2 and "is not a regular image file" in err and len(err.strip().splitlines()) == 1, err
+    with pytest.raises(InputError, match="Could not find the image file"):      # negative control: missing
+        open_image(str(tmp_path / "missing.png"), name="missing.png")
