@@ -400,12 +400,16 @@ def _log(report) -> str:
     return report.log_file.read_text()
 
 
-def _pope(tmp_path, rows, instances=None):
-    images = _images(tmp_path / "val2014", {"COCO_val2014_000000310196.jpg": (100, 80)})
+def _pope_file(tmp_path, rows) -> Path:
     src = tmp_path / "coco_pope_random.json"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return lambda: convert("pope", src, tmp_path / "out", images=images,
-                           **({"instances": instances} if instances else {}))
+    return src
+
+
+def _pope(tmp_path, rows):
+    images = _images(tmp_path / "val2014", {"COCO_val2014_000000310196.jpg": (100, 80)})
+    src = _pope_file(tmp_path, rows)
+    return lambda: convert("pope", src, tmp_path / "out", images=images)
 
 
 POPE_ROW = {"question_id": 7, "image": "COCO_val2014_000000310196.jpg", "text": "Is there a snowboard in the image?",
@@ -445,8 +449,7 @@ def test_the_coco_instances_reader_names_the_file_the_record_and_the_field(tmp_p
     """COCO, POPE and RefCOCO read the instances file with one reader: a wrong type is one error for all."""
     inst = _broken_instances(tmp_path, image, annotation)
     images = _images(tmp_path / "val2014", {"COCO_val2014_000000310196.jpg": (100, 80)})
-    src = {"coco": inst, "pope": _pope(tmp_path, [POPE_ROW]) and tmp_path / "coco_pope_random.json",
-           "refcoco": _refs(tmp_path)}[reader]
+    src = {"coco": inst, "pope": _pope_file(tmp_path, [POPE_ROW]), "refcoco": _refs(tmp_path)}[reader]
     with pytest.raises(LayoutError) as info:
         convert(reader, src, tmp_path / "out", images=images, **({} if reader == "coco" else {"instances": inst}))
     assert str(info.value).startswith("instances.json: ") and words in str(info.value), str(info.value)

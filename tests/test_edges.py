@@ -52,7 +52,10 @@ def scope(tiny_dir):
 
 
 def ask_cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    """`python -m arr_coc ...` in this process -> (exit status, stdout, stderr)."""
+    """`python -m arr_coc ...` in this process -> (exit status, stdout, stderr), as a shell would see them
+    (a SystemExit with a message prints it on stderr and exits 1)."""
+    import sys
+
     from arr_coc.cli import main
 
     capsys.readouterr()
@@ -60,8 +63,8 @@ def ask_cli(argv: list[str], capsys) -> tuple[int, str, str]:
         rc = main(argv)
     except SystemExit as exc:
         rc = exc.code if isinstance(exc.code, int) else 1
-        if not isinstance(exc.code, int) and exc.code is not None:
-            print(exc.code, file=__import__("sys").stderr)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
     out, err = capsys.readouterr()
     return rc, out, err
 
