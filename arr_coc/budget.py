@@ -9,7 +9,12 @@ How a budget is written, everywhere (Python API, `ask`, `eval`, `train`, `bench`
 
 The string `"1"` is refused as ambiguous (every token, or one token?): write `1.0` / `100%` for
 every token, `1tok` for one. A count larger than an image's tokens keeps them all; a share keeps
-round-half-up(share * n) tokens, at least one.
+round-half-up(share * n) tokens, at least one. Strings are plain ASCII numbers: `"1_0"`, `"١٠"` or
+`"６４"` (which Python's own float() and int() read) are refused.
+
+Over JSON (the app's API, `wire=True`) 1 and 1.0 are the same number, and a browser sends 1.0 as 1:
+a whole number there is read as the text it was written as, like a command-line argument (`64` a
+count, `1` ambiguous); the page's slider sends its maximum as `"1.0"`.
 
 How a budget is met (`BudgetMode`), chosen per call:
 
@@ -44,7 +49,8 @@ DEFAULT_BUDGET: float = 0.25
 MAX_COUNT: int = 1_000_000           # more visual tokens than any image has (Qwen-VL: 16,384 at most)
 HOW_TO_WRITE = "write a share like 0.1, 1.0 or 10%, or a token count like 64 (or 64tok)"
 
-_COUNT = re.compile(r"^(\d+)\s*(tok|tokens?)?$")
+_COUNT = re.compile(r"^(\d+)\s*(tok|tokens?)?$", re.ASCII)
+_SHARE = re.compile(r"^(\d+\.?\d*|\.\d+)(e[-+]?\d+)?%?$", re.ASCII)   # 0.1, .5, 1., 10%, 1e-1
 
 
 class BudgetError(ValueError):
@@ -69,11 +75,15 @@ def check_budget(budget: object, name: str = "budget") -> Budget:
     return value
 
 
-def parse_budget(value: object, name: str = "budget") -> Budget:
+def parse_budget(value: object, name: str = "budget", wire: bool = False) -> Budget:
     """The one parser: a string as written on a command line or in a form, or a Python number.
 
     "0.1" / "10%" / "1.0" -> share; "64" / "64tok" -> count; "1" -> BudgetError (ambiguous).
+    wire=True: `value` came over JSON, where 1 and 1.0 are one number, so a whole number is read as the
+    text it was (1 -> ambiguous, as "1" on the command line; 64 -> a count).
     """
+    if wire and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = str(int(value))
     if not isinstance(value, str):
         return check_budget(value, name)
     text = value.strip().lower()
@@ -87,10 +97,11 @@ def parse_budget(value: object, name: str = "budget") -> Budget:
             raise BudgetError(f"{name} '1' is ambiguous: write 1.0 or 100% to keep every token, "
                               "or 1tok to keep one token")
         return check_budget(int(match.group(1)), name)
-    try:
-        share = float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
-    except ValueError:
-        raise BudgetError(f"{name} {value!r} is not a budget; {HOW_TO_WRITE}") from None
+    if not _SHARE.match(text):   # float() alone would take "1_0" as 10 and "nan"; say how to write one
+        if text in ("nan", "inf", "infinity", "nan%", "inf%"):
+            return check_budget(float(text.rstrip("%")), name)
+        raise BudgetError(f"{name} {value!r} is not a budget; {HOW_TO_WRITE}")
+    share = float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
     return check_budget(share, name)
 
 

@@ -9,14 +9,16 @@ names the case for programs and tests. What can be made valid safely is made val
 |---|---|
 | animated image | the first frame, with a note |
 | 16-bit / 32-bit, CMYK, palette, transparency | 8-bit RGB (alpha flattened onto white), with a note |
-| EXIF orientation | applied |
+| EXIF orientation | applied once (`upright`); the picture keeps no orientation tag, so checking it again changes nothing |
 | more than `max_image_pixels` | downscaled keeping its aspect ratio inside the model's limit, with a note |
 | aspect ratio beyond `max_aspect` (200:1, what Qwen-VL takes) up to `max_pad_aspect` | padded with white to 200:1, with a note |
-| fewer than `min_image_pixels` (1 x 1, 20 x 20), thinner than `max_pad_aspect`, more than `max_decode_pixels` (checked before decoding; decompression bombs), a file over `max_file_bytes`, empty, truncated, not an image, a folder, missing | refused |
-| a question: empty or blank, over `max_question_chars` | refused |
+| fewer than `min_image_pixels` (1 x 1, 20 x 20), thinner than `max_pad_aspect`, more than `max_decode_pixels` (checked before decoding; decompression bombs), a file over `max_file_bytes`, empty, truncated, not an image, a folder, a device or a pipe, missing | refused |
+| a question: empty or blank, over `max_question_chars`, not text (a list, a dict, a number) | refused |
 | a question with NUL or other control characters | those removed, with a note |
 | a budget: not a share in (0, 1] or a count in [1, `max_budget_count`] (`arr_coc.budget` reads it) | refused |
 | an unknown method | refused, naming the known ones |
+| an answer length (`max_new_tokens`) below 1 or not a whole number | refused |
+| encode settings that contradict each other, or encode before for a method that reads encoded tokens | refused |
 
 Special-token strings in a question (`<|im_end|>`, `<|image_pad|>`, ...) are not an input problem: the
 question is tokenized as plain text (`arr_coc.qwen.processing.encode_prompts`), so they are characters.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 import unicodedata
 from dataclasses import dataclass, field
@@ -38,6 +41,8 @@ from .cancel import Cancelled, checkpoint
 
 if TYPE_CHECKING:
     from PIL.Image import Image
+
+    from .qwen.encoding import EncodeConfig
 
 FORMATS = "PNG, JPEG, WebP, BMP or GIF"
 
@@ -87,8 +92,12 @@ def limits_for(processor: Any = None, limits: InputLimits = LIMITS) -> InputLimi
 
 def check_question(question: Any, limits: InputLimits = LIMITS) -> tuple[str, list[str]]:
     """A question -> (the text to ask, notes). Control characters (NUL, ...) are removed, with a note;
-    blank or over-long questions are refused."""
-    text = "" if question is None else question if isinstance(question, str) else str(question)
+    blank or over-long questions are refused, and so is anything that is not text (a list or a dict an API
+    client sent used to be turned into its repr and answered)."""
+    if question is not None and not isinstance(question, str):
+        raise InputError(f"The question must be text, not a {type(question).__name__}: send one question as a "
+                         "string, e.g. \"What color is the circle?\"", "question_not_text")
+    text = "" if question is None else question
     kept = "".join(c for c in text if c in "\t\n\r" or unicodedata.category(c) != "Cc")
     notes = []
     if len(kept) != len(text):
@@ -104,14 +113,16 @@ def check_question(question: Any, limits: InputLimits = LIMITS) -> tuple[str, li
     return kept, notes
 
 
-def check_budget(value: Any, default: Budget | None = None, limits: InputLimits = LIMITS) -> Budget | None:
+def check_budget(value: Any, default: Budget | None = None, limits: InputLimits = LIMITS,
+                 wire: bool = False) -> Budget | None:
     """A budget as any caller writes it (0.25, "10%", 64, "64tok"), read by `arr_coc.budget.parse_budget`;
     None (not given) is `default`. A refusal carries the budget parser's own message ("" is not a budget,
-    as on the command line and in `generate`)."""
+    as on the command line and in `generate`). wire=True: it came over JSON (the app's API), where a whole
+    number is read as the text it was, so 1 is as ambiguous as "1" on the command line (`parse_budget`)."""
     if value is None:
         return default
     try:
-        budget = parse_budget(value)
+        budget = parse_budget(value, wire=wire)
     except BudgetError as exc:
         raise InputError(str(exc), "budget") from None
     if isinstance(budget, int) and budget > limits.max_budget_count:
@@ -130,6 +141,39 @@ def check_method(method: Any, default: str = "arr_coc") -> str:
     if not isinstance(method, str) or method not in available_methods():
         raise InputError(unknown_method_message(method), "method")
     return method
+
+
+def check_max_new_tokens(value: Any) -> int:
+    """The answer's length limit: a whole number of tokens, at least 1. Refused here, in the validator's words,
+    rather than by transformers halfway through a request (its ValueError was a traceback on the command line)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise InputError(f"max_new_tokens={value!r} is not an answer length: give a whole number of tokens of at "
+                         "least 1 (--max-new-tokens 32)", "max_new_tokens")
+    return int(value)
+
+
+def check_encode(method: Any, encode: Any = None) -> EncodeConfig:
+    """What the vision tower encodes, for `method` -> an `EncodeConfig`. `encode` is an EncodeConfig, a mode
+    ("after", "before"), None ("after") or a mapping of EncodeConfig's fields (the command line's --encode,
+    --gist, --margin, --periphery, --whole-windows). Refused: settings that contradict each other (a gist
+    or a margin without encode before, a periphery without a gist), and encode before for a method that reads
+    the encoded visual tokens (FastV, VisionZip, ...), which cannot choose before the tower. method None or
+    "none" selects nothing, so only the settings are checked."""
+    from .qwen.encoding import EncodeConfig, as_encode_config
+
+    try:
+        config = EncodeConfig(**encode) if isinstance(encode, dict) else as_encode_config(encode)
+    except (TypeError, ValueError) as exc:
+        raise InputError(str(exc), "encode") from None
+    if config.mode == "before" and isinstance(method, str) and method != "none":
+        from .selection import available_methods, get_selector, selects_before_encoding
+
+        if not selects_before_encoding(get_selector(method)):
+            before = [m for m in available_methods() if m != "none" and selects_before_encoding(get_selector(m))]
+            raise InputError(f"method {method!r} reads the encoded visual tokens, so it cannot choose before the "
+                             "vision tower: run it with --encode after (encode='after'), or pick a method that "
+                             f"chooses before ({', '.join(before)})", "encode")
+    return config
 
 
 # ----------------------------------------------------------------------------- the image
@@ -256,6 +300,9 @@ def open_image(value: Any, limits: InputLimits = LIMITS, name: str | None = None
     if os.path.isdir(path):
         raise InputError(f"{repr(name) if name else 'The upload'} is a folder, not an image file: give one image "
                          f"file ({FORMATS}).", "image_missing")
+    if os.path.exists(path) and not os.path.isfile(path):   # a device (/dev/zero), a pipe, a socket: never opened
+        raise InputError(f"{repr(name) if name else 'The upload'} is not a regular image file (it is a device, a pipe "
+                         f"or a socket): give one image file ({FORMATS}).", "image_not_a_file")
     if not os.path.isfile(path):
         raise InputError(f"Could not find the image file {name!r}: check the path and try again." if name else
                          "Could not find the uploaded image file: upload it again.", "image_missing")
@@ -399,10 +446,43 @@ def finish_image(opened: OpenedImage, limits: InputLimits = LIMITS) -> tuple[Ima
         info.notes.append(f"Very thin image ({w}x{h} px, {max(w, h) / min(w, h):,.0f}:1): padded with white to "
                           f"{canvas[0]}x{canvas[1]} px, because Qwen-VL takes aspect ratios up to "
                           f"{limits.max_aspect:.0f}:1.")
-    if orientation not in (None, 1):
-        im = _apply_orientation(im, orientation)
+    im = upright(im, orientation)
     info.used_size = im.size
     return im, info
+
+
+def _transpose_for(orientation: int | None) -> Any:
+    """The PIL transpose that shows a picture stored with EXIF `orientation` upright (None for 1 or unknown)."""
+    from PIL import Image
+
+    t = Image.Transpose
+    return {2: t.FLIP_LEFT_RIGHT, 3: t.ROTATE_180, 4: t.FLIP_TOP_BOTTOM, 5: t.TRANSPOSE, 6: t.ROTATE_270,
+            7: t.TRANSVERSE, 8: t.ROTATE_90}.get(orientation or 1)
+
+
+# What can tell a viewer to turn a picture: EXIF (as JPEG, WebP and PNG keep it) and XMP's tiff:Orientation.
+_ORIENTATION_KEYS = ("exif", "Raw profile type exif", "xmp", "XML:com.adobe.xmp")
+
+
+def upright(im: Image, orientation: int | None = None) -> Image:
+    """The picture as it is meant to be seen: its EXIF orientation (2-8: mirrored and/or rotated) applied.
+
+    The one place a picture is turned upright (`finish_image` calls it, so the CLI, the app and `generate`
+    all do). The turned picture keeps no orientation metadata, so a second call, e.g. `generate` checking a
+    picture the CLI or the app already checked, changes nothing: a portrait phone photo once reached the
+    model on its side because the tag survived the first turn. `orientation` is the tag as read before
+    decoding and converting (which may drop the metadata); None reads it from `im`. A picture with no turn
+    to make is returned as it is (never mutated: it may be the caller's own).
+    """
+    if orientation is None:
+        orientation = _orientation(im)
+    op = _transpose_for(orientation)
+    if op is None:
+        return im
+    im = im.transpose(op)               # a new image: the caller's is untouched
+    for key in _ORIENTATION_KEYS:
+        im.info.pop(key, None)
+    return im
 
 
 def _orientation(im: Any) -> int | None:
@@ -410,17 +490,6 @@ def _orientation(im: Any) -> int | None:
         return int(im.getexif().get(0x0112) or 1)
     except Exception:  # noqa: BLE001 - a broken EXIF block is no reason to refuse the picture
         return None
-
-
-def _apply_orientation(im: Any, orientation: int) -> Any:
-    from PIL import Image
-
-    ops = {2: [Image.Transpose.FLIP_LEFT_RIGHT], 3: [Image.Transpose.ROTATE_180], 4: [Image.Transpose.FLIP_TOP_BOTTOM],
-           5: [Image.Transpose.TRANSPOSE], 6: [Image.Transpose.ROTATE_270], 7: [Image.Transpose.TRANSVERSE],
-           8: [Image.Transpose.ROTATE_90]}
-    for op in ops.get(orientation, []):
-        im = im.transpose(op)
-    return im
 
 
 def _has_alpha(im: Any) -> bool:
@@ -506,18 +575,39 @@ def _foreign(question: str) -> bool:
 
 def answer_notes(answer: Any, question: str, tokenizer: Any = None) -> list[str]:
     """Notes for an answer the user may not expect: an empty one, and why it may be empty."""
-    text = answer if isinstance(answer, str) else " ".join(map(str, answer)) if isinstance(answer, list) else str(answer)
-    if text.strip():
+    return empty_answer_notes({"": answer}, question, tokenizer)
+
+
+def empty_answer_notes(answers: dict[str, Any], question: str, tokenizer: Any = None) -> list[str]:
+    """One note when any of `answers` (run name -> answer; "" for a caller with one run) is empty, naming the
+    empty ones ("for the baseline and config B"), and why it may be: characters this model does not read only
+    when the question really has them (emoji, a non-Latin script); words its tokenizer does not know (a small
+    vocabulary, as the embedded model's) otherwise; else nothing known."""
+    empty = [name for name, answer in answers.items() if not _text(answer).strip()]
+    if not empty:
         return []
-    unknown = 0
+    named = [n for n in empty if n]
+    where = f" for {' and '.join([', '.join(named[:-1]), named[-1]] if len(named) > 2 else named)}" if named else ""
+    if _foreign(question):
+        return [f"The model gave an empty answer{where}. Most of the question is in characters this model does not "
+                "read (emoji or a non-Latin script): ask in English words."]
+    if _unknown_share(question, tokenizer) >= 0.5:
+        return [f"The model gave an empty answer{where}. Most of the question is words this model does not know "
+                "(its vocabulary is small): ask with plain words, e.g. \"What color is the circle?\""]
+    return [f"The model gave an empty answer{where}. Try asking the question another way."]
+
+
+def _text(answer: Any) -> str:
+    return answer if isinstance(answer, str) else " ".join(map(str, answer)) if isinstance(answer, list) else str(answer)
+
+
+def _unknown_share(question: str, tokenizer: Any) -> float:
+    """The share of the question's tokens the tokenizer reads as unknown (0 when it has no unknown token)."""
     unk = getattr(tokenizer, "unk_token_id", None)
-    if unk is not None:
-        try:
-            ids = tokenizer(question, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-            unknown = sum(1 for t in ids if t == unk) / max(1, len(ids))
-        except Exception:  # noqa: BLE001 - a note is never worth a failure
-            unknown = 0
-    if _foreign(question) or unknown >= 0.5:
-        return ["The model gave an empty answer. Most of the question is in characters this model does not read "
-                "(emoji or a non-Latin script): ask in English words."]
-    return ["The model gave an empty answer. Try asking the question another way."]
+    if unk is None:
+        return 0.0
+    try:
+        ids = tokenizer(question, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    except Exception:  # noqa: BLE001 - a note is never worth a failure
+        return 0.0
+    return sum(1 for t in ids if t == unk) / max(1, len(ids))

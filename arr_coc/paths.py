@@ -18,6 +18,38 @@ SHIPPED_LAYER = os.path.join(CHECKPOINTS, "arr-coc-shapes")     # ARR-COC traine
 SHIPPED_BEFORE_LAYER = os.path.join(CHECKPOINTS, "arr-coc-shapes-before")
 
 UNTRAINED = "untrained"   # the value of --arr-coc that asks for the untrained layer
+LAYER_FILES = ("config.json", "model.safetensors")   # what ARRCOCLayer.save_pretrained writes (arr_coc.layer)
+
+
+class LayerNotFound(FileNotFoundError):
+    """A trained ARR-COC layer folder that is not there or cannot be read; the message says what to pass."""
+
+
+def check_layer_folder(folder: str | os.PathLike) -> str:
+    """`folder` as a str if it holds a trained ARR-COC layer that can be read, else LayerNotFound.
+
+    Every caller that is given a layer folder checks it here before any model loads: `ask`, `eval`, the
+    app at start and `ARRCOCQwen` itself. A folder that is not there used to be found only at the first
+    request, which then kept every token with a warning on stderr: the user believed they had pruned.
+    """
+    path = os.fspath(folder)
+    how = (f"pass a folder written by ARRCOCLayer.save_pretrained ({' + '.join(LAYER_FILES)}), "
+           f"or '{UNTRAINED}' (arr_coc=None in Python) for the untrained layer")
+    if not os.path.isdir(path):
+        why = "it is a file, not a folder" if os.path.exists(path) else "no such folder"
+        raise LayerNotFound(f"no trained ARR-COC layer at {path!r} ({why}); {how}")
+    for name in LAYER_FILES:
+        file = os.path.join(path, name)
+        why = None if os.path.isfile(file) else f"it has no {name}"
+        try:
+            if why is None:
+                with open(file, "rb") as f:
+                    f.read(1)
+        except OSError as exc:
+            why = f"its {name} cannot be read ({type(exc).__name__})"
+        if why:
+            raise LayerNotFound(f"no trained ARR-COC layer at {path!r} ({why}); {how}")
+    return path
 
 
 def default_model_path() -> str | None:
@@ -49,9 +81,9 @@ def resolve_layer(model: str | os.PathLike, arr_coc: str | None, encode: Any = "
     """The ARR-COC layer to load for `model`: `arr_coc` if given ("untrained" -> None, the untrained
     layer); by default the shipped trained layer for the encoding (`layer_mode`), but only for the
     embedded model it was trained against (its scorers read that model's 192-d embeddings); None
-    otherwise."""
+    otherwise. A folder given that holds no readable layer is LayerNotFound (`check_layer_folder`)."""
     if arr_coc == UNTRAINED:
         return None
     if arr_coc:
-        return arr_coc
+        return check_layer_folder(arr_coc)
     return default_layer_path(layer_mode(encode)) if is_embedded_model(model) else None

@@ -66,16 +66,17 @@ def add_layers(scope: Microscope, folders: list[str] | None) -> None:
     A folder must hold a layer trained for this VLM (config.json + model.safetensors, its question width
     the model's), or be 'untrained'. ValueError (the message says what to pass) when one cannot be built."""
     from arr_coc import ARRCOCQwen
-    from arr_coc.paths import UNTRAINED
+    from arr_coc.paths import UNTRAINED, LayerNotFound, check_layer_folder
 
     for folder in folders or []:
         path = None if folder == UNTRAINED else folder
         name = layer_label(path)
         if name in scope.layers:
             continue
-        if path is not None and not os.path.isdir(path):
-            raise ValueError(f"--compare-arr-coc {folder!r}: no such folder; pass a trained ARR-COC layer folder "
-                             "(config.json + model.safetensors) or 'untrained'")
+        try:
+            path = path if path is None else check_layer_folder(path)
+        except LayerNotFound as exc:
+            raise ValueError(f"--compare-arr-coc: {exc}") from None
         wrapper = ARRCOCQwen(scope.wrapper.model, scope.wrapper.processor, arr_coc=path, seed=scope.wrapper.seed)
         try:
             wrapper.arr_coc_layer   # built now: a bad folder fails at start-up, not on a request
@@ -116,14 +117,14 @@ def read_number(value: Any, name: str, default: float, low: float, high: float, 
 def read_encode(mode: str, gist: float, margin: int, periphery: bool) -> EncodeConfig:
     """An EncodeConfig; its own refusals (periphery without a gist, ...) as InputError. The before mode's
     settings mean nothing after: an "after" run gets the plain EncodeConfig."""
-    from arr_coc.qwen.encoding import EncodeConfig
+    from arr_coc.inputs import check_encode
 
     if mode == "after":
-        return EncodeConfig()
+        return check_encode(None, "after")
     try:
-        return EncodeConfig(mode="before", gist=gist, margin=margin, periphery=periphery)
-    except ValueError as exc:
-        raise InputError(f"{exc}.", "encode") from None
+        return check_encode(None, {"mode": "before", "gist": gist, "margin": margin, "periphery": periphery})
+    except InputError as exc:
+        raise InputError(f"{exc}.", exc.code) from None   # the page's messages are sentences
 
 
 def read_configs(scope: Microscope, method: str, encode: Any, layer: Any, compare_layer: Any, compare_encode: Any,

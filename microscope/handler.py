@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from arr_coc.inputs import LIMITS, InputLimits, answer_notes, finish_image
+from arr_coc.inputs import LIMITS, InputLimits, empty_answer_notes, finish_image
 from microscope.admission import Admission
 from microscope.configs import RunConfig, read_configs
 from microscope.inputs import InputError, check_method, check_question, open_upload, read_budget, read_flag, reason
@@ -223,13 +223,16 @@ def _answer(scope: Microscope, opened: Any, question: str, arr_on: bool, budget:
         logger.exception("baseline generate failed")
         raise InputError(f"The model could not answer on this input ({reason(exc)}).")
     checkpoint("the baseline run")
-    notes += answer_notes(base.answer, question, scope.wrapper.tokenizer)
 
     pruned: list[Pruned] = []
     for config in configs if arr_on else []:
         pruned.append(_run_pruned(scope, config, picture, question, budget, adaptive, base, notes,
                                   labelled=len(configs) > 1))
         checkpoint(f"config {config.label}")
+    # issue 39: an empty answer is said of the run(s) that gave it, not of all three
+    notes += empty_answer_notes({"the baseline": base.answer, **{f"config {p.config.label}": p.run.answer
+                                                                 for p in pruned if p.run is not None}},
+                                question, scope.wrapper.tokenizer)
     _count_flops(scope, picture, question, base, pruned)
     first = pruned[0] if pruned else None
     heatmap, maps, channels, weights_md = _pictures(scope, picture, method, first.run if first else None, notes)

@@ -45,11 +45,13 @@ def check_question(question: Any, limits: InputLimits = LIMITS) -> tuple[str, li
 
 def read_budget(value: Any) -> Budget:
     """The budget as the slider or an API client sent it -> a share (float) or a token count (int); None (not
-    given) is the library's default. Read by `arr_coc.budget.parse_budget`, like the command line."""
+    given) is the library's default. Read by `arr_coc.budget.parse_budget` as sent over JSON (`wire`), so a
+    whole number means what it means on the command line: 64 a count, 1 ambiguous (the page's slider sends
+    its maximum as "1.0")."""
     from arr_coc.budget import DEFAULT_BUDGET
     from arr_coc.inputs import check_budget
 
-    return check_budget(value, DEFAULT_BUDGET)
+    return check_budget(value, DEFAULT_BUDGET, wire=True)
 
 
 def check_method(method: Any) -> str:

@@ -96,14 +96,13 @@ def _hand_raw_budgets_to_the_handler(slider: gr.Slider) -> gr.Slider:
 
     The stock preprocess refuses anything outside the slider's range with a generic error, and strings
     outright; an API client may send any budget the command line takes ("64", "64tok", "10%", 0.1), and
-    a bad one gets the parser's message in the page. One exception, for the wire: JSON has no 1.0, so
-    the slider's maximum arrives as the integer 1, which here means every token (1.0); an API client asks
-    for one token with "1tok". Patched on this one instance, like the image.
+    a bad one gets the parser's message in the page. A whole number is read as the command line reads it
+    (`parse_budget(wire=True)`): JSON has no 1.0, so 1 is ambiguous there as "1" is on the command line;
+    the page's own slider sends its maximum as "1.0" (`SLIDER_MAX_AS_TEXT`). Patched on this one instance,
+    like the image.
     """
 
     def preprocess(payload):
-        if type(payload) is int and payload == 1:
-            return 1.0
         return payload
 
     def api_info() -> dict[str, Any]:
@@ -116,15 +115,24 @@ def _hand_raw_budgets_to_the_handler(slider: gr.Slider) -> gr.Slider:
 
 
 def _hand_raw_values_to_the_handler(component: gr.components.Component) -> gr.components.Component:
-    """Make this dropdown, radio or slider instance pass its value to the handler as sent: an API client's
-    unknown method, layer or mode, or an out-of-range gist or margin, gets the handler's message (what is
-    accepted), not Gradio's generic one. Patched on this one instance."""
+    """Make this dropdown, radio, slider or textbox instance pass its value to the handler as sent: an API
+    client's unknown method, layer or mode, an out-of-range gist or margin, or a question that is not text
+    (a list, a dict: the stock textbox turned it into its repr), gets the handler's message (what is
+    accepted), not Gradio's generic one or an answer. Patched on this one instance."""
 
     def preprocess(payload):
         return payload
 
     component.preprocess = preprocess
     return component
+
+
+def slider_max_as_text(n_inputs: int, budget_at: int) -> str:
+    """The `ask` event's browser-side step: the budget slider at its maximum is sent as the text "1.0", not as
+    JSON's 1 (which the budget parser refuses as ambiguous, as the command line refuses "1"). Runs in the page
+    only; an API client writes its budget itself."""
+    return (f"(...args) => {{ const v = args.slice(0, {n_inputs}); "
+            f"if (v[{budget_at}] === 1) {{ v[{budget_at}] = \"1.0\"; }} return v; }}")
 
 
 URL_REFUSED = "The app does not fetch images from URLs: download the image and upload the file."
@@ -247,8 +255,9 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
                 image = _hand_raw_uploads_to_the_handler(gr.Image(
                     label="image", type="filepath", image_mode=None, format="png", sources=["upload", "clipboard"],
                     elem_id="image", height=340))
-                question = gr.Textbox(label="question", placeholder="What color is the circle?", lines=1,
-                                      max_lines=4, elem_id="question")
+                question = _hand_raw_values_to_the_handler(gr.Textbox(
+                    label="question", placeholder="What color is the circle?", lines=1, max_lines=4,
+                    elem_id="question"))
                 with gr.Row():
                     arr_toggle = gr.Checkbox(value=True, label="ARR-COC on", elem_id="arr-toggle",
                                              info="off: run the baseline only")
@@ -335,9 +344,10 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
         outputs = [answer_base, answer_arr, answer_compare, stats, heatmap, resolution_a, resolution_b, maps, weights,
                    channels, trace, error]
         assert len(outputs) == len(OUTPUT_NAMES)
-        gr.on([run.click, question.submit], run_ask,
-              inputs=[image, question, arr_toggle, budget, adaptive, method, encode, layer, compare_layer,
-                      compare_encode, gist, margin, periphery], outputs=outputs,
+        inputs = [image, question, arr_toggle, budget, adaptive, method, encode, layer, compare_layer,
+                  compare_encode, gist, margin, periphery]
+        gr.on([run.click, question.submit], run_ask, inputs=inputs, outputs=outputs,
+              js=slider_max_as_text(len(inputs), inputs.index(budget)),
               api_name="ask", concurrency_limit=concurrency)
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=concurrency)
     return _take_requests_as_the_api_describes_them(demo)

@@ -172,8 +172,8 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     path = model_path(model)
     set_environment(path)
     from arr_coc import ARRCOCQwen
-    from arr_coc.inputs import limits_for
-    from arr_coc.paths import resolve_layer
+    from arr_coc.inputs import InputError, check_max_new_tokens, limits_for
+    from arr_coc.paths import LayerNotFound, resolve_layer
     from arr_coc.qwen.loading import check_supported
     from arr_coc.runtime import Runtime, RuntimeChoiceError
     from arr_coc.selection import available_methods
@@ -181,12 +181,16 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     try:
         run = Runtime.resolve(device, dtype, attn_implementation)
         check_supported(run)
-    except RuntimeChoiceError as exc:
+        max_new_tokens = check_max_new_tokens(max_new_tokens)   # issue 39: else every request would fail
+    except (RuntimeChoiceError, InputError) as exc:
         raise LoadError(str(exc)) from None
+    try:  # issue 39: --arr-coc naming a folder that is not there is refused before the model loads
+        layer_path = resolve_layer(path, arr_coc)
+    except LayerNotFound as exc:
+        raise LoadError(f"--arr-coc: {exc}") from None
     attempts = max(1, retries) if os.path.isdir(path) else 1
     for attempt in range(attempts):
         try:
-            layer_path = resolve_layer(path, arr_coc)
             wrapper = ARRCOCQwen.from_pretrained(path, arr_coc=layer_path, device=run.device, dtype=run.dtype,
                                                  attn_implementation=run.attn_implementation)
             break
@@ -199,8 +203,9 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
             time.sleep(2.0)
     try:
         wrapper.arr_coc_layer  # built now, not racily on a first request
-    except Exception as exc:  # noqa: BLE001 - requests then fall back to the baseline with a notice
-        logger.warning("the ARR-COC layer could not be built (%s); ARR-COC requests will fall back", exc)
+    except Exception as exc:  # noqa: BLE001 - every request would keep every token: refuse to start instead
+        raise LoadError(f"--arr-coc: the ARR-COC layer {layer_path or 'untrained'!r} could not be built for this "
+                        f"model ({reason(exc)}); pass a layer trained for this model, or 'untrained'") from exc
     # every registered method (built-in modules load on first use), ARR-COC first; adaptive is a checkbox
     methods = ["arr_coc"] + [m for m in available_methods() if m not in ("arr_coc", "arr_coc_adaptive")]
     logger.info("loaded %s on %s", path, wrapper.runtime.describe())

@@ -386,22 +386,32 @@ def test_client_round_trip(live, good_image):
 
 
 def test_client_budget_as_the_command_line_writes_it(live, good_image):
-    """Through the API a budget is anything the command line takes, with the same count; the slider's
-    maximum (1.0, which JSON sends as 1) keeps every token; a bad budget gets the budget parser's own
-    message in the error output (not a Gradio exception), and the app keeps serving."""
+    """Through the API a budget is anything the command line takes, with the same count, by the same rule:
+    a whole number is read as the command line reads it, so 1 (JSON's 1.0 too) is as ambiguous as "1" and
+    "1.0" keeps every token (the page's slider sends its maximum so); a bad budget gets the budget parser's
+    own message in the error output (not a Gradio exception), and the app keeps serving."""
     from arr_coc.budget import BudgetError, parse_budget, resolve_count
 
-    for budget in ("10%", "20tok", 1):
+    for budget in ("10%", "20tok", "1.0", 20):
         out = _predict(live, good_image, "Is there a circle?", budget=budget)
         assert out["error"] == "", (budget, out["error"])
         rows = {r[0]: r[1:] for r in out["stats"]["data"]}
         total, kept = int(rows["visual tokens (total)"][1]), int(rows["visual tokens (kept)"][1].split()[0])
-        assert kept == resolve_count(1.0 if budget == 1 else parse_budget(budget), total), budget
-    for budget in ("abc", "1", 0):
+        assert kept == resolve_count(parse_budget(budget), total), budget
+    for budget in ("abc", "1", 0, 1, "1_0"):
         with pytest.raises(BudgetError) as expected:
-            parse_budget(budget)
+            parse_budget(str(budget))                       # the command line's words for the same text
         out = _predict(live, good_image, "Is there a circle?", budget=budget)
         assert out["error"] == f"**Error:** {expected.value}" and out["answer_baseline"] == "", budget
+
+
+def test_client_a_question_that_is_not_text_is_refused(live, good_image):
+    """A list or a dict sent as the question was once turned into its repr and answered."""
+    for question in (["What color is the circle?"], {"text": "What color is the circle?"}, 5):
+        out = _predict(live, good_image, question)
+        assert out["error"].startswith("**Error:** The question must be text, not a "), (question, out["error"])
+        assert out["answer_baseline"] == "", question
+    assert _predict(live, good_image, "What color is the circle?")["answer_baseline"]      # and it keeps serving
 
 
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")

@@ -261,6 +261,10 @@ def test_compare_layer_options_and_their_errors(tiny_dir, layer_dirs, tmp_path):
     with pytest.raises(ValueError, match="no such folder"):
         configs.add_layers(s, [str(tmp_path / "missing")])
     (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="it has no config.json"):   # refused before a wrapper is built
+        configs.add_layers(s, [str(tmp_path / "empty")])
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    (tmp_path / "empty" / "model.safetensors").write_bytes(b"")
     with pytest.raises(ValueError, match="could not build the layer"):
         configs.add_layers(s, [str(tmp_path / "empty")])
     configs.add_layers(s, ["untrained", layer_dirs[0]])    # "untrained" is the --arr-coc layer here: not twice

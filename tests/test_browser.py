@@ -176,7 +176,8 @@ def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
     page.wait_for_function("() => !document.querySelector('#error').innerText.includes('Error')")
     _wait_value(page, "answer-arr", "v.length > 0")
 
-    # the slider at its maximum: JSON sends 1.0 as the integer 1, which must still be the share 1.0, not one token
+    # the slider at its maximum: JSON would send 1.0 as the integer 1, which the API refuses as ambiguous (as the
+    # command line refuses "1"); the page sends it as "1.0" (page.slider_max_as_text): the share 1.0
     page.fill("#budget input[type=number]", "1")
     page.press("#budget input[type=number]", "Enter")
     page.click("#run")

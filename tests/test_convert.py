@@ -186,7 +186,7 @@ def test_textvqa_refuses_other_layouts(tmp_path):
         convert("textvqa", _dump(tmp_path / "x.json", {"questions": []}), tmp_path / "out", images=images)
     broken = json.loads(ocr.read_text())
     del broken["data"][1]["ocr_info"][0]["bounding_box"]
-    with pytest.raises(LayoutError, match=r"item 1, ocr_info\[0\] has no 'bounding_box'; .*Rosetta OCR"):
+    with pytest.raises(LayoutError, match=r"item 1 \(image_id 'a0b1'\), ocr_info\[0\] has no 'bounding_box'; .*Rosetta OCR"):
         convert("textvqa", src, tmp_path / "out", images=images, ocr=_dump(tmp_path / "ocr.json", broken))
     test = json.loads(src.read_text())
     del test["data"][0]["answers"]
@@ -232,7 +232,7 @@ def test_vqav2_needs_its_annotations_in_their_layout(tmp_path):
         convert("vqav2", src, tmp_path / "out", images=images, annotations=ann, ocr=ann)
     broken = json.loads(ann.read_text())
     del broken["annotations"][1]["answers"]
-    with pytest.raises(LayoutError, match="item 1 has no 'answers'; this does not look like VQAv2's annotations"):
+    with pytest.raises(LayoutError, match=r"item 1 \(question_id 999000\) has no 'answers'; this does not look like VQAv2's annotations"):
         convert("vqav2", src, tmp_path / "out", images=images, annotations=_dump(tmp_path / "a.json", broken))
     with pytest.raises(LayoutError, match="annotations.json has no 'questions'; this does not look like VQAv2's questions"):
         convert("vqav2", ann, tmp_path / "out", images=images, annotations=ann)
@@ -258,11 +258,11 @@ def test_coco_instances_become_one_record_per_image_and_category(tmp_path):
     inst = _instances(tmp_path)
     images = _images(tmp_path / "val2014", {"COCO_val2014_000000310196.jpg": (100, 80)})
     report = convert("coco", inst, tmp_path / "out", images=images, split="val2014", image_mode="copy")
-    person, board = read_jsonl(report.files["val2014"])
+    board, person = read_jsonl(report.files["val2014"])     # the file's order: the first annotation is a snowboard
     assert board.question == "Where is the snowboard?" and board.answers == ("snowboard",) and board.type == "sports"
     assert board.boxes == ((10.5, 20, 40.5, 60), (90, 70, 100, 80))      # clipped to the 100 x 80 image
     assert person.boxes == ((0, 0, 5, 5),) and board.image == tmp_path / "out" / "images" / board.image.name
-    with pytest.raises(LayoutError, match=r"images\[0\] has no 'file_name'; this does not look like COCO"):
+    with pytest.raises(LayoutError, match=r"i.json: images\[0\] \(id 1\) has no 'file_name'; this does not look like COCO"):
         convert("coco", _dump(tmp_path / "i.json", {"images": [{"id": 1}], "annotations": [], "categories": []}),
                 tmp_path / "out", images=images)
 
@@ -282,7 +282,7 @@ def test_pope_boxes_of_the_asked_object_and_the_yes_no_metric(tmp_path):
     assert yes.type == "adversarial" and yes.extra["metric"] == "yesno" and yes.image.is_file()
     assert score_record("Yes, there is a snowboard.", yes) == 1.0 and score_record("No, there is not.", no) == 1.0
     src.write_text(json.dumps({"question_id": 1, "image": "x.jpg", "text": "Is there a cat in the image?"}) + "\n")
-    with pytest.raises(LayoutError, match="line 1 has no 'label'; this does not look like a POPE question file"):
+    with pytest.raises(LayoutError, match=r"line 1 \(question_id 1\) has no 'label'; this does not look like a POPE question file"):
         convert("pope", src, tmp_path / "out", images=images)
 
 
@@ -388,3 +388,210 @@ def test_a_converted_gqa_file_trains_stage_one(tmp_path, tiny_vlm):
     # the boxes reach the loss: an item without answer cells contributes no gradient (ranking_loss skips it)
     assert all(torch.isfinite(torch.tensor(r["loss"])) and r["grad_norm"] > 0 for r in state["log"])
     assert ARRCOCLayer.from_pretrained(cfg.out).config.knowing.query_dim == model.config.text_config.hidden_size
+
+
+# ---------------------------------------------------------------------------- malformed records (issue 39)
+# Every wrong type is refused naming the file, the record and the field; every record or box left out or
+# changed is counted in the summary and listed, with its file, record and field, in OUT/convert_log.txt.
+
+
+def _log(report) -> str:
+    assert report.log_file is not None and report.log_file.name == "convert_log.txt"
+    return report.log_file.read_text()
+
+
+def _pope_file(tmp_path, rows) -> Path:
+    src = tmp_path / "coco_pope_random.json"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return src
+
+
+def _pope(tmp_path, rows):
+    images = _images(tmp_path / "val2014", {"COCO_val2014_000000310196.jpg": (100, 80)})
+    src = _pope_file(tmp_path, rows)
+    return lambda: convert("pope", src, tmp_path / "out", images=images)
+
+
+POPE_ROW = {"question_id": 7, "image": "COCO_val2014_000000310196.jpg", "text": "Is there a snowboard in the image?",
+            "label": "yes"}
+
+
+@pytest.mark.parametrize("key,value,words", [("text", 5, "'text' is 5, not a string"),
+                                             ("image", 548882, "'image' is 548882, not a string"),
+                                             ("question_id", None, "'question_id' is None, not an integer or a string"),
+                                             ("label", "maybe", "'label' is 'maybe', not yes or no")])
+def test_pope_a_wrong_type_names_the_file_the_record_and_the_field(tmp_path, key, value, words):
+    run = _pope(tmp_path, [POPE_ROW, {**POPE_ROW, "question_id": 8, key: value}])
+    with pytest.raises(LayoutError) as info:
+        run()
+    assert str(info.value).startswith("coco_pope_random.json: line 2") and words in str(info.value)
+    if key != "question_id":
+        assert "(question_id 8)" in str(info.value)
+
+
+def _broken_instances(tmp_path, image=None, annotation=None):
+    inst = json.loads(_instances(tmp_path).read_text())
+    inst["images"][0].update(image or {})
+    inst["annotations"][0].update(annotation or {})
+    return _dump(tmp_path / "instances.json", inst)
+
+
+@pytest.mark.parametrize("image,annotation,words", [
+    ({"width": "abc"}, None, "images[0] (id 310196): 'width' is 'abc', not a positive number"),
+    ({"height": 0}, None, "images[0] (id 310196): 'height' is 0, not a positive number"),
+    (None, {"bbox": [None, 20, 30, 40]}, "annotations[0] (id 11): 'bbox' is [None, 20, 30, 40], not [x, y, w, h]"),
+    (None, {"bbox": [10, 20, 30]}, "annotations[0] (id 11): 'bbox' is [10, 20, 30], not [x, y, w, h]"),
+    (None, {"bbox": "10 20 30 40"}, "annotations[0] (id 11): 'bbox' is '10 20 30 40', not [x, y, w, h]"),
+])
+@pytest.mark.parametrize("reader", ["coco", "pope", "refcoco"])
+def test_the_coco_instances_reader_names_the_file_the_record_and_the_field(tmp_path, image, annotation, words,
+                                                                          reader):
+    """COCO, POPE and RefCOCO read the instances file with one reader: a wrong type is one error for all."""
+    inst = _broken_instances(tmp_path, image, annotation)
+    images = _images(tmp_path / "val2014", {"COCO_val2014_000000310196.jpg": (100, 80)})
+    src = {"coco": inst, "pope": _pope_file(tmp_path, [POPE_ROW]), "refcoco": _refs(tmp_path)}[reader]
+    with pytest.raises(LayoutError) as info:
+        convert(reader, src, tmp_path / "out", images=images, **({} if reader == "coco" else {"instances": inst}))
+    assert str(info.value).startswith("instances.json: ") and words in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("bbox,kind", [([200, 200, 10, 10], "box dropped: wholly outside the image"),
+                                       ([10, 20, -30, 40], "box dropped: no area")])
+def test_coco_a_dropped_box_and_the_record_it_empties_are_listed(tmp_path, bbox, kind):
+    inst = _broken_instances(tmp_path, annotation={"bbox": bbox})       # the snowboard's first box
+    inst_data = json.loads(inst.read_text())
+    inst_data["annotations"][1]["bbox"] = bbox                            # and its second: the record is empty
+    _dump(inst, inst_data)
+    images = _images(tmp_path / "val2014", {"COCO_val2014_000000310196.jpg": (100, 80)})
+    report = convert("coco", inst, tmp_path / "out", images=images, split="val2014")
+    assert [r.id for r in read_jsonl(report.files["val2014"])] == ["310196-1"]   # the person stays
+    log = _log(report)
+    assert f"{kind}" in log and "instances.json: annotation 11 (image 310196): bbox" in log
+    assert "instances.json: annotation 12 (image 310196): bbox" in log
+    assert "record dropped: no box of its category is left\tinstances.json: record '310196-35'" in log
+    assert "record dropped: no box of its category is left: 1" in report.summary()
+
+
+def test_coco_a_clipped_box_is_listed_as_changed_and_a_box_inside_is_not(tmp_path):
+    inst = _instances(tmp_path)
+    images = _images(tmp_path / "val2014", {"COCO_val2014_000000310196.jpg": (100, 80)})
+    report = convert("coco", inst, tmp_path / "out", images=images, split="val2014")
+    changed = [what for kind, what in report.log.entries if kind == "box changed: clipped to the image"]
+    assert changed == ["instances.json: annotation 12 (image 310196): bbox [90, 70, 30, 30] clipped to "
+                       "[90.0, 70.0, 100, 80] (100x80 image)"]                 # 11 and 13 lie inside
+
+
+def test_coco_limit_takes_the_first_records_in_the_files_order(tmp_path):
+    inst = json.loads(_instances(tmp_path).read_text())
+    inst["images"].append({"id": 5, "file_name": "COCO_val2014_000000000005.jpg", "width": 100, "height": 80})
+    inst["annotations"].insert(0, {"id": 1, "image_id": 310196, "category_id": 67, "bbox": [1, 1, 5, 5]})
+    inst["annotations"].append({"id": 2, "image_id": 5, "category_id": 1, "bbox": [1, 1, 5, 5]})
+    src = _dump(tmp_path / "instances_val2014.json", inst)
+    _images(tmp_path / "val2014", {"COCO_val2014_000000310196.jpg": (100, 80),
+                                   "COCO_val2014_000000000005.jpg": (100, 80)})
+    report = convert("coco", src, tmp_path / "out", limit=2)              # images: val2014/ beside the file
+    assert [r.id for r in read_jsonl(report.files["val2014"])] == ["310196-67", "310196-35"]
+
+
+def test_gqa_a_wrong_type_and_a_box_outside_are_named(tmp_path):
+    src, graphs, images = _gqa(tmp_path)
+    g = json.loads(graphs.read_text())
+    g["2375429"]["objects"]["722335"]["x"] = "abc"
+    with pytest.raises(LayoutError) as info:
+        convert("gqa", src, tmp_path / "out", scene_graphs=_dump(tmp_path / "g.json", g))
+    assert str(info.value).startswith("g.json: scene graph '2375429' (for question '07333408'), object '722335': "
+                                      "'x' is 'abc', not a number"), str(info.value)
+    g["2375429"]["objects"]["722335"]["x"] = 5000                         # wholly outside the 640 x 480 image
+    report = convert("gqa", src, tmp_path / "out", scene_graphs=_dump(tmp_path / "g.json", g))
+    wall = next(r for r in read_jsonl(report.files["val_balanced"]) if r.id == "07333408")
+    assert wall.boxes is None                      # not the wall alone: the question points at the pipe too
+    log = _log(report)
+    assert "box dropped: wholly outside the image\tg.json: scene graph '2375429' (for question '07333408'), " \
+           "object '722335': bbox [5000, 6, 30, 40]" in log
+    assert "val_balanced_questions.json: record '07333408'" in log          # and its note, with the record id
+
+
+def test_gqa_unresolved_references_are_listed_with_their_record_ids(tmp_path):
+    src, graphs, _ = _gqa(tmp_path)
+    g = json.loads(graphs.read_text())
+    del g["2375429"]["objects"]["722335"]
+    report = convert("gqa", src, tmp_path / "out", scene_graphs=_dump(tmp_path / "g.json", g))
+    assert ("note: an annotated object is not in the scene graph: no boxes",
+            "val_balanced_questions.json: record '07333408'") in report.log.entries
+
+
+def test_textvqa_wrong_types_pixel_ocr_boxes_and_a_wrong_stated_size(tmp_path):
+    src, ocr, images = _textvqa(tmp_path)
+    data = json.loads(src.read_text())
+    data["data"][0]["image_width"] = "abc"
+    with pytest.raises(LayoutError) as info:
+        convert("textvqa", _dump(tmp_path / "t.json", data), tmp_path / "out", images=images, ocr=ocr)
+    assert str(info.value).startswith("t.json: item 0 (question_id 34602): 'image_width' is 'abc', not a positive")
+    pixels = json.loads(ocr.read_text())
+    for info_ in pixels["data"][0]["ocr_info"]:                          # boxes in pixels, not shares
+        box = info_["bounding_box"]
+        box.update(top_left_x=box["top_left_x"] * 400, top_left_y=box["top_left_y"] * 200,
+                   width=box["width"] * 400, height=box["height"] * 200)
+    report = convert("textvqa", src, tmp_path / "out", images=images, ocr=_dump(tmp_path / "o.json", pixels))
+    cola = read_jsonl(report.files["val"])[0]
+    assert cola.boxes is None                                            # not clipped into a wrong box
+    assert "box dropped: OCR box not normalised to [0, 1]\to.json: item 0 (image_id '0054c91397f2fe05'), " \
+           "ocr_info[0].bounding_box: [40.0, 40.0, 80.0, 20.0]" in _log(report)
+    data = json.loads(src.read_text())
+    data["data"][0].update(image_width=800, image_height=400)           # the file is 400 x 200
+    report = convert("textvqa", _dump(tmp_path / "TextVQA_0.5.1_val.json", data), tmp_path / "out", ocr=ocr)
+    cola = read_jsonl(report.files["val"])[0]                            # images: train_images/ beside the file
+    assert cola.boxes is None and "boxes are for a 800x400 image, but 0054c91397f2fe05.jpg is 400x200" in _log(report)
+
+
+def test_vqav2_a_wrong_image_id_and_a_mismatched_annotation(tmp_path):
+    src, ann, images = _vqav2(tmp_path)
+    q = json.loads(src.read_text())
+    q["questions"][0]["image_id"] = "abc"
+    with pytest.raises(LayoutError) as info:
+        convert("vqav2", _dump(tmp_path / "q.json", q), tmp_path / "out", images=images, annotations=ann)
+    assert str(info.value).startswith("q.json: item 0 (question_id 393225000): 'image_id' is 'abc', not a COCO")
+    a = json.loads(ann.read_text())
+    a["annotations"][0]["image_id"] = 12345
+    with pytest.raises(ValueError, match="no record to write") as info:
+        convert("vqav2", src, tmp_path / "out", images=images, annotations=_dump(tmp_path / "a.json", a))
+    assert "record dropped: its question and its annotation name different images: 1" in str(info.value)
+    assert "(question_id 393225000): 'image_id' 393225, but its annotation in a.json says 12345" in str(info.value)
+
+
+def test_vqav2_finds_its_images_in_the_split_folder_by_default(tmp_path):
+    src, ann, _ = _vqav2(tmp_path)                                       # images in val2014/ beside the files
+    report = convert("vqav2", src, tmp_path / "out", annotations=ann)
+    assert report.counts == {"val2014": 1}
+
+
+def test_refcoco_a_ref_on_another_image_and_a_box_outside(tmp_path):
+    inst = json.loads(_instances(tmp_path, file_name="COCO_train2014_000000310196.jpg").read_text())
+    inst["images"].append({"id": 9, "file_name": "COCO_train2014_000000000009.jpg", "width": 100, "height": 80})
+    inst["annotations"][2]["bbox"] = [500, 500, 5, 5]                    # ref 6's box: outside its image
+    inst_path = _dump(tmp_path / "instances.json", inst)
+    refs = json.loads(_refs(tmp_path).read_text())
+    refs.append(dict(refs[0], ref_id=7, image_id=9))                     # ann 11 is on image 310196, not 9
+    images = _images(tmp_path / "train2014", {"COCO_train2014_000000310196.jpg": (100, 80),
+                                               "COCO_train2014_000000000009.jpg": (100, 80)})
+    report = convert("refcoco", _dump(tmp_path / "refs.json", refs), tmp_path / "out", images=images,
+                     instances=inst_path)
+    assert report.counts == {"train": 2, "testA": 1}                     # ref 7 is not written with 310196's box
+    man, = read_jsonl(report.files["testA"])
+    assert man.boxes is None                                             # unknown, not "points at nothing"
+    log = _log(report)
+    assert "record dropped: the ref's image is not its annotation's\trefs.json: item 2 (ref_id 7): 'image_id' 9, " \
+           "but ann_id 11 is on image 310196" in log
+    assert "box dropped: wholly outside the image\tinstances.json: annotation 13 (image 310196)" in log
+
+
+def test_a_clean_conversion_writes_no_log(tmp_path):
+    """Negative control: nothing dropped or changed, nothing listed (and an old log is not left behind)."""
+    src, ann, images = _vqav2(tmp_path)
+    q = json.loads(src.read_text())
+    q["questions"] = q["questions"][:1]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "convert_log.txt").write_text("stale")
+    report = convert("vqav2", _dump(src, q), out, images=images, annotations=ann)
+    assert report.log.entries == [] and report.log_file is None and not (out / "convert_log.txt").exists()

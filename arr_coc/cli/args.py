@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import NoReturn
 
 
 def budget_arg(text: str):
@@ -52,15 +54,28 @@ def add_encode(parser: argparse.ArgumentParser) -> None:
                              "context, not passed to the language model (with --margin: the union)")
 
 
-def encode_config(args: argparse.Namespace):
-    """The EncodeConfig the --encode options describe (argparse's error on a bad combination)."""
-    from arr_coc.qwen.encoding import EncodeConfig
+def encode_options(args: argparse.Namespace) -> dict:
+    """The --encode options as EncodeConfig's fields, for the validator (`arr_coc.inputs.check_encode`)."""
+    return {"mode": args.encode, "gist": args.gist, "margin": args.margin, "periphery": args.periphery,
+            "windows": args.whole_windows}
+
+
+def encode_config(args: argparse.Namespace, method: str | None = None):
+    """The EncodeConfig the --encode options describe, checked by the library's validator for `method`
+    (`arr_coc.inputs.check_encode`); a bad combination exits 2 with one line, like argparse's errors."""
+    from arr_coc.inputs import InputError, check_encode
 
     try:
-        return EncodeConfig(mode=args.encode, gist=args.gist, margin=args.margin, periphery=args.periphery,
-                            windows=args.whole_windows)
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
+        return check_encode(method, encode_options(args))
+    except InputError as exc:
+        fail(args, str(exc))
+
+
+def fail(args: argparse.Namespace, message: str) -> NoReturn:
+    """An argument the validator refused: one line on stderr, as argparse words its own errors, and exit 2."""
+    command = getattr(args, "command", None)
+    print(f"python -m arr_coc{' ' + command if command else ''}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def add_runtime(parser: argparse.ArgumentParser) -> None:

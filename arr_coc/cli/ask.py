@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from .args import add_budget_mode, add_encode, add_runtime, budget_arg, encode_config, runtime
+from .args import add_budget_mode, add_encode, add_runtime, budget_arg, encode_options, runtime
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,9 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from arr_coc.inputs import (InputError, answer_notes, check_method, check_question, finish_image, limits_for,
-                                open_image)
-    from arr_coc.paths import CHECKPOINTS, default_model_path, resolve_layer
+    from arr_coc.inputs import (InputError, answer_notes, check_encode, check_max_new_tokens, check_method,
+                                check_question, finish_image, limits_for, open_image)
+    from arr_coc.paths import CHECKPOINTS, LayerNotFound, default_model_path, resolve_layer
 
     run_on = runtime(args)  # a wrong device / dtype / attention name, or no GPU for cuda: said before anything loads
     model_path = args.model or default_model_path()
@@ -48,17 +48,20 @@ def run(args: argparse.Namespace) -> int:
             f"no embedded model found under {CHECKPOINTS}; pass --model PATH "
             "(a local Qwen-VL folder, or a hub id such as Qwen/Qwen2-VL-2B-Instruct when online)"
         )
-    try:  # issue 27: the one validator (arr_coc.inputs), before the model loads
+    try:  # issues 27, 39: every argument through the one validator (arr_coc.inputs), before the model loads
         args.method = check_method(args.method)
+        encode = check_encode(args.method, encode_options(args))
+        max_new_tokens = check_max_new_tokens(args.max_new_tokens)
         question, notes = check_question(args.question)
+        layer = resolve_layer(model_path, args.arr_coc, encode)
         opened = open_image(args.image, name=args.image)
-    except InputError as exc:
+    except (InputError, LayerNotFound) as exc:
         return refuse(exc)
     from arr_coc.qwen import ARRCOCQwen
     from arr_coc.runtime import RuntimeChoiceError
 
     try:
-        wrapper = ARRCOCQwen.from_pretrained(model_path, arr_coc=resolve_layer(model_path, args.arr_coc, encode_config(args)),
+        wrapper = ARRCOCQwen.from_pretrained(model_path, arr_coc=layer,
                                              device=run_on.device, dtype=run_on.dtype,
                                              attn_implementation=run_on.attn_implementation)
     except RuntimeChoiceError as exc:  # e.g. flash_attention_2 without a GPU: not the model's fault
@@ -68,17 +71,18 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"could not load a Qwen-VL model from {model_path!r} ({first}); "
                          "pass --model PATH to a local model folder")
     try:  # e.g. --whole-windows on a tower without window attention: said before any image work
-        encode_config(args).check_family(wrapper.family)
+        encode.check_family(wrapper.family)
     except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
+        opened.close()
+        return refuse(exc)
     try:  # issue 27: decoded and normalised with this model's limits
         image, info = finish_image(opened, limits_for(wrapper.processor))
     except InputError as exc:
         return refuse(exc)
     budget: Any = 1.0 if args.method == "none" else args.budget
     answer, trace = wrapper.generate(image, question, budget=budget, method=args.method,
-                                     max_new_tokens=args.max_new_tokens, budget_mode=args.budget_mode,
-                                     encode=encode_config(args) if args.method != "none" else None)
+                                     max_new_tokens=max_new_tokens, budget_mode=args.budget_mode,
+                                     encode=encode if args.method != "none" else None)
     result = {
         "answer": answer,
         "kept_tokens": trace.kept_tokens,

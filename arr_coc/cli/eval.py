@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from .args import add_budget_mode, add_encode, add_runtime, budgets_arg, encode_config, runtime
+from .args import add_budget_mode, add_encode, add_runtime, budgets_arg, encode_config, fail, runtime
 
 DEFAULT_BUDGETS = "0.02,0.03,0.05,0.1,0.25,0.5,1.0"
 
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from arr_coc.data import read_jsonl
     from arr_coc.evaluation.loop import evaluate, load_wrapper, resolve_methods
     from arr_coc.evaluation.report import accuracy_table, markdown_table, write_json, write_plot
-    from arr_coc.paths import EMBEDDED_MODEL, resolve_layer
+    from arr_coc.paths import EMBEDDED_MODEL, LayerNotFound, check_layer_folder, resolve_layer
     from arr_coc.training.distributed import LaunchError, Processes
 
     try:  # under torchrun / accelerate launch: the launcher's device, a share of the batches, rank 0 writes
@@ -65,14 +65,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"eval: error: {exc}", file=sys.stderr)
         return 2
     run_on = runtime(args)  # a wrong device / dtype / attention name, or no GPU for cuda: said before anything loads
+    from arr_coc.inputs import InputError, check_max_new_tokens
+
+    try:  # issue 39: the library's validator, before any work (transformers refused 0 halfway, with a traceback)
+        args.max_new_tokens = check_max_new_tokens(args.max_new_tokens)
+    except InputError as exc:
+        fail(args, str(exc))
     model = args.model or EMBEDDED_MODEL
     if args.arr_coc_weights is None:
         # the shipped trained layer for this encoding, embedded model only
         args.arr_coc_weights = resolve_layer(model, None, encode_config(args))
     try:
+        if args.arr_coc_weights is not None:   # issue 39: a layer that is not there, before the model loads
+            args.arr_coc_weights = check_layer_folder(args.arr_coc_weights)
         methods, skipped = resolve_methods(args.methods, args.arr_coc_weights)
         records = read_jsonl(args.data)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, LayerNotFound) as exc:
         print(f"eval: error: {exc}", file=sys.stderr)
         return 2
     if args.limit is not None:

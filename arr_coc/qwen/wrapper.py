@@ -29,8 +29,9 @@ import torch
 
 from ..budget import Budget, BudgetMode, BudgetSpec, check_mode, resolve_count
 from ..cancel import checkpoint, stopping_kwargs
-from ..inputs import check_items, limits_for
+from ..inputs import check_items, check_max_new_tokens, limits_for
 from ..layer import ARRCOCLayer
+from ..paths import check_layer_folder
 from ..runtime import Runtime
 from ..selection import SelectionContext, Selector, get_selector, selector_name, selects_before_encoding
 from .encoding import EncodeConfig, EncodeMode, as_encode_config, encoder_output_class
@@ -81,6 +82,8 @@ class ARRCOCQwen:
                 f"ARRCOCQwen wraps {sorted(MODEL_CLASSES)} models; got model_type={family!r}. "
                 "Load a Qwen2-VL, Qwen2.5-VL or Qwen3-VL checkpoint."
             )
+        if isinstance(arr_coc, (str, os.PathLike)):  # issue 39: refused here, not kept-all at the first request
+            check_layer_folder(arr_coc)
         self.family = family
         self.model = model.eval().requires_grad_(False)
         self.processor = processor
@@ -122,6 +125,8 @@ class ARRCOCQwen:
         the VLM's dtype, the ARR-COC layer scores on the CPU in float32 (`methods.arrcoc.run_layer`) and the
         VLM's activations keep theirs.
         """
+        if isinstance(arr_coc, (str, os.PathLike)):  # issue 39: a layer that is not there, before the model loads
+            check_layer_folder(arr_coc)
         model, processor = load_vlm(model_id_or_path, device=device, dtype=dtype,
                                     attn_implementation=attn_implementation, **kwargs)
         return cls(model, processor, arr_coc=arr_coc)
@@ -465,6 +470,7 @@ class ARRCOCQwen:
             raise ValueError(f"got {len(images)} image entries for {len(questions)} questions; pass one per question")
         item_images = [list(im) if isinstance(im, (list, tuple)) else ([] if im is None else [im]) for im in images]
         item_images, questions, _ = check_items(item_images, questions, limits_for(self.processor))
+        max_new_tokens = check_max_new_tokens(max_new_tokens)   # issue 39: the validator's words, not transformers'
         inputs = self.build_inputs(item_images, questions)
         sequences, new_tokens, traces = self._generate_from_inputs(
             inputs, budget, method, budget_mode, encode, max_new_tokens=max_new_tokens, **gen_kwargs)

@@ -2,20 +2,27 @@
 
 A converter module (gqa.py, textvqa.py, ...) reads its data set's published files and yields
 ``(split, record)`` pairs; a record is a dict in the project's JSONL format (docs/SHAPESVQA.md,
-"Files") whose ``image`` is still the file name under the images folder, and whose optional
-``"_note"`` says why it has no boxes (counted in the summary, never written). ``convert`` (in
-``__init__``) keeps the first ``--limit`` per split, places each image (``Images``), validates the
-record with the reader's own check and writes ``OUT/<split>.jsonl``.
+"Files") whose ``image`` is still the file name under the images folder, whose optional
+``"_note"`` says why it has no boxes and whose optional ``"_size"`` is the (width, height) its
+boxes are in (neither is written). ``convert`` (in ``__init__``) keeps the first ``--limit`` per
+split, places each image (``Images``), leaves out boxes whose stated size is not the file's,
+validates the record with the reader's own check and writes ``OUT/<split>.jsonl``.
+
+Every field a converter reads goes through ``field`` (its type checked, a wrong one refused naming
+the file, the record and the field), every box through ``pixel_box``, and every record or box left
+out or changed is logged (``Inputs.log``): nothing changes silently.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field as field_
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -34,7 +41,8 @@ class Inputs:
     src: Path
     images: Path
     split: str | None = None
-    extra: dict[str, Path | None] = field(default_factory=dict)
+    extra: dict[str, Path | None] = field_(default_factory=dict)
+    log: Log = field_(default_factory=lambda: Log())
 
 
 def load_json(path: Path, what: str) -> Any:
@@ -85,6 +93,93 @@ def need_list(obj: Any, key: str, where: str, looks: str) -> list:
     if not isinstance(value, list):
         raise LayoutError(f"{where}: {key!r} is a {type(value).__name__}, not a list; this does not look like {looks}")
     return value
+
+
+# ---------------------------------------------------------------------------- one record's fields, checked
+
+KINDS = {
+    "text": "a string",
+    "id": "an integer or a string",
+    "number": "a number",
+    "size": "a positive number",
+    "xywh": "[x, y, w, h]: four numbers",
+    "list": "a list",
+    "map": "an object",
+}
+
+
+def field(obj: Any, key: str, where: str, looks: str, kind: str | None = None, default: Any = ...) -> Any:
+    """obj[key] checked to be of `kind` (see KINDS; None: any), else a LayoutError naming the file, the record
+    and the field: "<where>: 'width' is 'abc', not a positive number; this does not look like <looks>".
+
+    The one check every converter applies to every field it reads, so a wrong type is refused with the
+    record it is in, never a traceback ("could not convert string to float") or a silently changed record.
+    `where` names the file and the record (`at`); `default` (when given) is returned for a missing key.
+    """
+    if default is not ... and isinstance(obj, dict) and key not in obj:
+        return default
+    value = need(obj, key, where, looks)
+    if kind is None or _is(value, kind):
+        return value
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:36] + "...'"
+    raise LayoutError(f"{where}: {key!r} is {shown}, not {KINDS[kind]}; this does not look like {looks}")
+
+
+def _is(value: Any, kind: str) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if kind == "text":
+        return isinstance(value, str)
+    if kind == "id":
+        return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, str) and bool(value))
+    if kind == "number":
+        return number
+    if kind == "size":
+        return number and value > 0
+    if kind == "xywh":
+        return isinstance(value, list) and len(value) == 4 and all(_is(v, "number") for v in value)
+    if kind == "list":
+        return isinstance(value, list)
+    if kind == "map":
+        return isinstance(value, dict)
+    raise ValueError(f"unknown kind {kind!r}")
+
+
+def at(file: Path | str, position: str, rid: Any = None, id_name: str = "id") -> str:
+    """How errors and notes name a record: "q.json: item 3 (question_id 12)" (the file's name, not its path)."""
+    name = Path(file).name
+    return f"{name}: {position}" + (f" ({id_name} {rid!r})" if rid is not None else "")
+
+
+@dataclass
+class Log:
+    """Every record or box a converter dropped or changed: (kind, what), `what` naming the file, the record
+    and the field. `convert` counts them in the summary and writes them all to OUT/convert_log.txt."""
+
+    entries: list[tuple[str, str]] = field_(default_factory=list)
+
+    def add(self, kind: str, what: str) -> None:
+        self.entries.append((kind, what))
+
+
+def pixel_box(xywh: list[float], size: tuple[float, float] | None, where: str, log: Log) -> list[float] | None:
+    """[x, y, w, h] pixels (checked numbers) -> [x0, y0, x1, y1] pixels clipped to the image (width, height).
+
+    None (dropped, logged) for a box without area (w or h <= 0) or wholly outside the image; a box the
+    image cuts is clipped, and logged as changed."""
+    x, y, w, h = (float(v) for v in xywh)
+    if w <= 0 or h <= 0:
+        log.add("box dropped: no area (width or height <= 0)", f"{where}: bbox {xywh}")
+        return None
+    box = xywh_box(x, y, w, h, size)
+    if box is None:
+        log.add("box dropped: wholly outside the image", f"{where}: bbox {xywh} outside the {_wh(size)} image")
+    elif size is not None and box != xywh_box(x, y, w, h):
+        log.add("box changed: clipped to the image", f"{where}: bbox {xywh} clipped to {box} ({_wh(size)} image)")
+    return box
+
+
+def _wh(size: tuple[float, float] | None) -> str:
+    return "unknown-size" if size is None else f"{size[0]:g}x{size[1]:g}"
 
 
 def xywh_box(x: float, y: float, w: float, h: float, size: tuple[float, float] | None = None) -> list[float] | None:

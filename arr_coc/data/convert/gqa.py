@@ -20,9 +20,11 @@ GQA's own accuracy.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Iterator
 
-from .common import Inputs, LayoutError, load_json, need, record, split_from_stem, unique_boxes, xywh_box
+from .common import (Inputs, LayoutError, Log, at, field, load_json, need, pixel_box, record, split_from_stem,
+                     unique_boxes)
 
 NAME = "gqa"
 LOOKS = "GQA's balanced questions file ({questionId: {imageId, question, answer, annotations, ...}})"
@@ -59,18 +61,23 @@ def _scene_graphs(inputs: Inputs) -> dict[str, Any] | None:
     return graphs
 
 
-def _boxes(graph: dict[str, Any], ids: list[str], where: str) -> list[list[float]] | None:
-    """Pixel boxes of `ids` in `graph`; None when an id is not among its objects."""
-    objects = graph.get("objects") or {}
-    size = (float(graph["width"]), float(graph["height"]))
+def _boxes(graph: dict[str, Any], ids: list[str], image_id: str, path: Path, log: Log, qid: Any
+           ) -> tuple[list[list[float]] | None, tuple[float, float], str | None]:
+    """(pixel boxes of `ids` in `graph`, the graph's image size, why there are none); boxes None when an id
+    is not among its objects or its box is dropped (logged, with the object). Every field is checked."""
+    where = at(path, f"scene graph {image_id!r}", qid, "for question")
+    size = (field(graph, "width", where, SG_LOOKS, "size"), field(graph, "height", where, SG_LOOKS, "size"))
+    objects = field(graph, "objects", where, SG_LOOKS, "map")
     boxes = []
     for oid in ids:
         if oid not in objects:
-            return None
-        obj = objects[oid]
-        x, y, w, h = (need(obj, k, f"{where}: object {oid!r}", SG_LOOKS) for k in ("x", "y", "w", "h"))
-        boxes.append(xywh_box(x, y, w, h, size))
-    return unique_boxes(boxes)
+            return None, size, "an annotated object is not in the scene graph: no boxes"
+        obj_where = f"{where}, object {oid!r}"   # the graph, the question that reads it, the object
+        xywh = [field(objects[oid], k, obj_where, SG_LOOKS, "number") for k in ("x", "y", "w", "h")]
+        boxes.append(pixel_box(xywh, size, obj_where, log))
+    if None in boxes:   # a partial list would tell training the question points at fewer objects than it does
+        return None, size, "an annotated object's box was dropped (see the log): no boxes"
+    return unique_boxes(boxes), size, None
 
 
 def records(inputs: Inputs) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -82,22 +89,22 @@ def records(inputs: Inputs) -> Iterator[tuple[str, dict[str, Any]]]:
     split = inputs.split or split_from_stem(inputs.src, r"^(.+?)_questions\.json$")
     for n, (qid, q) in enumerate(questions.items()):
         where = f"{inputs.src.name}: item {n} (question {qid!r})"
-        image_id = str(need(q, "imageId", where, LOOKS))
-        question = need(q, "question", where, LOOKS)
+        image_id = str(field(q, "imageId", where, LOOKS, "id"))
+        question = field(q, "question", where, LOOKS, "text")
         if "answer" not in q:
             raise LayoutError(f"{where} has no 'answer'; GQA's test and challenge questions have no answers "
                               "to score: convert testdev, val or train")
+        answer = field(q, "answer", where, LOOKS, "text")
         types = need(q, "types", where, LOOKS)
-        ids = _object_ids(need(q, "annotations", where, LOOKS), where)
-        boxes, note = None, None
+        ids = _object_ids(field(q, "annotations", where, LOOKS, "map"), where)
+        boxes, note, size = None, None, None
         if graphs is None:
             note = "no --scene-graphs given: no boxes"
         elif image_id not in graphs:
             note = "image has no scene graph: no boxes"
         else:
-            boxes = _boxes(graphs[image_id], ids, where)
-            if boxes is None:
-                note = "an annotated object is not in the scene graph: no boxes"
-        yield split, record(qid, f"{image_id}.jpg", question, [str(q["answer"])],
+            boxes, size, note = _boxes(graphs[image_id], ids, image_id, inputs.extra["scene_graphs"], inputs.log,
+                                       qid)
+        yield split, record(qid, f"{image_id}.jpg", question, [answer],
                             type=types.get("structural") if isinstance(types, dict) else None,
-                            boxes=boxes, full_answer=q.get("fullAnswer"), image_id=image_id, _note=note)
+                            boxes=boxes, full_answer=q.get("fullAnswer"), image_id=image_id, _note=note, _size=size)

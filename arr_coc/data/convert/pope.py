@@ -18,7 +18,7 @@ import re
 from typing import Any, Iterator
 
 from .coco import load_instances
-from .common import Inputs, LayoutError, load_json_lines, need, record, split_from_stem, unique_boxes
+from .common import Inputs, LayoutError, at, field, load_json_lines, record, split_from_stem
 
 NAME = "pope"
 LOOKS = "a POPE question file (one JSON object per line: {question_id, image, text, label})"
@@ -39,12 +39,13 @@ def records(inputs: Inputs) -> Iterator[tuple[str, dict[str, Any]]]:
     split = inputs.split or split_from_stem(inputs.src, r"^(.+?)\.jsonl?$")
     setting = next((s for s in ("random", "popular", "adversarial") if s in inputs.src.name), None)
     for n, item in enumerate(lines):
-        where = f"{inputs.src.name}: line {n + 1}"
-        qid, image = need(item, "question_id", where, LOOKS), need(item, "image", where, LOOKS)
-        text, label = need(item, "text", where, LOOKS), need(item, "label", where, LOOKS)
-        if str(label).lower() not in ("yes", "no"):
-            raise LayoutError(f"{where}: label {label!r} is not yes or no; this does not look like {LOOKS}")
-        boxes, note = None, None
+        qid = field(item, "question_id", at(inputs.src, f"line {n + 1}"), LOOKS, "id")
+        where = at(inputs.src, f"line {n + 1}", qid, "question_id")
+        image, text = field(item, "image", where, LOOKS, "text"), field(item, "text", where, LOOKS, "text")
+        label = field(item, "label", where, LOOKS, "text")
+        if label.lower() not in ("yes", "no"):
+            raise LayoutError(f"{where}: 'label' is {label!r}, not yes or no; this does not look like {LOOKS}")
+        boxes, note, size = None, None, None
         if inst is None:
             note = "no --instances given: no boxes"
         else:
@@ -55,8 +56,8 @@ def records(inputs: Inputs) -> Iterator[tuple[str, dict[str, Any]]]:
             elif iid is None:
                 note = "image not in the instances file: no boxes"
             else:
-                boxes = unique_boxes(inst.boxes.get((iid, inst.by_name[name]), []))
-                if str(label).lower() == "yes" and not boxes:
+                boxes, size = inst.boxes_of(iid, inst.by_name[name], inputs.log), inst.size(iid)
+                if label.lower() == "yes" and not boxes:
                     note = "a 'yes' whose object has no instance: boxes []"
-        yield split, record(qid, image, text, [str(label).lower()], type=setting, boxes=boxes, metric="yesno",
-                            _note=note)
+        yield split, record(qid, image, text, [label.lower()], type=setting, boxes=boxes, metric="yesno",
+                            _note=note, _size=size)

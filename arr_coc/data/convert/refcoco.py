@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from .coco import load_instances
-from .common import Inputs, LayoutError, load_json, need, need_list, record
+from .common import Inputs, LayoutError, at, field, load_json, need_list, record
 
 NAME = "refcoco"
 LOOKS = "a RefCOCO refs JSON (a list of {ref_id, ann_id, image_id, split, sentences: [{sent}]})"
@@ -47,22 +47,30 @@ def records(inputs: Inputs) -> Iterator[tuple[str, dict[str, Any]]]:
     refs = _refs(inputs)
     inst = load_instances(inputs.extra["instances"])
     for n, ref in enumerate(refs):
-        where = f"{inputs.src.name}: item {n}"
-        ref_id, ann_id = need(ref, "ref_id", where, LOOKS), need(ref, "ann_id", where, LOOKS)
-        image_id, split = need(ref, "image_id", where, LOOKS), str(need(ref, "split", where, LOOKS))
-        sentences = need_list(ref, "sentences", where, LOOKS)
+        ref_id = field(ref, "ref_id", at(inputs.src, f"item {n}"), LOOKS, "id")
+        where = at(inputs.src, f"item {n}", ref_id, "ref_id")
+        ann_id, image_id = field(ref, "ann_id", where, LOOKS, "id"), field(ref, "image_id", where, LOOKS, "id")
+        split = str(field(ref, "split", where, LOOKS, "text"))
+        sentences = field(ref, "sentences", where, LOOKS, "list")
         if inputs.split is not None and split != inputs.split:
             continue
         if ann_id not in inst.by_ann or image_id not in inst.images:
             raise LayoutError(f"{where}: ann_id {ann_id} / image_id {image_id} is not in "
                               f"{inputs.extra['instances'].name}; give the instances.json of the same data set")
-        _, cid, box = inst.by_ann[ann_id]
+        ann_image, cid, _ = inst.by_ann[ann_id]
+        if ann_image != image_id:   # the box would be another image's
+            inputs.log.add("record dropped: the ref's image is not its annotation's",
+                           f"{where}: 'image_id' {image_id!r}, but ann_id {ann_id!r} is on image {ann_image!r} in "
+                           f"{inputs.extra['instances'].name}")
+            continue
         category = inst.categories.get(cid, {}).get("name")
         if category is None:
             raise LayoutError(f"{where}: category {cid} of ann_id {ann_id} is not among the instances' categories")
+        box = inst.box(ann_id, inputs.log)
         for i, sentence in enumerate(sentences):
-            text = need(sentence, "sent", f"{where}, sentences[{i}]", LOOKS)
-            sid = sentence.get("sent_id", i)
+            text = field(sentence, "sent", f"{where}, sentences[{i}]", LOOKS, "text")
+            sid = sentence.get("sent_id", i) if isinstance(sentence, dict) else i
             yield split, record(f"{ref_id}-{sid}", inst.images[image_id]["file_name"], text, [category],
-                                type="refer", boxes=[box] if box else [], ref_id=ref_id, ann_id=ann_id,
-                                _note=None if box else "the referred box is empty: boxes []")
+                                type="refer", boxes=[box] if box else None, ref_id=ref_id, ann_id=ann_id,
+                                _note=None if box else "the referred box was dropped (see the log): no boxes",
+                                _size=inst.size(image_id))

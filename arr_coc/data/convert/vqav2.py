@@ -17,15 +17,23 @@ answer_type (yes/no, number, other), metric "vqa". Split name: data_subtype (e.g
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any, Iterator
 
-from .common import Inputs, LayoutError, load_json, most_common_first, need, need_list, record
+from .common import Inputs, LayoutError, at, field, load_json, most_common_first, need, need_list, record
 
 NAME = "vqav2"
 LOOKS = "VQAv2's questions file ({'data_subtype', 'questions': [{image_id, question, question_id}]})"
 ANN_LOOKS = "VQAv2's annotations file ({'annotations': [{question_id, answers: [{answer}], answer_type, ...}]})"
 EXTRA = {"annotations": True}
 SPLITS = "one"
+
+
+def image_folders(src: Path) -> tuple[str, ...]:
+    """Where VQAv2's images are, by default: COCO's folder for the split the file names (val2014/, ...)."""
+    m = re.search(r"(train|val|test)(20\d\d)", src.name)
+    return (m.group(0),) if m else ()
 
 
 def records(inputs: Inputs) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -40,20 +48,29 @@ def records(inputs: Inputs) -> Iterator[tuple[str, dict[str, Any]]]:
                           "give the annotations of the same split")
     by_qid = {}
     for n, ann in enumerate(annotations):
-        where = f"{ann_path.name}: item {n}"
-        answers = need_list(ann, "answers", where, ANN_LOOKS)
-        by_qid[need(ann, "question_id", where, ANN_LOOKS)] = (
-            [str(need(a, "answer", f"{where}, answers[{i}]", ANN_LOOKS)) for i, a in enumerate(answers)],
-            ann.get("answer_type"))
+        aid = field(ann, "question_id", at(ann_path, f"item {n}"), ANN_LOOKS, "id")
+        where = at(ann_path, f"item {n}", aid, "question_id")
+        answers = field(ann, "answers", where, ANN_LOOKS, "list")
+        by_qid[aid] = ([str(field(a, "answer", f"{where}, answers[{i}]", ANN_LOOKS, "text"))
+                        for i, a in enumerate(answers)], ann.get("answer_type"),
+                       field(ann, "image_id", where, ANN_LOOKS, "id", default=None))
     split = inputs.split or subtype
     for n, q in enumerate(questions):
-        where = f"{inputs.src.name}: item {n}"
-        qid, image_id = need(q, "question_id", where, LOOKS), need(q, "image_id", where, LOOKS)
-        question = need(q, "question", where, LOOKS)
+        qid = field(q, "question_id", at(inputs.src, f"item {n}"), LOOKS, "id")
+        where = at(inputs.src, f"item {n}", qid, "question_id")
+        image_id = field(q, "image_id", where, LOOKS, "id")
+        question = field(q, "question", where, LOOKS, "text")
+        if not (str(image_id).isascii() and str(image_id).isdigit()):
+            raise LayoutError(f"{where}: 'image_id' is {image_id!r}, not a COCO image id (a whole number); "
+                              f"this does not look like {LOOKS}")
         if qid not in by_qid:
             raise LayoutError(f"{where}: question_id {qid} has no annotation in {ann_path.name}; "
                               "give the annotations file of the same split")
-        answers, answer_type = by_qid[qid]
+        answers, answer_type, ann_image = by_qid[qid]
+        if ann_image is not None and str(ann_image) != str(image_id):   # whose answers are these?
+            inputs.log.add("record dropped: its question and its annotation name different images",
+                           f"{where}: 'image_id' {image_id!r}, but its annotation in {ann_path.name} says {ann_image!r}")
+            continue
         image = f"COCO_{subtype}_{int(image_id):012d}.jpg"
         yield split, record(qid, image, question, most_common_first(answers), type=answer_type, metric="vqa",
                             image_id=image_id)
