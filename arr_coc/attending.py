@@ -20,11 +20,13 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn as nn
 
 from .budget import Budget, BudgetError, BudgetMode, check_mode, resolve_count
 from .config import AttendingConfig
+from .grid import GridBatch, masked_median, upload
 
 
 def normalised_entropy(relevance: torch.Tensor) -> float:
@@ -150,7 +152,7 @@ def grid_indices(h: int, w: int, k: int) -> torch.Tensor:
 
 @dataclass
 class Allocation:
-    """What the allocator decided for a batch of B images (padded grids Hm x Wm)."""
+    """What the allocator decided for a batch of B images (padded grids Hm x Wm), on the host."""
 
     kept_indices: list[torch.Tensor]  # per image LongTensor[K_i], raster indices into h_i*w_i, ascending
     keep_mask: torch.Tensor  # BoolTensor[B, Hm, Wm]
@@ -158,8 +160,65 @@ class Allocation:
     fallback: list[str | None]  # per image: None or "grid" (low-structure image)
 
 
+@dataclass
+class Decision:
+    """The allocator's answer on the device, before anything is read back (`finish` reads it).
+
+    keep [B, N] over each item's padded cells (raster over (t, h, w)); a void item's row is only a placeholder:
+    its grid depends on its count, so `finish` draws it on the host.
+    """
+
+    keep: torch.Tensor  # BoolTensor[B, N]
+    counts: torch.Tensor  # LongTensor[B]: K_i
+    void: torch.Tensor  # BoolTensor[B]: low-structure items, covered by an even grid (`grid_indices`)
+
+
+def _resolve(share: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """`resolve_count` of float64 shares [B] against n [B] cells: round half up, in [1, n]."""
+    return torch.minimum(torch.floor(share * n + 0.5), n).clamp_min(1.0)
+
+
+def adaptive_counts(rel: torch.Tensor, ok: torch.Tensor, n: torch.Tensor, cfg: AttendingConfig) -> torch.Tensor:
+    """`adaptive_budget` of every item at once: rel, ok [B, N] -> float64 counts [B] (n [B] float64 cells)."""
+    p = rel.double().clamp_min(0).masked_fill(~ok, 0.0)
+    total = p.sum(1, keepdim=True)
+    p = p / total.clamp_min(1e-300)
+    entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(1) / torch.log(n.clamp_min(2.0))
+    entropy = torch.where((n < 2) | (total[:, 0] <= 0), torch.ones_like(entropy), entropy)
+    spread = ((entropy - 0.5) / 0.5).clamp(0.0, 1.0) ** 2
+    ratio = cfg.min_ratio + (cfg.max_ratio - cfg.min_ratio) * spread
+    lo, hi = _resolve(torch.full_like(n, cfg.min_ratio), n), _resolve(torch.full_like(n, cfg.max_ratio), n)
+    return torch.maximum(lo, torch.minimum(hi, _resolve(ratio, n)))
+
+
+def perplexity_cells(rel: torch.Tensor, ok: torch.Tensor, tau: float) -> torch.Tensor:
+    """`relevant_cells` of every item at once: rel, ok [B, N] -> float64 [B]."""
+    logp = torch.log_softmax((rel.double() / tau).masked_fill(~ok, float("-inf")), dim=1)
+    return torch.exp(-(logp.exp() * logp).masked_fill(~ok, 0.0).sum(1))
+
+
+def spread_counts(k: torch.Tensor, cells: torch.Tensor, n: torch.Tensor, cfg: AttendingConfig) -> torch.Tensor:
+    """`spread_count` of every item at once, then capped at its n cells: float64 [B] each."""
+    scaled = torch.round(k * (cells / cfg.spread_reference).clamp(cfg.spread_min, cfg.spread_max))
+    capped = torch.maximum(k, torch.minimum(scaled, torch.round(cfg.spread_per_cell * cells)))
+    return torch.minimum(torch.where(scaled > k, capped, scaled).clamp_min(1.0), n)
+
+
+def keep_top(rel: torch.Tensor, ok: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """`topk_indices` of every item at once, as a mask: rel, ok [B, N], counts [B] -> BoolTensor[B, N].
+    Ties go to the lower raster index (a stable sort); padding never wins."""
+    order = torch.sort((-rel.detach().double()).masked_fill(~ok, float("inf")), dim=1, stable=True).indices
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+    return (rank < counts[:, None]) & ok
+
+
 class TokenAllocator(nn.Module):
-    """Relevance [B, Hm, Wm] + budgets -> `Allocation`. No parameters."""
+    """Relevance + budgets -> kept tokens. No parameters.
+
+    `decide` runs on the relevance's device over the whole batch at once (per-image budgets, modes and the
+    void fallback are masks, nothing is read back); `finish` reads its answer in one transfer and draws the
+    grids of void images; calling the allocator does both.
+    """
 
     def __init__(self, config: AttendingConfig):
         super().__init__()
@@ -169,54 +228,86 @@ class TokenAllocator(nn.Module):
         """How budgets are met when the caller does not say: "mean" for a layer with a calibrated spread."""
         return "mean" if self.config.spread_tau > 0 else "exact"
 
-    def forward(
-        self,
-        relevance: torch.Tensor,
-        grid_hw: Sequence[tuple[int, int]],
-        budget: Budget | Sequence[Budget | None] | None = None,
-        structure: torch.Tensor | None = None,
-        budget_mode: BudgetMode | None = None,
-        cells: Sequence[float] | torch.Tensor | None = None,
-    ) -> Allocation:
-        """relevance [B, Hm, Wm] (image i valid in its top-left h_i x w_i); structure: same shape,
-        the bottom-up map used to detect low-structure images (defaults to relevance).
-
-        budget: one for all images or one per image; None (or a None entry) means this layer's
-        default: its configured budget, or adaptive when the config's mode is "adaptive".
-        budget_mode: "exact" | "mean" | "adaptive" | None (`default_mode`), see arr_coc.budget.
-        cells: [B] how many cells each image's question needs, which "mean" budgets scale by (the
-            layer's `ExtentHead`); None: the perplexity of the relevance map (`relevant_cells`).
-        """
-        cfg = self.config
+    def resolve_mode(self, budget_mode: BudgetMode | None) -> BudgetMode:
         mode = check_mode(budget_mode) or self.default_mode()
-        if mode == "mean" and cfg.spread_tau <= 0:
+        if mode == "mean" and self.config.spread_tau <= 0:
             raise BudgetError("budget_mode='mean' needs a trained layer with a calibrated spread "
                               "(attending.spread_tau > 0); this layer keeps exact budgets: use 'exact'")
-        b, hm, wm = relevance.shape
-        budgets = _per_image(budget, b)
-        structure = relevance if structure is None else structure
-        kept, counts, fallback = [], [], []
-        keep_mask = torch.zeros(b, hm, wm, dtype=torch.bool, device=relevance.device)
-        for i, (h, w) in enumerate(grid_hw):
-            rel = relevance[i, :h, :w].reshape(-1).detach().float()
-            void = is_void(structure[i, :h, :w].reshape(-1).detach().float(), cfg.void_threshold)
-            if mode == "adaptive" or (budgets[i] is None and cfg.mode == "adaptive"):
-                k = adaptive_budget(rel, cfg.min_ratio, cfg.max_ratio)
-            else:
-                k = resolve_count(cfg.budget if budgets[i] is None else budgets[i], h * w)
-                if mode == "mean" and not void:
-                    need = relevant_cells(rel, cfg.spread_tau) if cells is None else float(cells[i])
-                    k = resolve_count(spread_count(k, need, cfg), h * w)
-            if void:
-                idx, why = grid_indices(h, w, k), "grid"
-            else:
-                idx, why = topk_indices(rel, k), None
-            idx = idx.to(relevance.device)
-            keep_mask[i, idx // w, idx % w] = True
-            kept.append(idx)
-            counts.append(idx.numel())
-            fallback.append(why)
-        return Allocation(kept, keep_mask, torch.tensor(counts, dtype=torch.long), fallback)
+        return mode
+
+    def check(self, budget: Budget | Sequence[Budget | None] | None, budget_mode: BudgetMode | None, b: int) -> None:
+        """Refuse what a caller asked for wrong (a budget per image that does not match, an impossible mode)."""
+        self.resolve_mode(budget_mode)
+        _per_image(budget, b)
+
+    def decide(self, relevance: torch.Tensor, grid: GridBatch, budget: Budget | Sequence[Budget | None] | None = None,
+               structure: torch.Tensor | None = None, budget_mode: BudgetMode | None = None,
+               cells: torch.Tensor | None = None) -> Decision:
+        """relevance [B, ...] (each item's padded cells); structure: the same, the bottom-up map that finds
+        low-structure items (defaults to relevance); budget: one for all or one per item (None: the layer's
+        default); cells [B]: what "mean" budgets scale by (the layer's `ExtentHead`; None: the perplexity)."""
+        cfg = self.config
+        mode = self.resolve_mode(budget_mode)
+        budgets = _per_image(budget, len(grid))
+        n_host = grid.cells
+        fixed = [resolve_count(cfg.budget if b is None else b, n) for b, n in zip(budgets, n_host)]
+        adaptive = [mode == "adaptive" or (b is None and cfg.mode == "adaptive") for b in budgets]
+        host = upload(torch.tensor([fixed, n_host, adaptive], dtype=torch.float64), relevance.device)   # [3, B]
+        k, n = host[0], host[1]
+        rel = relevance.detach().flatten(1).float()
+        ok = grid.item_valid if not grid.uniform else torch.ones_like(rel, dtype=torch.bool)
+        void = torch.zeros(len(grid), dtype=torch.bool, device=rel.device)
+        if cfg.void_threshold > 0:
+            s = (rel if structure is None else structure.detach().flatten(1).float())
+            spread = s.masked_fill(~ok, float("-inf")).amax(1) - masked_median(s, None if grid.uniform else ok)
+            void = spread.double() < cfg.void_threshold   # compared in float64, as `is_void` does
+        if mode == "mean":
+            need = perplexity_cells(rel, ok, cfg.spread_tau) if cells is None else cells.double()
+            k = torch.where(void, k, spread_counts(k, need, n, cfg))
+        if any(adaptive):
+            k = torch.where(host[2] > 0, adaptive_counts(rel, ok, n, cfg), k)
+        counts = k.long()
+        return Decision(keep_top(rel, ok, counts), counts, void)
+
+    @staticmethod
+    def finish(decision: Decision, grid: GridBatch) -> Allocation:
+        """Read a decision (one transfer) and turn it into per-image indices; void images get their grid."""
+        flat = torch.cat([decision.keep.reshape(-1).to(torch.long), decision.counts, decision.void.long()]).cpu()
+        return finish_on_host(flat, grid)
+
+    def forward(self, relevance: torch.Tensor, grid_hw: Sequence[tuple[int, int]],
+                budget: Budget | Sequence[Budget | None] | None = None, structure: torch.Tensor | None = None,
+                budget_mode: BudgetMode | None = None, cells: Sequence[float] | torch.Tensor | None = None) -> Allocation:
+        """relevance [B, Hm, Wm] (image i valid in its top-left h_i x w_i) -> `Allocation` on the host."""
+        grid = GridBatch.of_images(grid_hw, relevance.device)
+        if cells is not None:
+            cells = torch.as_tensor(cells, dtype=torch.float64).to(relevance.device)
+        return self.finish(self.decide(relevance, grid, budget, structure, budget_mode, cells), grid)
+
+
+def finish_on_host(flat: torch.Tensor, grid: GridBatch) -> Allocation:
+    """The host side of `TokenAllocator.finish`: flat = [keep (B * N) | counts (B) | void (B)] on the CPU, read
+    with numpy (host work: no tensor op)."""
+    b = len(grid)
+    t_max, hm, wm = grid.shape
+    n = t_max * hm * wm
+    values = flat.numpy()
+    keep = values[: b * n].reshape(b, t_max, hm, wm) != 0
+    counts, void = values[b * n: b * n + b], values[b * n + b:] != 0
+    kept, fallback = [], []
+    for i, (t, h, w) in enumerate(grid.thw):
+        if void[i]:
+            idx, why = grid_indices(t * h, w, int(counts[i])).numpy(), "grid"   # frames stacked: one even grid
+            mask = np.zeros(t * h * w, dtype=bool)
+            mask[idx] = True
+            keep[i, :t, :h, :w] = mask.reshape(t, h, w)
+        else:
+            idx, why = np.flatnonzero(keep[i, :t, :h, :w]), None
+        kept.append(torch.from_numpy(idx.astype(np.int64)))
+        fallback.append(why)
+    budgets = torch.from_numpy(np.array([len(k) for k in kept], dtype=np.int64))
+    mask = torch.from_numpy(keep[:, 0] if t_max == 1 else keep)
+    return Allocation(kept, mask, budgets, fallback)
 
 
 def _per_image(budget: Budget | Sequence[Budget | None] | None, b: int) -> list[Budget | None]:

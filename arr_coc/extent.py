@@ -17,37 +17,45 @@ trained, so fitting it is deterministic and takes seconds.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .grid import constant
 
 PERPLEXITY_TAUS = (0.01, 0.02, 0.05, 0.1)  # softmax temperatures of the map's perplexities (relevance units)
 TOP_RANKS = tuple(range(0, 64, 8))           # the relevances at these ranks (clamped to the grid's last cell)
 N_MAP_FEATURES = len(PERPLEXITY_TAUS) + 1 + len(TOP_RANKS)
 
 
-def pooled_query(query: torch.Tensor | None, query_mask: torch.Tensor | None, batch: int, dim: int) -> torch.Tensor:
+def pooled_query(query: torch.Tensor | None, query_mask: torch.Tensor | None, batch: int, dim: int,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
     """[B, L, D] question embeddings (mask [B, L]) -> [B, D]: mean of the layer-normalised tokens (zeros if None)."""
     if query is None:
-        return torch.zeros(batch, dim)
+        return torch.zeros(batch, dim, device=device)
     mask = torch.ones(query.shape[:2], dtype=torch.bool, device=query.device) if query_mask is None else query_mask
     m = mask[..., None].float()
     return (F.layer_norm(query.float(), query.shape[-1:]) * m).sum(1) / m.sum(1).clamp_min(1.0)
 
 
 def map_features(relevance: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """relevance, valid [B, Hm, Wm] -> [B, N_MAP_FEATURES]: log perplexities, log cells, top relevances."""
-    rows = []
-    for rel, ok in zip(relevance.detach().double(), valid):
-        r = rel[ok]  # [n] the image's own cells
-        n = r.numel()
-        logps = [torch.log_softmax(r / t, 0) for t in PERPLEXITY_TAUS]
-        perplexities = [float(-(lp.exp() * lp).sum()) for lp in logps]  # log of the perplexity
-        top = r.sort(descending=True).values
-        rows.append(perplexities + [math.log(n)] + [float(top[min(k, n - 1)]) for k in TOP_RANKS])
-    return torch.tensor(rows, dtype=torch.float32, device=relevance.device)
+    """relevance, valid [B, ...] (each item's cells, padded) -> [B, N_MAP_FEATURES]: log perplexities, log cells,
+    top relevances. Batched over items in float64, padding excluded; nothing is read back to the host."""
+    r = relevance.detach().double().flatten(1)                               # [B, N]
+    ok = valid.flatten(1)
+    n = ok.sum(1)                                                            # [B] cells per item
+    logps = torch.log_softmax(_scaled(r, ok), dim=-1)                        # [B, T, N]
+    perplexities = -(logps.exp() * logps).masked_fill(~ok[:, None], 0.0).sum(-1)   # [B, T]: log of the perplexity
+    top = r.masked_fill(~ok, float("-inf")).sort(dim=1, descending=True).values    # [B, N]
+    ranks = torch.minimum(constant("top_ranks", lambda: torch.tensor(TOP_RANKS), n)[None], n[:, None] - 1)
+    rows = torch.cat([perplexities, n.double().log()[:, None], top.gather(1, ranks)], dim=1)
+    return rows.float()
+
+
+def _scaled(r: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+    """[B, N] relevance -> [B, T, N]: divided by each PERPLEXITY_TAUS, padding at -inf (out of every softmax)."""
+    taus = constant("perplexity_taus", lambda: torch.tensor(PERPLEXITY_TAUS, dtype=torch.float64), r)
+    return (r[:, None] / taus[None, :, None]).masked_fill(~ok[:, None], float("-inf"))
 
 
 class ExtentHead(nn.Module):
@@ -69,8 +77,8 @@ class ExtentHead(nn.Module):
     def features(self, relevance: torch.Tensor, valid: torch.Tensor, query: torch.Tensor | None,
                  query_mask: torch.Tensor | None) -> torch.Tensor:
         """[B, query_dim + N_MAP_FEATURES], before standardisation."""
-        q = pooled_query(query, query_mask, relevance.shape[0], self.query_dim)
-        return torch.cat([q.to(relevance.device), map_features(relevance, valid)], 1)
+        q = pooled_query(query, query_mask, relevance.shape[0], self.query_dim, relevance.device)
+        return torch.cat([q, map_features(relevance, valid)], 1)
 
     def predict(self, features: torch.Tensor) -> torch.Tensor:
         """[B, n] features -> [B] cells (exp of the predicted log(1 + cells), minus 1, at least 1)."""

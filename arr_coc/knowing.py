@@ -31,6 +31,18 @@ def _inv_softplus(y: torch.Tensor) -> torch.Tensor:
     return y + torch.log(-torch.expm1(-y))
 
 
+def box_sum(x: torch.Tensor, window: int) -> torch.Tensor:
+    """Sum over each cell's window x window neighbourhood (zero outside the grid): x [..., h, w] -> same shape.
+    Shifted slices, rows then columns: 2 * (window - 1) adds, no unfolded copy of the neighbourhoods."""
+    if window == 1:
+        return x
+    pad = window // 2
+    p = F.pad(x, (pad, pad, pad, pad))
+    h, w = x.shape[-2:]
+    rows = sum(p[..., i: i + h, :] for i in range(window))
+    return sum(rows[..., j: j + w] for j in range(window))
+
+
 def local_information(
     texture: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor, bins: int, window: int
 ) -> torch.Tensor:
@@ -41,28 +53,22 @@ def local_information(
     information is the entropy of the window's mixture histogram minus the mean
     entropy of its members (a generalised Jensen-Shannon divergence): 0 where the
     window is uniform, up to 1 (after dividing by log bins) where values spread
-    over all bins. Vectorised over cells with `unfold`; no loop over cells.
+    over all bins. Vectorised over cells with window sums (`box_sum`); no loop over cells.
     """
-    b, c, h, w = texture.shape
     centres = (torch.arange(bins, dtype=texture.dtype, device=texture.device) + 0.5) / bins
     sigma = 1.0 / bins
-    member = torch.softmax(-((texture[..., None] - centres) ** 2) / (2 * sigma**2), dim=-1)  # [B, C, h, w, K]
-    member = member.permute(0, 1, 4, 2, 3).reshape(b, c * bins, h, w)
-    pad = window // 2
-    mask = valid[:, None].to(texture.dtype)  # [B, 1, h, w]
-    win_mask = F.unfold(mask, window, padding=pad)  # [B, W*W, N]
-    win = F.unfold(member * mask, window, padding=pad).reshape(b, c, bins, window * window, h * w)
-    count = win_mask.sum(1).clamp_min(1.0)  # [B, N]
-    mixture = win.sum(3) / count[:, None, None]  # [B, C, K, N]
-    mixture_entropy = -(mixture * torch.log(mixture.clamp_min(1e-12))).sum(2)  # [B, C, N]
-    member_entropy = -(member * torch.log(member.clamp_min(1e-12))).reshape(b, c, bins, h * w).sum(2)
+    z = -((texture[:, :, None] - centres[:, None, None]) ** 2) / (2 * sigma**2)   # [B, C, K, h, w]
+    member = torch.softmax(z, dim=2)
+    mask = valid[:, None].to(texture.dtype)                                       # [B, 1, h, w]
+    count = box_sum(mask, window).clamp_min(1.0)                                  # cells in each window
+    mixture = box_sum(member * mask[:, :, None], window) / count[:, :, None]       # [B, C, K, h, w]
+    mixture_entropy = -(mixture * torch.log(mixture.clamp_min(1e-12))).sum(2)     # [B, C, h, w]
+    member_entropy = -(member * torch.log(member.clamp_min(1e-12))).sum(2)
     # Mean member entropy over the window (members are masked, so use the same window sums).
-    ent_win = F.unfold((member_entropy.reshape(b, c, h, w) * mask), window, padding=pad).reshape(
-        b, c, window * window, h * w
-    )
-    info = (mixture_entropy - ent_win.sum(2) / count[:, None]).clamp_min(0) / math.log(bins)  # [B, C, N]
-    info = (weights[None, :, None] * info).sum(1) / weights.sum().clamp_min(1e-12)
-    return info.reshape(b, h, w) * valid
+    mean_member = box_sum(member_entropy * mask, window) / count
+    info = (mixture_entropy - mean_member).clamp_min(0) / math.log(bins)          # [B, C, h, w]
+    info = (weights[None, :, None, None] * info).sum(1) / weights.sum().clamp_min(1e-12)
+    return info * valid
 
 
 class InformationScorer(nn.Module):
@@ -200,8 +206,31 @@ class ParticipatoryScorer(nn.Module):
         self.scale = 1.0 / math.sqrt(d)
 
     def _active(self, module: nn.Module) -> bool:
-        """Training, or the module's weights have moved from their zero initialisation."""
-        return self.training or any(bool(p.any()) for p in module.parameters())
+        """Training, or the module's weights have moved from their zero initialisation.
+
+        Whether they are all zero is read from the device once per version of the weights (loading, an
+        optimiser step or any in-place change bumps a tensor's version), not on every forward.
+        """
+        if self.training:
+            return True
+        params = list(module.parameters())
+        key = tuple(p._version for p in params)
+        cache = self.__dict__.setdefault("_nonzero", {})
+        if cache.get(id(module), (None,))[0] != key:
+            cache[id(module)] = (key, any(bool(p.any()) for p in params))
+        return cache[id(module)][1]
+
+    def _apply(self, fn, recurse: bool = True):
+        """Moving or casting the weights (`.to(device)`) keeps what `_active` knew of their values."""
+        modules = [getattr(self, name) for name in ("token_proj", "context", "pair_out")]
+        cache = self.__dict__.get("_nonzero", {})
+        known = {id(m): cache[id(m)][1] for m in modules
+                 if id(m) in cache and cache[id(m)][0] == tuple(p._version for p in m.parameters())}
+        out = super()._apply(fn, recurse)
+        for m in modules:
+            if id(m) in known:
+                cache[id(m)] = (tuple(p._version for p in m.parameters()), known[id(m)])
+        return out
 
     def forward(
         self,

@@ -4,107 +4,59 @@ The layer is built from one `ARRCOCConfig` but receives its stages, so an
 ablation swaps one part (`ARRCOCLayer(cfg, perspectival=MyScorer(...))`).
 It never crashes its caller: if a stage raises or yields NaN/Inf for an image,
 that image keeps all its tokens and the output says why (`fallback`, `errors`).
+
+It runs where its weights are (`layer.to(device)`: the wrapper puts it on the VLM's device), in float32,
+over the whole batch at once, in two steps:
+
+- `decide(batch)` queues every stage on the device for all items (padded grids and masks, no loop over
+  images, nothing read back): relevance, budgets and the kept cells as a mask;
+- `read(decision)` reads the decision back in ONE transfer and turns it into per-image indices (the grid of
+  a low-structure image is drawn there, on the host). A non-finite score keeps that image's tokens; a
+  fixed-step part that had not converged (a long winding object's components) is redone to convergence,
+  so the decisions never depend on the step count.
+
+`forward` does both from Python lists.
 """
 
 from __future__ import annotations
 
-import os
-import traceback
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 
-from .attending import TokenAllocator
+from .attending import Decision, TokenAllocator, finish_on_host
 from .balancing import AdaptiveTensionBalancer
-from .budget import Budget, BudgetMode
+from .batch import LayerBatch, layer_batch
+from .budget import Budget, BudgetError, BudgetMode
 from .config import ARRCOCConfig
 from .extent import ExtentHead
+from .grid import GridBatch
 from .knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
-from .texture import ImageLike, channel_names, generate_texture_array
-
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
+from .output import ARRCOCOutput, pad_grid
+from .persistence import LayerPersistence
+from .stopwatch import Stopwatch, lap
+from .texture import ImageLike, channel_names, texture_array
 
 
 @dataclass
-class ARRCOCOutput:
-    """Everything the layer decided and why, for B images.
+class LayerDecision:
+    """Everything `decide` queued for a batch, on the layer's device (nothing read back yet)."""
 
-    Grids are padded to the batch's largest (Hm, Wm); image i is valid in its top-left
-    h_i x w_i (`valid`). Kept indices are raster indices into image i's own grid.
-    """
-
-    kept_indices: list[torch.Tensor]  # per image LongTensor[K_i], ascending
-    positions: list[torch.Tensor]  # per image LongTensor[K_i, 3]: (t, h, w), t = 0
-    budgets: torch.Tensor  # LongTensor[B]: K_i
-    kept_relevance: list[torch.Tensor]  # per image Tensor[K_i]
-    keep_mask: torch.Tensor  # BoolTensor[B, Hm, Wm]
-    relevance: torch.Tensor  # [B, Hm, Wm] in [0, 1]
-    grid_hw: list[tuple[int, int]]
-    valid: torch.Tensor  # BoolTensor[B, Hm, Wm]
-    fallback: list[str | None]  # None | "grid" (low-structure image) | "keep_all" (a stage failed)
-    errors: list[str | None]
-    information: torch.Tensor | None = None  # [B, Hm, Wm]
-    perspectival: torch.Tensor | None = None  # [B, Hm, Wm]
-    participatory: torch.Tensor | None = None  # [B, Hm, Wm]
-    weights: torch.Tensor | None = None  # [B, 3]: information, perspectival, participatory
-    texture: torch.Tensor | None = None  # [B, C, Hm, Wm] in [0, 1]
-    channel_names: list[str] | None = None
-    extent: torch.Tensor | None = None  # [B]: the cells each question needs, by the layer's ExtentHead (if it has one)
-
-    def __len__(self) -> int:
-        return len(self.kept_indices)
-
-    def item(self, i: int) -> "ARRCOCOutput":
-        """Image i alone (grids cropped to its own h x w)."""
-        h, w = self.grid_hw[i]
-
-        def crop(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t[i : i + 1, ..., :h, :w]
-
-        return ARRCOCOutput(
-            kept_indices=[self.kept_indices[i]],
-            positions=[self.positions[i]],
-            budgets=self.budgets[i : i + 1],
-            kept_relevance=[self.kept_relevance[i]],
-            keep_mask=crop(self.keep_mask),
-            relevance=crop(self.relevance),
-            grid_hw=[self.grid_hw[i]],
-            valid=crop(self.valid),
-            fallback=[self.fallback[i]],
-            errors=[self.errors[i]],
-            information=crop(self.information),
-            perspectival=crop(self.perspectival),
-            participatory=crop(self.participatory),
-            weights=None if self.weights is None else self.weights[i : i + 1],
-            texture=crop(self.texture),
-            channel_names=self.channel_names,
-            extent=None if self.extent is None else self.extent[i : i + 1],
-        )
+    grid: GridBatch
+    budget: Budget | Sequence[Budget | None] | None
+    budget_mode: BudgetMode | None
+    maps: dict[str, torch.Tensor]  # information, perspectival, participatory, relevance [B, Hm, Wm]; weights [B, 3]
+    texture: torch.Tensor  # [F, C, Hm, Wm]
+    extent: torch.Tensor | None  # [B] cells each question needs, or None
+    allocation: Decision
+    finite: torch.Tensor  # [B] bool: every score of the item is finite
+    converged: torch.Tensor | None  # [B] bool: the fixed-step parts converged (None: the config has none)
 
 
-def pad_grid(maps: Sequence[torch.Tensor], hm: int, wm: int) -> torch.Tensor:
-    """List of [..., h_i, w_i] -> [B, ..., Hm, Wm], zero padded at the bottom/right."""
-    return torch.stack([F.pad(m, (0, wm - m.shape[-1], 0, hm - m.shape[-2])) for m in maps])
-
-
-def _pad_tokens(tokens: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """List of [L_i, D] -> ([B, Lm, D], mask [B, Lm])."""
-    lm = max(t.shape[0] for t in tokens)
-    out = torch.stack([F.pad(t.float(), (0, 0, 0, lm - t.shape[0])) for t in tokens])
-    mask = torch.stack([torch.arange(lm) < t.shape[0] for t in tokens])
-    return out, mask
-
-
-OPTIONAL_PREFIXES = ("participatory.token_proj.", "participatory.context.", "participatory.pair_query.",
-                     "participatory.pair_out.")  # weights added later, zero-initialised (see from_pretrained)
-
-
-class ARRCOCLayer(nn.Module):
+class ARRCOCLayer(LayerPersistence, nn.Module):
     def __init__(
         self,
         config: ARRCOCConfig | None = None,
@@ -126,11 +78,11 @@ class ARRCOCLayer(nn.Module):
         self.extent = ExtentHead(config.knowing.query_dim) if config.attending.spread_source == "extent" else None
         self.channel_names = channel_names(config.texture)
 
-    # ------------------------------------------------------------------ stages
-    def textures(self, images: Sequence[ImageLike], grid_hw: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
-        """Per image [C, h_i, w_i] texture arrays (no gradient: fixed features)."""
-        return [generate_texture_array(im, hw, self.config.texture)[0] for im, hw in zip(images, grid_hw)]
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
 
+    # ------------------------------------------------------------------ stages
     def score(
         self,
         texture: torch.Tensor,
@@ -156,6 +108,13 @@ class ARRCOCLayer(nn.Module):
             "weights": weights,
         }
 
+    def batch(self, images: Sequence[ImageLike], grid_hw: Sequence[tuple[int, int]],
+              query_embeds: Sequence[torch.Tensor] | torch.Tensor | None = None,
+              visual_tokens: Sequence[torch.Tensor] | None = None) -> LayerBatch:
+        """The padded batch from per-image lists, on the layer's device (see `forward`)."""
+        grid = GridBatch.of_images(grid_hw, self.device)
+        return layer_batch(images, grid, self.config.texture.work_px, query_embeds, visual_tokens)
+
     def pad_inputs(
         self,
         images: Sequence[ImageLike],
@@ -165,21 +124,13 @@ class ARRCOCLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """The padded batch `score` reads (grids padded to the largest (Hm, Wm), bottom/right):
         texture [B, C, Hm, Wm], valid [B, Hm, Wm], query [B, L, D] + its mask [B, L] (or None),
-        visual tokens [B, Hm * Wm, D] (or None). `forward` and the scorers' training share it."""
-        grid_hw = [(int(h), int(w)) for h, w in grid_hw]
-        hm, wm = max(h for h, _ in grid_hw), max(w for _, w in grid_hw)
-        tex = pad_grid(self.textures(images, grid_hw), hm, wm)
-        valid = pad_grid([torch.ones(h, w, dtype=torch.bool) for h, w in grid_hw], hm, wm)
-        query, qmask = _pad_tokens(list(query_embeds)) if query_embeds is not None else (None, None)
-        vis = None
-        if visual_tokens is not None:
-            grids = []
-            for i, ((h, w), v) in enumerate(zip(grid_hw, visual_tokens)):
-                if v.shape[0] != h * w:
-                    raise ValueError(f"image {i}: {v.shape[0]} visual tokens for a {h}x{w} grid")
-                grids.append(v.float().T.reshape(-1, h, w))
-            vis = pad_grid(grids, hm, wm).flatten(2).transpose(1, 2)  # [B, Hm*Wm, D]
-        return tex, valid, query, qmask, vis
+        visual tokens [B, Hm * Wm, D] (or None). Training calls it; its texture is always converged."""
+        batch = self.batch(images, grid_hw, query_embeds, visual_tokens)
+        with torch.no_grad():
+            tex, converged = texture_array(batch.work, self.config.texture)
+            if converged is not None and not bool(converged.all()):
+                tex = texture_array(batch.work, self.config.texture, converge=True)[0]
+        return tex, batch.grid.frame_valid, batch.query, batch.query_mask, batch.visual_tokens
 
     # ----------------------------------------------------------------- forward
     def forward(
@@ -211,148 +162,107 @@ class ARRCOCLayer(nn.Module):
             raise ValueError(f"got {b} images but {len(query_embeds)} question embeddings")
         if visual_tokens is not None and len(visual_tokens) != b:
             raise ValueError(f"got {b} images but {len(visual_tokens)} visual-token sets")
-        errors: list[str | None] = [None] * b
-
         try:
-            tex, valid, query, qmask, vis = self.pad_inputs(images, grid_hw, query_embeds, visual_tokens)
-            maps = self.score(tex, valid, query, qmask, vis)
-            bad = [not torch.isfinite(maps["relevance"][i]).all() or not torch.isfinite(maps["weights"][i]).all()
-                   for i in range(b)]
+            batch = self.batch(images, grid_hw, query_embeds, visual_tokens)
         except Exception as exc:  # noqa: BLE001 - graceful degradation is the contract
-            if self.config.strict:
+            if self.config.strict or b == 1 or isinstance(exc, BudgetError):
+                if self.config.strict or isinstance(exc, BudgetError):
+                    raise
+                return self._keep_all(grid_hw[0], exc)
+            return ARRCOCOutput.merge([self.forward(
+                images[i: i + 1], grid_hw[i: i + 1], None if query_embeds is None else [query_embeds[i]],
+                None if visual_tokens is None else [visual_tokens[i]], _budget_of(budget, i), budget_mode)
+                for i in range(b)])
+        return self.run(batch, budget, budget_mode)
+
+    def run(self, batch: LayerBatch, budget: Budget | Sequence[Budget | None] | None = None,
+            budget_mode: BudgetMode | None = None, clock: Stopwatch | None = None) -> ARRCOCOutput:
+        """`decide` + `read` a padded batch; a batch that raises is retried item by item, and an item that
+        still raises keeps every token (its error said). What the caller asked for wrong raises first."""
+        self.allocator.check(budget, budget_mode, len(batch))
+        try:
+            return self.read(self.decide(batch, budget, budget_mode, clock=clock), batch, clock)
+        except Exception as exc:  # noqa: BLE001 - graceful degradation is the contract
+            if self.config.strict or isinstance(exc, BudgetError):
                 raise
-            if b > 1:  # find the failing image(s); the others still get pruned
-                return self._merge([self.forward(images[i : i + 1], grid_hw[i : i + 1],
-                                                 None if query_embeds is None else [query_embeds[i]],
-                                                 None if visual_tokens is None else [visual_tokens[i]],
-                                                 budget if budget is None or isinstance(budget, (int, float))
-                                                 else [list(budget)[i]], budget_mode) for i in range(b)])
-            return self._keep_all(grid_hw, f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=3))
+            if len(batch) == 1:
+                return self._keep_all(batch.grid.grid_hw[0], exc)
+            return ARRCOCOutput.merge([self.run(batch.item(i), _budget_of(budget, i), budget_mode)
+                                       for i in range(len(batch))])
 
-        if any(bad):
-            if self.config.strict:
-                raise FloatingPointError(f"non-finite relevance for images {[i for i, x in enumerate(bad) if x]}")
-            for i, x in enumerate(bad):
-                if x:
-                    errors[i] = "non-finite scores (NaN/Inf); kept all tokens"
-        relevance = torch.where(torch.isfinite(maps["relevance"]), maps["relevance"], torch.zeros(()))
+    @torch.no_grad()
+    def decide(self, batch: LayerBatch, budget: Budget | Sequence[Budget | None] | None = None,
+               budget_mode: BudgetMode | None = None, converge: bool = False,
+               clock: Stopwatch | None = None) -> LayerDecision:
+        """Queue every stage for the whole batch on the layer's device; nothing is read back.
+
+        converge: run iterative parts until they converge (reading flags back) instead of a fixed number of
+        steps: `read` redoes a batch this way when a fixed-step part had not converged."""
+        grid = batch.grid
+        texture, converged = texture_array(batch.work, self.config.texture, converge)
+        lap(clock, "texture")
+        valid = grid.frame_valid
+        maps = self.score(texture, valid, batch.query, batch.query_mask, batch.visual_tokens)
+        finite = (torch.isfinite(maps["relevance"]).flatten(1).all(1) & torch.isfinite(maps["weights"]).all(1))
+        relevance = torch.nan_to_num(maps["relevance"], nan=0.0, posinf=0.0, neginf=0.0)
         # Bottom-up structure (question-independent) decides whether the image is a "void".
-        structure = 0.5 * (maps["information"] + maps["perspectival"]).detach()
-        structure = torch.where(torch.isfinite(structure), structure, torch.zeros(()))
-        extent = None if self.extent is None else self.extent(relevance, valid, query, qmask)  # [B] cells
-        alloc = self.allocator(relevance, grid_hw, budget, structure, budget_mode, extent)
+        structure = torch.nan_to_num(0.5 * (maps["information"] + maps["perspectival"]), nan=0.0, posinf=0.0, neginf=0.0)
+        lap(clock, "scorers")
+        extent = None if self.extent is None else self.extent(relevance, valid, batch.query, batch.query_mask)
+        allocation = self.allocator.decide(relevance, grid, budget, structure, budget_mode, extent)
+        lap(clock, "allocator")
+        return LayerDecision(grid, budget, budget_mode, {**maps, "relevance": relevance}, texture, extent, allocation, finite,
+                             None if converge else converged)
 
-        kept, fallback, budgets = list(alloc.kept_indices), list(alloc.fallback), alloc.budgets.clone()
-        keep_mask = alloc.keep_mask.clone()
-        for i, (h, w) in enumerate(grid_hw):
-            if errors[i] is not None:
-                kept[i] = torch.arange(h * w)
-                fallback[i] = "keep_all"
-                budgets[i] = h * w
-                keep_mask[i, :h, :w] = True
-        positions = [torch.stack([torch.zeros_like(k), k // w, k % w], dim=1) for k, (_, w) in zip(kept, grid_hw)]
-        kept_rel = [relevance[i, :h, :w].reshape(-1)[kept[i]] for i, (h, w) in enumerate(grid_hw)]
+    def read(self, decision: LayerDecision, batch: LayerBatch | None = None,
+             clock: Stopwatch | None = None) -> ARRCOCOutput:
+        """Read a decision back in one transfer -> `ARRCOCOutput` (per-image indices on the host). A fixed-step
+        part that had not converged is redone to convergence (that needs the batch)."""
+        d, grid = decision, decision.grid
+        alloc = d.allocation
+        flags = [d.finite] + ([] if d.converged is None else [d.converged])
+        flat = torch.cat([alloc.keep.reshape(-1).long(), alloc.counts, alloc.void.long()]
+                         + [f.long() for f in flags]).cpu()                       # the one transfer
+        b = len(grid)
+        head, ok = flat[: -len(flags) * b], flat[-len(flags) * b:].numpy().reshape(len(flags), b) != 0
+        if self.config.strict and not ok[0].all():
+            raise FloatingPointError(f"non-finite relevance for images {np.flatnonzero(~ok[0]).tolist()}")
+        if len(flags) > 1 and not ok[1].all():
+            if batch is None:
+                raise RuntimeError("a fixed-step part did not converge; pass the batch to read() to redo it")
+            return self.read(self.decide(batch, d.budget, d.budget_mode, converge=True), clock=clock)
+        alloc_host = finish_on_host(head, grid)
+        kept, fallback, budgets = list(alloc_host.kept_indices), alloc_host.fallback, alloc_host.budgets
+        keep_mask = alloc_host.keep_mask
+        errors: list[str | None] = [None] * b
+        for i, (h, w) in enumerate(grid.grid_hw):
+            if not ok[0, i]:
+                errors[i] = "non-finite scores (NaN/Inf); kept all tokens"
+                kept[i], fallback[i] = torch.from_numpy(np.arange(h * w)), "keep_all"
+                budgets.numpy()[i] = h * w
+                keep_mask.numpy()[i, :h, :w] = True
+        lap(clock, "read")
         return ARRCOCOutput(
-            kept_indices=kept,
-            positions=positions,
-            budgets=budgets,
-            kept_relevance=kept_rel,
-            keep_mask=keep_mask,
-            relevance=relevance,
-            grid_hw=grid_hw,
-            valid=valid,
-            fallback=fallback,
-            errors=errors,
-            information=maps["information"],
-            perspectival=maps["perspectival"],
-            participatory=maps["participatory"],
-            weights=maps["weights"],
-            texture=tex,
-            channel_names=list(self.channel_names),
-            extent=extent,
+            kept_indices=kept, budgets=budgets, keep_mask=keep_mask, relevance=d.maps["relevance"],
+            grid_hw=grid.grid_hw, valid=grid.frame_valid, fallback=list(fallback), errors=errors,
+            information=d.maps["information"], perspectival=d.maps["perspectival"],
+            participatory=d.maps["participatory"], weights=d.maps["weights"], texture=d.texture,
+            channel_names=list(self.channel_names), extent=d.extent,
         )
 
-    def _keep_all(self, grid_hw: list[tuple[int, int]], error: str, detail: str) -> ARRCOCOutput:
-        (h, w), = grid_hw
+    def _keep_all(self, grid_hw: tuple[int, int], exc: BaseException) -> ARRCOCOutput:
+        h, w = grid_hw
         kept = torch.arange(h * w)
         return ARRCOCOutput(
-            kept_indices=[kept],
-            positions=[torch.stack([torch.zeros_like(kept), kept // w, kept % w], dim=1)],
-            budgets=torch.tensor([h * w]),
-            kept_relevance=[torch.zeros(h * w)],
-            keep_mask=torch.ones(1, h, w, dtype=torch.bool),
-            relevance=torch.zeros(1, h, w),
-            grid_hw=list(grid_hw),
-            valid=torch.ones(1, h, w, dtype=torch.bool),
-            fallback=["keep_all"],
-            errors=[error],
-            channel_names=list(self.channel_names),
+            kept_indices=[kept], budgets=torch.tensor([h * w]), keep_mask=torch.ones(1, h, w, dtype=torch.bool),
+            relevance=torch.zeros(1, h, w), grid_hw=[(h, w)], valid=torch.ones(1, h, w, dtype=torch.bool),
+            fallback=["keep_all"], errors=[f"{type(exc).__name__}: {exc}"], channel_names=list(self.channel_names),
         )
 
-    def _merge(self, outs: list[ARRCOCOutput]) -> ARRCOCOutput:
-        """Concatenate single-image outputs into one padded batch output."""
-        grid_hw = [o.grid_hw[0] for o in outs]
-        hm, wm = max(h for h, _ in grid_hw), max(w for _, w in grid_hw)
 
-        def cat(name: str) -> torch.Tensor | None:
-            parts = [getattr(o, name) for o in outs]
-            if any(p is None for p in parts):
-                return None
-            return pad_grid([p[0] for p in parts], hm, wm)
-
-        return ARRCOCOutput(
-            kept_indices=[o.kept_indices[0] for o in outs],
-            positions=[o.positions[0] for o in outs],
-            budgets=torch.cat([o.budgets for o in outs]),
-            kept_relevance=[o.kept_relevance[0] for o in outs],
-            keep_mask=cat("keep_mask"),
-            relevance=cat("relevance"),
-            grid_hw=grid_hw,
-            valid=cat("valid"),
-            fallback=[o.fallback[0] for o in outs],
-            errors=[o.errors[0] for o in outs],
-            information=cat("information"),
-            perspectival=cat("perspectival"),
-            participatory=cat("participatory"),
-            weights=None if any(o.weights is None for o in outs) else torch.cat([o.weights for o in outs]),
-            texture=cat("texture"),
-            channel_names=list(self.channel_names),
-            extent=None if any(o.extent is None for o in outs) else torch.cat([o.extent for o in outs]),
-        )
-
-    # ------------------------------------------------------------- persistence
-    def save_pretrained(self, folder: str | os.PathLike) -> None:
-        """Write config.json + model.safetensors into `folder`."""
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, CONFIG_NAME), "w") as f:
-            f.write(self.config.to_json())
-        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
-        save_file(state, os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt", "arr_coc": "1"})
-
-    @classmethod
-    def from_pretrained(cls, folder: str | os.PathLike, **overrides: dict) -> "ARRCOCLayer":
-        """Load a folder written by `save_pretrained`; `overrides` go to `ARRCOCConfig.replace`
-        (e.g. `attending={"budget": 0.1}`)."""
-        cfg_path = os.path.join(folder, CONFIG_NAME)
-        if not os.path.isfile(cfg_path):
-            raise FileNotFoundError(f"no {CONFIG_NAME} in {folder!s}; expected a folder written by ARRCOCLayer.save_pretrained")
-        with open(cfg_path) as f:
-            config = ARRCOCConfig.from_json(f.read())
-        if overrides:
-            config = config.replace(**overrides)
-        layer = cls(config)
-        weights = os.path.join(folder, WEIGHTS_NAME)
-        if not os.path.isfile(weights):
-            raise FileNotFoundError(f"no {WEIGHTS_NAME} in {folder!s}; save the layer with save_pretrained first")
-        missing, unexpected = layer.load_state_dict(load_file(weights), strict=False)
-        # Layers saved before the participatory scorer gained its token projection, context conv and
-        # pair MLP lack those weights; at their zero initialisation the layer scores exactly as they did.
-        missing = [k for k in missing if not k.startswith(OPTIONAL_PREFIXES)]
-        if layer.extent is None:  # loaded to count cells by perplexity (an override): its extent head goes unused
-            unexpected = [k for k in unexpected if not k.startswith("extent.")]
-        if missing or unexpected:
-            raise RuntimeError(f"{weights} does not fit this ARR-COC config: missing {missing}, unexpected {unexpected}")
-        return layer
+def _budget_of(budget: Budget | Sequence[Budget | None] | None, i: int) -> Budget | Sequence[Budget | None] | None:
+    """Item i's budget, for a one-item retry."""
+    return budget if budget is None or isinstance(budget, (int, float)) else [list(budget)[i]]
 
 
-__all__ = ["ARRCOCLayer", "ARRCOCOutput"]
+__all__ = ["ARRCOCLayer", "ARRCOCOutput", "LayerDecision", "pad_grid"]

@@ -28,6 +28,10 @@ array; a layer lists them in its config's texture.groups:
               fill ratio, aspect, size, silhouette resampled to its own box; `components.py`), the same
               on every cell of the object, so each cell of a triangle knows it is on a triangle.
 
+A batch is computed at once, on whatever device its pixels are: frames of different sizes are padded
+(`WorkImages`, `arr_coc.grid`) and each group reads only its frame's own pixels and cells, so a frame's
+channels do not depend on what else is in its batch. Nothing is read back to the host.
+
 Every channel lies in [0, 1]. Energies are squashed with a FIXED constant
 (e -> e / (e + scale)) rather than divided by the image's own maximum, so a
 near-uniform image keeps near-zero structure instead of amplified noise; the
@@ -46,19 +50,21 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .components import OBJECT_CHANNELS, PX_PER_CELL, object_channels
+from .components import CAP, OBJECT_CHANNELS, PX_PER_CELL, STEPS, object_channels
 from .config import TextureConfig
+from .grid import GridBatch, constant, fill_edges, masked_median
+from .kmeans import kmeans
+from .spectral import gaussian_blur, spectral_saliency, squash
 
 ImageLike = Union[Image.Image, np.ndarray, torch.Tensor]
 
-# Rec. 601 luma weights.
-_LUMA = torch.tensor([0.299, 0.587, 0.114])
+LUMA = (0.299, 0.587, 0.114)  # Rec. 601 luma weights
 
 
 @dataclass
 class _Group:
     channels: tuple[str, ...]
-    fn: Callable[["_Context"], torch.Tensor]  # -> [B, len(channels), h, w] in [0, 1]
+    fn: Callable[["_Context"], torch.Tensor]  # -> [F, len(channels), H, W] in [0, 1] (padding: anything)
 
 
 TEXTURE_REGISTRY: dict[str, _Group] = {}
@@ -79,48 +85,92 @@ def channel_names(config: TextureConfig | None = None) -> list[str]:
     return [name for group in config.groups for name in TEXTURE_REGISTRY[group].channels]
 
 
-def _squash(x: torch.Tensor, scale: float) -> torch.Tensor:
-    return x / (x + scale)
+@dataclass
+class WorkImages:
+    """A batch's frames at the texture's working resolution (`px` pixels per cell side), padded.
+
+    pixels [F, 3, H * px, W * px] float32 in [0, 1], F = grid.frames; beyond frame f's own h * px x w * px,
+    its last row and column repeated (`grid.fill_edges`). Built from images (`work_images`) or, in the
+    wrapper, straight from the processor's patches on the VLM's device (`arr_coc.qwen.pixels`).
+    """
+
+    pixels: torch.Tensor
+    grid: GridBatch
+    px: int
+
+    def __post_init__(self) -> None:
+        _, hm, wm = self.grid.shape
+        expected = (self.grid.frames, 3, hm * self.px, wm * self.px)
+        if tuple(self.pixels.shape) != expected:
+            raise ValueError(f"work pixels of shape {tuple(self.pixels.shape)}; expected {expected} for grids "
+                             f"{list(self.grid.thw)} at {self.px} px per cell")
+
+
+def pool_to(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Area means of [..., H, W] down to `size`: avg_pool2d when the sizes divide (the same sums as
+    adaptive_avg_pool2d, bit for bit, and faster), adaptive_avg_pool2d otherwise."""
+    hh, ww = x.shape[-2:]
+    if hh % size[0] == 0 and ww % size[1] == 0:
+        kh, kw = hh // size[0], ww // size[1]
+        return x if (kh, kw) == (1, 1) else F.avg_pool2d(x, (kh, kw))
+    return F.adaptive_avg_pool2d(x, size)
 
 
 class _Context:
-    """Shared intermediates of one batch, computed once on first use."""
+    """Shared intermediates of one padded batch, computed once on first use."""
 
-    def __init__(self, image: torch.Tensor, grid_hw: tuple[int, int], config: TextureConfig):
-        self.image = image  # [B, 3, H, W] in [0, 1]
-        self.grid_hw = grid_hw
+    def __init__(self, work: WorkImages, config: TextureConfig, converge: bool):
+        self.image = work.pixels  # [F, 3, H * px, W * px] in [0, 1], edges repeated over the padding
+        self.grid = work.grid
+        self.grid_hw = work.grid.shape[1:]  # the padded (H, W)
+        self.px = work.px
         self.config = config
+        self.converge = converge  # iterative parts run until done (reading flags back) instead of fixed steps
+        self.converged: torch.Tensor | None = None  # [F] bool, set by a group with fixed steps (`object`)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, C, H, W] pixels -> [B, C, h, w] cell means."""
-        return F.adaptive_avg_pool2d(x, self.grid_hw)
+        """[F, C, H * px, W * px] pixels -> [F, C, H, W] cell means."""
+        return pool_to(x, self.grid_hw)
 
     @cached_property
-    def luma(self) -> torch.Tensor:  # [B, 1, H, W]
-        return torch.einsum("bchw,c->bhw", self.image, _LUMA.to(self.image)).unsqueeze(1)
+    def valid(self) -> torch.Tensor | None:  # [F, H * W] the frames' own cells; None when the batch is uniform
+        return None if self.grid.uniform else self.grid.frame_valid.flatten(1)
 
     @cached_property
-    def cell_rgb(self) -> torch.Tensor:  # [B, 3, h, w]
+    def luma(self) -> torch.Tensor:  # [F, 1, H, W]
+        weights = constant("luma", lambda: torch.tensor(LUMA), self.image)
+        return torch.einsum("bchw,c->bhw", self.image, weights).unsqueeze(1)
+
+    @cached_property
+    def cell_rgb(self) -> torch.Tensor:  # [F, 3, h, w]
         return self.pool(self.image)
 
     @cached_property
-    def cell_luma_std(self) -> torch.Tensor:  # [B, 1, h, w]
+    def cell_luma_std(self) -> torch.Tensor:  # [F, 1, h, w]
         mean = self.pool(self.luma)
         return (self.pool(self.luma**2) - mean**2).clamp_min(0).sqrt()
 
     @cached_property
-    def dominant_rgb(self) -> torch.Tensor:  # [B, 3, 1, 1] per-channel median cell colour
-        b = self.cell_rgb.shape[0]
-        return self.cell_rgb.reshape(b, 3, -1).median(dim=-1).values[..., None, None]
+    def dominant_rgb(self) -> torch.Tensor:  # [F, 3, 1, 1] per-channel median colour of the frame's cells
+        valid = None if self.valid is None else self.valid[:, None]
+        return masked_median(self.cell_rgb.flatten(2), valid)[..., None, None]
 
     @cached_property
-    def foreground(self) -> torch.Tensor:  # [B, 1, H, W] in [0, 1): colour distance from the dominant colour
-        distance = (self.image - self.dominant_rgb).norm(dim=1, keepdim=True) / math.sqrt(3)
-        return _squash(distance, self.config.contrast_scale)
+    def foreground(self) -> torch.Tensor:  # [F, 1, H, W] in [0, 1): colour distance from the dominant colour
+        distance = (self.image - self.dominant_rgb).pow(2).sum(1, keepdim=True).sqrt() / math.sqrt(3)
+        return squash(distance, self.config.contrast_scale)
 
     @cached_property
     def kmeans(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return _kmeans(self.cell_rgb.flatten(2).transpose(1, 2), self.config.n_clusters, self.config.kmeans_iters)
+        n_valid = None
+        if self.valid is not None:
+            n_valid = self.grid.frame_sizes.prod(1)
+        return kmeans(self.cell_rgb.flatten(2).transpose(1, 2), self.config.n_clusters, self.config.kmeans_iters,
+                      self.valid, n_valid)
+
+    def fill_cells(self, x: torch.Tensor) -> torch.Tensor:
+        """[F, C, H, W] cell maps with each frame's last cell row and column repeated over its padding."""
+        return fill_edges(x, self.grid)
 
 
 @register_channels("rgb", ("red", "green", "blue"))
@@ -131,26 +181,40 @@ def _rgb(ctx: _Context) -> torch.Tensor:
 @register_channels("position", ("pos_y", "pos_x"))
 def _position(ctx: _Context) -> torch.Tensor:
     h, w = ctx.grid_hw
-    b = ctx.image.shape[0]
-    y = (torch.arange(h, dtype=ctx.image.dtype) + 0.5) / h
-    x = (torch.arange(w, dtype=ctx.image.dtype) + 0.5) / w
-    yy, xx = torch.meshgrid(y, x, indexing="ij")
-    return torch.stack([yy, xx]).unsqueeze(0).expand(b, -1, -1, -1)
+    f = ctx.image.shape[0]
+    if ctx.grid.uniform:
+        y = (torch.arange(h, dtype=ctx.image.dtype, device=ctx.image.device) + 0.5) / h
+        x = (torch.arange(w, dtype=ctx.image.dtype, device=ctx.image.device) + 0.5) / w
+        yy, xx = torch.meshgrid(y, x, indexing="ij")
+        return torch.stack([yy, xx]).unsqueeze(0).expand(f, -1, -1, -1)
+    sizes = ctx.grid.frame_sizes.to(ctx.image.dtype)                         # [F, 2] the frames' own h, w
+    y = (torch.arange(h, dtype=ctx.image.dtype, device=ctx.image.device) + 0.5) / sizes[:, :1]   # [F, H]
+    x = (torch.arange(w, dtype=ctx.image.dtype, device=ctx.image.device) + 0.5) / sizes[:, 1:]   # [F, W]
+    return torch.stack([y[:, :, None].expand(f, h, w), x[:, None, :].expand(f, h, w)], dim=1)
+
+
+def _channel_norm(x: torch.Tensor) -> torch.Tensor:
+    """The Euclidean norm over dim 1 of [B, C, ...], keeping the dim: the channels moved last first (a norm over
+    a strided dim runs ten times slower on the CPU than over a contiguous one)."""
+    return x.movedim(1, -1).contiguous().norm(dim=-1).unsqueeze(1)
 
 
 def _sobel_gradients(x: torch.Tensor) -> torch.Tensor:
     """[B, 1, H, W] -> [B, 2, H, W] (d/dx, d/dy), replicate padding; |response| <= 1 for x in [0, 1]."""
-    kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]) / 8.0
-    kernel = torch.stack([kx, kx.T]).unsqueeze(1).to(x)  # [2, 1, 3, 3]
-    return F.conv2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), kernel)
+
+    def kernel() -> torch.Tensor:
+        kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]) / 8.0
+        return torch.stack([kx, kx.T]).unsqueeze(1)  # [2, 1, 3, 3]
+
+    return F.conv2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), constant("sobel", kernel, x))
 
 
 @register_channels("sobel", ("sobel_x", "sobel_y", "sobel_mag"))
 def _sobel(ctx: _Context) -> torch.Tensor:
-    g = _sobel_gradients(ctx.luma)  # [B, 2, H, W]
+    g = _sobel_gradients(ctx.luma)  # [F, 2, H, W]
     mag = g.pow(2).sum(1, keepdim=True).sqrt()
     energy = ctx.pool(torch.cat([g.abs(), mag], dim=1))
-    return _squash(energy, ctx.config.edge_scale)
+    return squash(energy, ctx.config.edge_scale)
 
 
 @register_channels("saliency", ("sal_spectral", "sal_contrast", "sal_color"))
@@ -159,15 +223,15 @@ def _saliency(ctx: _Context) -> torch.Tensor:
     # Centre-surround: a cell's colour against the mean of its 5x5 cell neighbourhood, plus the
     # luminance spread inside the cell (small objects sit inside one cell).
     rgb = ctx.cell_rgb
-    surround = F.avg_pool2d(F.pad(rgb, (2, 2, 2, 2), mode="replicate"), 5, stride=1)
-    contrast = (rgb - surround).norm(dim=1, keepdim=True) / math.sqrt(3) + ctx.cell_luma_std
+    surround = F.avg_pool2d(F.pad(ctx.fill_cells(rgb), (2, 2, 2, 2), mode="replicate"), 5, stride=1)
+    contrast = _channel_norm(rgb - surround) / math.sqrt(3) + ctx.cell_luma_std
     # Colour distinctiveness from the dominant (median) cell colour.
-    distinct = (rgb - ctx.dominant_rgb).norm(dim=1, keepdim=True) / math.sqrt(3)
+    distinct = _channel_norm(rgb - ctx.dominant_rgb) / math.sqrt(3)
     return torch.cat(
         [
-            _spectral_residual(ctx.luma, ctx.grid_hw, cfg.saliency_size, cfg.contrast_scale),
-            _squash(contrast, cfg.contrast_scale),
-            _squash(distinct, cfg.contrast_scale),
+            spectral_saliency(ctx.luma, ctx.grid, ctx.px, cfg.saliency_size, cfg.contrast_scale),
+            squash(contrast, cfg.contrast_scale),
+            squash(distinct, cfg.contrast_scale),
         ],
         dim=1,
     )
@@ -175,29 +239,33 @@ def _saliency(ctx: _Context) -> torch.Tensor:
 
 @register_channels("clusters", ("cluster_rarity", "cluster_edge"))
 def _clusters(ctx: _Context) -> torch.Tensor:
-    labels, centroids = ctx.kmeans  # [B, N], [B, k, 3]
-    b, n = labels.shape
+    labels, centroids = ctx.kmeans  # [F, N], [F, k, 3]
+    f, n = labels.shape
     h, w = ctx.grid_hw
     k = centroids.shape[1]
-    sizes = F.one_hot(labels, k).sum(1).to(centroids)  # [B, k]
-    dominant = centroids[torch.arange(b), sizes.argmax(1)]  # [B, 3]
-    centroid_dist = (centroids - dominant[:, None]).norm(dim=-1) / math.sqrt(3)  # [B, k]
-    rarity = (1.0 - sizes / n) * _squash(centroid_dist, ctx.config.contrast_scale)
-    rarity = rarity.gather(1, labels)  # [B, N]
+    member = labels[..., None] == torch.arange(k, device=labels.device)  # [F, N, k]
+    if ctx.valid is not None:
+        member = member & ctx.valid[..., None]
+    sizes = member.sum(1).to(centroids)  # [F, k]
+    dominant = centroids[torch.arange(f, device=labels.device), sizes.argmax(1)]  # [F, 3]
+    centroid_dist = (centroids - dominant[:, None]).norm(dim=-1) / math.sqrt(3)  # [F, k]
+    cells = n if ctx.valid is None else ctx.valid.sum(1, keepdim=True).to(centroids)
+    rarity = (1.0 - sizes / cells) * squash(centroid_dist, ctx.config.contrast_scale)
+    rarity = rarity.gather(1, labels)  # [F, N]
     # Cluster-edge strength: mean colour distance from a cell's centroid to its 8 neighbours' centroids.
-    cell_centroid = centroids.gather(1, labels[..., None].expand(-1, -1, 3))  # [B, N, 3]
-    grid = cell_centroid.transpose(1, 2).reshape(b, 3, h, w)
-    padded = F.pad(grid, (1, 1, 1, 1), mode="replicate")
-    neighbours = F.unfold(padded, 3).reshape(b, 3, 9, h * w)  # [B, 3, 9, N]
-    edge = (neighbours - grid.reshape(b, 3, 1, h * w)).norm(dim=1).sum(1) / (8 * math.sqrt(3))
-    edge = _squash(edge, ctx.config.contrast_scale)
-    return torch.stack([rarity, edge], dim=1).reshape(b, 2, h, w)
+    cell_centroid = centroids.gather(1, labels[..., None].expand(-1, -1, 3))  # [F, N, 3]
+    grid = cell_centroid.transpose(1, 2).reshape(f, 3, h, w)
+    padded = F.pad(ctx.fill_cells(grid), (1, 1, 1, 1), mode="replicate")
+    neighbours = F.unfold(padded, 3).reshape(f, 3, 9, h * w)  # [F, 3, 9, N]
+    edge = _channel_norm(neighbours - grid.reshape(f, 3, 1, h * w))[:, 0].sum(1) / (8 * math.sqrt(3))
+    edge = squash(edge, ctx.config.contrast_scale)
+    return torch.stack([rarity, edge], dim=1).reshape(f, 2, h, w)
 
 
 @register_channels("highpass", ("highpass",))
 def _highpass(ctx: _Context) -> torch.Tensor:
-    detail = ctx.luma - _gaussian_blur(ctx.luma, sigma=1.5)
-    return _squash(ctx.pool(detail**2).sqrt(), ctx.config.highpass_scale)
+    detail = ctx.luma - gaussian_blur(ctx.luma, sigma=1.5)
+    return squash(ctx.pool(detail**2).sqrt(), ctx.config.highpass_scale)
 
 
 SUBCELLS = 4  # silhouette: sub-cells per cell side
@@ -206,94 +274,33 @@ SUBCELLS = 4  # silhouette: sub-cells per cell side
 @register_channels("silhouette", tuple(f"sil_{y}{x}" for y in range(SUBCELLS) for x in range(SUBCELLS)))
 def _silhouette(ctx: _Context) -> torch.Tensor:
     h, w = ctx.grid_hw
-    sub = F.adaptive_avg_pool2d(ctx.foreground, (h * SUBCELLS, w * SUBCELLS))  # [B, 1, 4h, 4w]
-    return F.pixel_unshuffle(sub, SUBCELLS)  # [B, 16, h, w], channel = sub-row * 4 + sub-column
+    sub = pool_to(ctx.foreground, (h * SUBCELLS, w * SUBCELLS))  # [F, 1, 4h, 4w]
+    return F.pixel_unshuffle(sub, SUBCELLS)  # [F, 16, h, w], channel = sub-row * 4 + sub-column
 
 
 @register_channels("orientation", ("edge_vert", "edge_horiz", "edge_rise", "edge_fall"))
 def _orientation(ctx: _Context) -> torch.Tensor:
-    g = _sobel_gradients(ctx.foreground)  # [B, 2, H, W]
+    g = _sobel_gradients(ctx.foreground)  # [F, 2, H, W]
     gx, gy = g[:, :1], g[:, 1:]
     # The gradient runs across an edge and y grows downwards: a vertical edge has a horizontal gradient, a
     # rising edge "/" a gradient along (1, 1). vert + horiz = rise + fall = the cell's whole edge energy, so each
     # channel is that energy (squashed) times its direction's share of it: an upright square's sides read
     # (1, 0, .5, .5) of it, a triangle's slanted sides (.5, .5, 1, 0).
-    energy = ctx.pool(torch.cat([gx**2, gy**2, (gx + gy) ** 2 / 2, (gx - gy) ** 2 / 2], dim=1))  # [B, 4, h, w]
+    energy = ctx.pool(torch.cat([gx**2, gy**2, (gx + gy) ** 2 / 2, (gx - gy) ** 2 / 2], dim=1))  # [F, 4, h, w]
     total = energy[:, :2].sum(1, keepdim=True)
-    return _squash(total.sqrt(), ctx.config.edge_scale) * energy / total.clamp_min(1e-12)
+    return squash(total.sqrt(), ctx.config.edge_scale) * energy / total.clamp_min(1e-12)
 
 
 @register_channels("object", OBJECT_CHANNELS)
 def _object(ctx: _Context) -> torch.Tensor:
     # Foreground: further from the dominant colour than contrast_scale (the squashed distance passes 1/2).
     h, w = ctx.grid_hw
-    share = F.adaptive_avg_pool2d(ctx.foreground, (h * PX_PER_CELL, w * PX_PER_CELL))  # [B, 1, 8h, 8w]
-    return object_channels(share[:, 0] > 0.5, ctx.grid_hw)
-
-
-def _gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
-    """Separable Gaussian blur of [B, 1, H, W] with replicate padding."""
-    radius = max(1, int(math.ceil(3 * sigma)))
-    t = torch.arange(-radius, radius + 1, dtype=x.dtype)
-    k = torch.exp(-(t**2) / (2 * sigma**2))
-    k = k / k.sum()
-    x = F.conv2d(F.pad(x, (radius, radius, 0, 0), mode="replicate"), k.view(1, 1, 1, -1))
-    return F.conv2d(F.pad(x, (0, 0, radius, radius), mode="replicate"), k.view(1, 1, -1, 1))
-
-
-def _spectral_residual(luma: torch.Tensor, grid_hw: tuple[int, int], size: int, contrast_scale: float) -> torch.Tensor:
-    """Hou & Zhang's spectral-residual saliency on a thumbnail, pooled to the grid.
-
-    The map is normalised to its maximum and then gated by the image's global
-    luminance contrast, so a flat image scores ~0 everywhere.
-    """
-    b, _, hh, ww = luma.shape
-    scale = size / max(hh, ww)
-    th, tw = max(8, round(hh * scale)), max(8, round(ww * scale))
-    thumb = F.interpolate(luma, size=(th, tw), mode="area")[:, 0]  # [B, th, tw]
-    spectrum = torch.fft.fft2(thumb)
-    amp = spectrum.abs()
-    # Synthetic scenes have exact spectral zeros (sinc nulls of flat shapes); a floor relative
-    # to the typical amplitude keeps log() from turning them into spikes of residual.
-    floor = 1e-2 * amp.flatten(1).median(1).values.clamp_min(1e-8)[:, None, None]
-    log_amp = torch.log(amp + floor)
-    residual = log_amp - F.avg_pool2d(
-        F.pad(log_amp[:, None], (1, 1, 1, 1), mode="replicate"), 3, stride=1
-    )[:, 0]
-    sal = torch.fft.ifft2(torch.exp(torch.complex(residual, torch.zeros_like(residual))) * torch.exp(1j * spectrum.angle()))
-    sal = _gaussian_blur(sal.abs().pow(2)[:, None].to(luma.dtype), sigma=max(1.0, size / 40))
-    sal = F.adaptive_avg_pool2d(F.interpolate(sal, size=(th * 4, tw * 4), mode="bilinear", align_corners=False), grid_hw)
-    sal = sal / sal.flatten(1).amax(1).clamp_min(1e-12)[:, None, None, None]
-    gate = _squash(thumb.flatten(1).std(1), contrast_scale)[:, None, None, None]
-    return sal * gate
-
-
-def _kmeans(x: torch.Tensor, k: int, iters: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Deterministic batched k-means. x: [B, N, D] -> labels [B, N], centroids [B, k, D].
-
-    Initialised by farthest-point sampling from the median point (no randomness),
-    so the same image always yields the same clusters.
-    """
-    b, n, d = x.shape
-    k = min(k, n)
-    start = x.median(dim=1).values  # [B, D]
-    first = (x - start[:, None]).norm(dim=-1).argmin(1)  # [B]
-    chosen = [first]
-    dist = (x - x[torch.arange(b), first][:, None]).norm(dim=-1)  # [B, N]
-    for _ in range(k - 1):
-        nxt = dist.argmax(1)
-        chosen.append(nxt)
-        dist = torch.minimum(dist, (x - x[torch.arange(b), nxt][:, None]).norm(dim=-1))
-    centroids = torch.stack([x[torch.arange(b), i] for i in chosen], dim=1)  # [B, k, D]
-    for _ in range(iters):
-        labels = torch.cdist(x, centroids).argmin(-1)  # [B, N]
-        onehot = F.one_hot(labels, k).to(x)  # [B, N, k]
-        counts = onehot.sum(1)  # [B, k]
-        sums = onehot.transpose(1, 2) @ x  # [B, k, D]
-        # An emptied cluster keeps its old centroid.
-        centroids = torch.where(counts[..., None] > 0, sums / counts.clamp_min(1)[..., None], centroids)
-    labels = torch.cdist(x, centroids).argmin(-1)
-    return labels, centroids
+    share = pool_to(ctx.foreground, (h * PX_PER_CELL, w * PX_PER_CELL))  # [F, 1, 8h, 8w]
+    mask = share[:, 0] > 0.5
+    if ctx.valid is not None:  # a frame's padding is background, whatever its repeated edge holds
+        mask = mask & ctx.grid.frame_valid.repeat_interleave(PX_PER_CELL, 1).repeat_interleave(PX_PER_CELL, 2)
+    out, ctx.converged = object_channels(mask, ctx.grid_hw, *((None, None) if ctx.converge else (STEPS, CAP)))
+    return out
 
 
 def to_tensor(image: ImageLike) -> torch.Tensor:
@@ -325,6 +332,53 @@ def to_tensor(image: ImageLike) -> torch.Tensor:
     return t.float()
 
 
+def to_work_resolution(batch: torch.Tensor, grid_hw: tuple[int, int], px: int) -> torch.Tensor:
+    """[B, 3, H, W] images of one size -> [B, 3, h * px, w * px] in [0, 1]: NaN/Inf replaced, area means when
+    shrinking (bilinear when growing), so a cell means the same whatever the processor's cell size."""
+    batch = torch.nan_to_num(batch, nan=0.0, posinf=1.0, neginf=0.0).clamp(0.0, 1.0)
+    work = (grid_hw[0] * px, grid_hw[1] * px)
+    if tuple(batch.shape[-2:]) != work:
+        shrink = batch.shape[-2] >= work[0] and batch.shape[-1] >= work[1]
+        batch = F.interpolate(batch, size=work, mode="area" if shrink else "bilinear", align_corners=None if shrink else False)
+        batch = batch.clamp(0.0, 1.0)
+    return batch
+
+
+def work_images(images: Sequence[ImageLike], grid: GridBatch, px: int) -> WorkImages:
+    """One image per item of `grid` (t = 1), any size and type (`to_tensor`), resized to its own grid at `px`
+    pixels per cell, padded to the batch, on `grid.device`. One resize per image: the wrapper builds its
+    batch from the processor's patches instead (`arr_coc.qwen.pixels`)."""
+    if len(images) != len(grid):
+        raise ValueError(f"got {len(images)} images for {len(grid)} grids; pass one (h, w) per image")
+    if any(t != 1 for t, _, _ in grid.thw):
+        raise ValueError("work_images takes images (t = 1); build video frames' WorkImages from their patches")
+    _, hm, wm = grid.shape
+    frames = []
+    for image, (_, h, w) in zip(images, grid.thw):
+        x = to_work_resolution(to_tensor(image).to(grid.device)[:1], (h, w), px)
+        frames.append(x if (h, w) == (hm, wm) else F.pad(x, (0, (wm - w) * px, 0, (hm - h) * px)))
+    return WorkImages(fill_edges(torch.cat(frames), grid, px), grid, px)
+
+
+def texture_array(work: WorkImages, config: TextureConfig | None = None, converge: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The texture array of a padded batch: float32 [F, C, H, W] in [0, 1] (zero on padding), channel order
+    `channel_names(config)`, and whether its fixed-step parts converged ([F] bool on the device, read with the
+    layer's result; None when the config has none: only the `object` group's components do).
+
+    converge: run the components until nothing changes instead (reads a flag back after every step: the exact
+    redo for the rare frame whose flag came back False, and `generate_texture_array`).
+    """
+    config = config or TextureConfig()
+    if work.px != config.work_px:
+        raise ValueError(f"work images at {work.px} px per cell, but texture.work_px is {config.work_px}")
+    ctx = _Context(work, config, converge)
+    out = torch.cat([TEXTURE_REGISTRY[g].fn(ctx) for g in config.groups], dim=1).clamp(0.0, 1.0)
+    if not work.grid.uniform:
+        out = out * work.grid.frame_valid[:, None]
+    return out.contiguous(), ctx.converged
+
+
 @torch.no_grad()
 def generate_texture_array(
     image: ImageLike | Sequence[ImageLike],
@@ -347,14 +401,6 @@ def generate_texture_array(
     h, w = int(grid_hw[0]), int(grid_hw[1])
     if h < 1 or w < 1:
         raise ValueError(f"grid_hw must be positive, got {grid_hw}")
-    batch = torch.nan_to_num(batch, nan=0.0, posinf=1.0, neginf=0.0).clamp(0.0, 1.0)
-    # Channels are computed at a fixed work_px pixels per cell, so a cell means the same
-    # whatever the processor's cell size (28 or 32 px) and a large image costs no more per cell.
-    work = (h * config.work_px, w * config.work_px)
-    if tuple(batch.shape[-2:]) != work:
-        shrink = batch.shape[-2] >= work[0] and batch.shape[-1] >= work[1]
-        batch = F.interpolate(batch, size=work, mode="area" if shrink else "bilinear", align_corners=None if shrink else False)
-        batch = batch.clamp(0.0, 1.0)
-    ctx = _Context(batch, (h, w), config)
-    out = torch.cat([TEXTURE_REGISTRY[g].fn(ctx) for g in config.groups], dim=1)
-    return out.clamp(0.0, 1.0).contiguous()
+    grid = GridBatch.of_images([(h, w)] * batch.shape[0], batch.device)
+    work = WorkImages(to_work_resolution(batch, (h, w), config.work_px), grid, config.work_px)
+    return texture_array(work, config, converge=True)[0]

@@ -395,7 +395,7 @@ def test_weights_survive_save_and_load_bit_exactly(tmp_path):
 def test_layers_saved_before_the_later_participatory_weights_load_and_score_as_before(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from arr_coc.layer import OPTIONAL_PREFIXES
+    from arr_coc.persistence import OPTIONAL_PREFIXES
 
     torch.manual_seed(0)
     layer = ARRCOCLayer(ARRCOCConfig().with_query_dim(16)).eval()

@@ -138,10 +138,19 @@ def test_components_match_a_breadth_first_search():
         spiral[i, i:31 - i] = spiral[i:24 - i, 30 - i] = spiral[23 - i, i:31 - i] = True
         spiral[i + 2:24 - i, i] = True
     masks = torch.cat([masks, spiral[None]])
-    labels = label_components(masks)
+    labels, converged = label_components(masks, steps=None)      # until nothing changes
+    assert converged.all()
     for m, got in zip(masks, labels):
         assert torch.equal(got, _bfs_components(m))
+    # The fixed-step path (what the layer runs, reading nothing back): a flag that says converged means exact labels.
+    # The near-percolation masks need more than STEPS steps, and say so (the layer then redoes them to convergence);
+    # the spiral's long straight arms take two.
+    fixed, flag = label_components(masks)
+    assert flag.tolist() == [True, False, False, True]
+    assert not torch.equal(fixed[1], labels[1]) and not torch.equal(fixed[2], labels[2])
+    for got, exact, ok in zip(fixed, labels, flag):
+        assert not ok or torch.equal(got, exact)
     # Negative control: diagonal neighbours are not connected (4-connectivity), so a checkerboard is all singletons.
     board = (torch.arange(6)[:, None] + torch.arange(6)[None]) % 2 == 0
-    got = label_components(board[None])[0]
+    got = label_components(board[None])[0][0]
     assert torch.equal(got[board.flatten()], torch.arange(36)[board.flatten()])

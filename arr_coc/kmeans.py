@@ -1,0 +1,57 @@
+"""Deterministic batched k-means over the cells of padded frames (the texture array's `clusters` group)."""
+
+from __future__ import annotations
+
+import torch
+
+from .grid import masked_median
+
+
+def _distance(x: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+    """[B, N, D], [B, D] -> [B, N] Euclidean distances (computed directly, as a norm of the difference)."""
+    return torch.cdist(x, points[:, None], compute_mode="donot_use_mm_for_euclid_dist")[..., 0]
+
+
+def kmeans(x: torch.Tensor, k: int, iters: int, valid: torch.Tensor | None = None,
+           n_valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [B, N, D] points, valid [B, N] (None: all) -> labels [B, N], centroids [B, K, D], K = min(k, N).
+
+    Initialised by farthest-point sampling from the median point (no randomness), so the same image
+    always yields the same clusters; a frame with fewer valid points than k (n_valid [B]) uses only its
+    first n_valid centroids, the rest never win a point. Padded points are never chosen and never
+    counted, so a frame clusters exactly as it would alone. A fixed `iters` steps, no convergence test.
+    """
+    b, n, d = x.shape
+    k = min(k, n)
+    start = masked_median(x.transpose(1, 2), None if valid is None else valid[:, None])   # [B, D]
+    dist = _distance(x, start)                                                            # [B, N]
+    if valid is not None:
+        dist = dist.masked_fill(~valid, float("inf"))
+    chosen = [dist.argmin(1)]
+    dist = _distance(x, x.gather(1, chosen[0][:, None, None].expand(b, 1, d))[:, 0])
+    if valid is not None:
+        dist = dist.masked_fill(~valid, -1.0)          # distances are >= 0: a padded point is never the farthest
+    for _ in range(k - 1):
+        chosen.append(dist.argmax(1))
+        dist = torch.minimum(dist, _distance(x, x.gather(1, chosen[-1][:, None, None].expand(b, 1, d))[:, 0]))
+    centroids = x.gather(1, torch.stack(chosen, dim=1)[..., None].expand(b, k, d))       # [B, K, D]
+    slots = torch.arange(k, device=x.device)
+    unused = None if n_valid is None else (slots[None, :] >= n_valid[:, None])[:, None, :]   # [B, 1, K]
+    with_ones = torch.cat([x, torch.ones_like(x[..., :1])], dim=-1)                      # [B, N, D + 1]
+
+    def assign(centroids: torch.Tensor) -> torch.Tensor:
+        dist = torch.cdist(x, centroids)                                                  # [B, N, K]
+        labels = (dist if unused is None else dist.masked_fill(unused, float("inf"))).argmin(-1)
+        return labels if valid is None else labels.masked_fill(~valid, k)                # padding: no cluster
+
+    for _ in range(iters):
+        onehot = (assign(centroids)[..., None] == slots).to(x.dtype)                     # [B, N, K]
+        totals = onehot.transpose(1, 2) @ with_ones                                       # [B, K, D + 1]
+        counts = totals[..., d:]                                                          # [B, K, 1]
+        # An emptied cluster keeps its old centroid.
+        centroids = torch.where(counts > 0, totals[..., :d] / counts.clamp_min(1), centroids)
+    labels = assign(centroids)
+    return (labels if valid is None else labels.clamp(max=k - 1)), centroids
+
+
+__all__ = ["kmeans"]

@@ -1,0 +1,78 @@
+"""Spectral-residual saliency (Hou & Zhang, CVPR 2007) on a thumbnail, pooled to the token grid.
+
+The thumbnail's size, and so its FFT, depends on each frame's size, so a padded batch is computed per
+distinct frame size (`spectral_saliency`): one pass for a batch of equal sizes, one per size otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .grid import GridBatch, constant, upload
+
+
+def squash(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """e -> e / (e + scale): an energy in [0, inf) to [0, 1) with a FIXED constant (a flat image stays flat)."""
+    return x / (x + scale)
+
+
+def gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Separable Gaussian blur of [B, 1, H, W] with replicate padding."""
+    radius = max(1, int(math.ceil(3 * sigma)))
+
+    def kernel() -> torch.Tensor:
+        t = torch.arange(-radius, radius + 1, dtype=torch.float32)
+        k = torch.exp(-(t**2) / (2 * sigma**2))
+        return k / k.sum()
+
+    k = constant(f"gauss{sigma}", kernel, x)
+    x = F.conv2d(F.pad(x, (radius, radius, 0, 0), mode="replicate"), k.view(1, 1, 1, -1))
+    return F.conv2d(F.pad(x, (0, 0, radius, radius), mode="replicate"), k.view(1, 1, -1, 1))
+
+
+def spectral_residual(luma: torch.Tensor, grid_hw: tuple[int, int], size: int, contrast_scale: float) -> torch.Tensor:
+    """[B, 1, hh, ww] luminance of equal-sized frames -> [B, 1, h, w] saliency in [0, 1].
+
+    The map is normalised to its maximum and then gated by the frame's global luminance contrast,
+    so a flat image scores ~0 everywhere.
+    """
+    b, _, hh, ww = luma.shape
+    scale = size / max(hh, ww)
+    th, tw = max(8, round(hh * scale)), max(8, round(ww * scale))
+    thumb = F.interpolate(luma, size=(th, tw), mode="area")[:, 0]  # [B, th, tw]
+    spectrum = torch.fft.fft2(thumb)
+    amp = spectrum.abs()
+    # Synthetic scenes have exact spectral zeros (sinc nulls of flat shapes); a floor relative
+    # to the typical amplitude keeps log() from turning them into spikes of residual.
+    floor = 1e-2 * amp.flatten(1).median(1).values.clamp_min(1e-8)[:, None, None]
+    log_amp = torch.log(amp + floor)
+    residual = log_amp - F.avg_pool2d(F.pad(log_amp[:, None], (1, 1, 1, 1), mode="replicate"), 3, stride=1)[:, 0]
+    sal = torch.fft.ifft2(torch.exp(torch.complex(residual, torch.zeros_like(residual))) * torch.exp(1j * spectrum.angle()))
+    sal = gaussian_blur(sal.abs().pow(2)[:, None].to(luma.dtype), sigma=max(1.0, size / 40))
+    sal = F.adaptive_avg_pool2d(F.interpolate(sal, size=(th * 4, tw * 4), mode="bilinear", align_corners=False), grid_hw)
+    sal = sal / sal.flatten(1).amax(1).clamp_min(1e-12)[:, None, None, None]
+    gate = squash(thumb.flatten(1).std(1), contrast_scale)[:, None, None, None]
+    return sal * gate
+
+
+def spectral_saliency(luma: torch.Tensor, grid: GridBatch, px: int, size: int, contrast_scale: float) -> torch.Tensor:
+    """[F, 1, H * px, W * px] padded frames -> [F, 1, H, W]: `spectral_residual` of each frame on its own
+    h x w cells (zero on padding), computed once per distinct frame size."""
+    _, hm, wm = grid.shape
+    groups = grid.size_groups()
+    if len(groups) == 1:
+        (h, w), = groups
+        out = spectral_residual(luma[..., : h * px, : w * px], (h, w), size, contrast_scale)
+        return out if (h, w) == (hm, wm) else F.pad(out, (0, wm - w, 0, hm - h))
+    out = luma.new_zeros(luma.shape[0], 1, hm, wm)
+    for (h, w), frames in groups.items():
+        index = upload(torch.tensor(frames), luma.device)
+        part = spectral_residual(luma.index_select(0, index)[..., : h * px, : w * px], (h, w), size, contrast_scale)
+        out.index_copy_(0, index, F.pad(part, (0, wm - w, 0, hm - h)))
+    return out
+
+
+__all__ = ["gaussian_blur", "spectral_residual", "spectral_saliency", "squash"]
