@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .persistence import LAYER_FILES, looks_like_hub_id, resolve_layer_folder   # light: no torch
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINTS = os.path.join(REPO_ROOT, "checkpoints")
 EMBEDDED_MODEL = os.path.join(CHECKPOINTS, "shapes-qwen2vl")    # the embedded Qwen2-VL-architecture VLM
@@ -18,7 +20,6 @@ SHIPPED_LAYER = os.path.join(CHECKPOINTS, "arr-coc-shapes")     # ARR-COC traine
 SHIPPED_BEFORE_LAYER = os.path.join(CHECKPOINTS, "arr-coc-shapes-before")
 
 UNTRAINED = "untrained"   # the value of --arr-coc that asks for the untrained layer
-LAYER_FILES = ("config.json", "model.safetensors")   # what ARRCOCLayer.save_pretrained writes (arr_coc.layer)
 
 
 class LayerNotFound(FileNotFoundError):
@@ -26,15 +27,22 @@ class LayerNotFound(FileNotFoundError):
 
 
 def check_layer_folder(folder: str | os.PathLike) -> str:
-    """`folder` as a str if it holds a trained ARR-COC layer that can be read, else LayerNotFound.
+    """The local folder of a trained ARR-COC layer that can be read, else LayerNotFound: `folder` itself, or,
+    for a hub id ("owner/name") that is no local path, its snapshot in the Hugging Face cache (fetched
+    there when online; `arr_coc.persistence`).
 
-    Every caller that is given a layer folder checks it here before any model loads: `ask`, `eval`, the
+    Every caller that is given a layer checks it here before any model loads: `ask`, `eval`, the
     app at start and `ARRCOCQwen` itself. A folder that is not there used to be found only at the first
     request, which then kept every token with a warning on stderr: the user believed they had pruned.
     """
     path = os.fspath(folder)
-    how = (f"pass a folder written by ARRCOCLayer.save_pretrained ({' + '.join(LAYER_FILES)}), "
-           f"or '{UNTRAINED}' (arr_coc=None in Python) for the untrained layer")
+    how = (f"pass a folder written by ARRCOCLayer.save_pretrained ({' + '.join(LAYER_FILES)}) or a hub id "
+           f"('owner/name'), or '{UNTRAINED}' (arr_coc=None in Python) for the untrained layer")
+    if not os.path.exists(path) and looks_like_hub_id(path):
+        try:
+            path = resolve_layer_folder(path)
+        except FileNotFoundError as exc:
+            raise LayerNotFound(f"no trained ARR-COC layer at {path!r}: no such folder, and as a hub id: {exc}") from None
     if not os.path.isdir(path):
         why = "it is a file, not a folder" if os.path.exists(path) else "no such folder"
         raise LayerNotFound(f"no trained ARR-COC layer at {path!r} ({why}); {how}")

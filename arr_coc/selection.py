@@ -22,8 +22,11 @@ import torch
 from .budget import Budget, BudgetMode
 
 if TYPE_CHECKING:
-    from .layer import ARRCOCOutput
-    from .qwen.wrapper import ARRCOCQwen
+    from transformers import PreTrainedModel
+
+    from .layer import ARRCOCLayer, ARRCOCOutput
+    from .qwen.pixels import PatchImages
+    from .stopwatch import Stopwatch
 
 
 @dataclass
@@ -43,29 +46,45 @@ class Selection:
     visual_tokens: list[torch.Tensor | None] | None = None
 
 
+@dataclass(frozen=True)
+class VLMHandles:
+    """What a selector may read of the VLM beyond the context's tensors (nothing else of the wrapper).
+
+    model  the frozen Qwen-VL (FastV runs its LM prefix, VisionZip records its vision tower)
+    layer  the ARR-COC layer to run, built on first call (a trained one for `arr_coc_trained`)
+    """
+
+    model: PreTrainedModel
+    layer: Callable[[], ARRCOCLayer]
+
+
 @dataclass
 class SelectionContext:
     """Everything a selector may use, for N images (all images of a batch, prompt order).
 
-    images        list[FloatTensor[3, H_i, W_i]] in [0, 1]: the resized image the VLM saw
+    vlm           typed handles to the model and the ARR-COC layer (`VLMHandles`)
+    pixels        the processor's patches on the VLM's device (`arr_coc.qwen.pixels.PatchImages`): the
+                  texture's input without rebuilding a picture; `images` rebuilds them on the host on demand
     grid_hw       list[(h_i, w_i)] merged-token grid; n_i = h_i * w_i
     visual_tokens list[Tensor[n_i, D]] merger output (VLM dtype); with encode="before" the gist's tokens
                   under each cell, or None without a gist
-    query_embeds  list[Tensor[L_i, D]] input embeddings of the image's question tokens
+    query         Tensor[N, L, D] input embeddings of each image's question tokens (padded; VLM dtype) and
+    query_mask    BoolTensor[N, L] the real ones; `query_embeds` gives them per image
     budgets       list[Budget | None] per image, as the caller gave them (None: the selector's default)
     budget_mode   None | "exact" | "mean" (arr_coc.budget), as the caller gave it
     counts        list[int] K_i for exact-count selectors (budget resolved against n_i; None -> default)
     item_of_image list[int] batch row of each image
-    inputs        the unpruned batch (input_ids, attention_mask, ...), for LM-based selectors
+    inputs        the unpruned batch (input_ids, attention_mask, ...) on the VLM's device, for LM-based selectors
     image_spans   list[(row, start, end)]: where image i's pads sit in `inputs["input_ids"]`
     position_ids  LongTensor[3, B, S] unpruned M-RoPE positions
     """
 
-    wrapper: ARRCOCQwen
-    images: list[torch.Tensor]
+    vlm: VLMHandles
+    pixels: PatchImages
     grid_hw: list[tuple[int, int]]
     visual_tokens: list[torch.Tensor] | None
-    query_embeds: list[torch.Tensor]
+    query: torch.Tensor
+    query_mask: torch.Tensor
     budgets: list[Budget | None]
     counts: list[int]
     item_of_image: list[int]
@@ -76,16 +95,30 @@ class SelectionContext:
     image_ids: list[int] = field(default_factory=list)   # batch-global index of each image
     seed: int = 0
     deepstack_features: list[list[torch.Tensor]] | None = None  # Qwen3-VL: per image, one [n_i, D] per deepstack layer
+    query_lengths: list[int] = field(default_factory=list)    # L_i per image (host), for `query_embeds`
+    clock: Stopwatch | None = None   # stage times of this pass (`arr_coc.stopwatch`); a selector may lap it
 
     def __len__(self) -> int:
-        return len(self.images)
+        return len(self.grid_hw)
+
+    @property
+    def images(self) -> list[torch.Tensor]:
+        """list[FloatTensor[3, H_i, W_i]] in [0, 1] on the host: the resized images the VLM saw (rebuilt once)."""
+        return self.pixels.images
+
+    @property
+    def query_embeds(self) -> list[torch.Tensor]:
+        """list[Tensor[L_i, D]] each image's question-token embeddings (views of `query`)."""
+        return [self.query[i, :n] for i, n in enumerate(self.query_lengths)]
 
     def subset(self, which: Sequence[int]) -> SelectionContext:
         pick = lambda xs: [xs[i] for i in which]  # noqa: E731
+        rows = torch.tensor(list(which), dtype=torch.long, device=self.query.device)
         return dataclasses.replace(
-            self, images=pick(self.images), grid_hw=pick(self.grid_hw),
+            self, pixels=self.pixels.subset(which), grid_hw=pick(self.grid_hw),
             visual_tokens=pick(self.visual_tokens) if self.visual_tokens is not None else None,
-            query_embeds=pick(self.query_embeds), budgets=pick(self.budgets), counts=pick(self.counts),
+            query=self.query.index_select(0, rows), query_mask=self.query_mask.index_select(0, rows),
+            query_lengths=pick(self.query_lengths), budgets=pick(self.budgets), counts=pick(self.counts),
             item_of_image=pick(self.item_of_image), image_spans=pick(self.image_spans),
             image_ids=pick(self.image_ids),
             deepstack_features=pick(self.deepstack_features) if self.deepstack_features is not None else None,

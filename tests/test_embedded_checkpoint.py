@@ -54,10 +54,12 @@ def test_the_default_model_loads_and_answers_one_question():
 
 
 def test_the_shipped_trained_layer_is_the_default_only_for_the_embedded_model(tmp_path):
-    from arr_coc.paths import UNTRAINED, default_layer_path, resolve_layer
+    from arr_coc.paths import SHIPPED_LAYER, UNTRAINED, LayerNotFound, default_layer_path, resolve_layer
 
     assert resolve_layer(DEFAULT_CHECKPOINT, UNTRAINED) is None
-    assert resolve_layer(DEFAULT_CHECKPOINT, "some/layer") == "some/layer"
+    assert resolve_layer(DEFAULT_CHECKPOINT, SHIPPED_LAYER) == SHIPPED_LAYER      # a layer asked for is checked, kept
+    with pytest.raises(LayerNotFound, match="some/layer"):                          # and one that is not there refused
+        resolve_layer(DEFAULT_CHECKPOINT, "some/layer")
     # another model's embeddings do not fit the shipped scorers: untrained unless asked
     assert resolve_layer(str(tmp_path), None) is None
     assert resolve_layer("some-org/not-a-local-folder", None) is None  # a hub-style id (never downloaded)
@@ -75,7 +77,7 @@ def test_encode_before_gets_the_layer_trained_for_it_unless_a_gist_or_a_layer_is
     assert resolve_layer(DEFAULT_CHECKPOINT, None, EncodeConfig("before", gist=0.25)) == SHIPPED_LAYER
     assert resolve_layer(DEFAULT_CHECKPOINT, None, EncodeConfig()) == SHIPPED_LAYER != SHIPPED_BEFORE_LAYER
     assert resolve_layer(DEFAULT_CHECKPOINT, UNTRAINED, "before") is None
-    assert resolve_layer(DEFAULT_CHECKPOINT, "my/layer", "before") == "my/layer"
+    assert resolve_layer(DEFAULT_CHECKPOINT, SHIPPED_LAYER, "before") == SHIPPED_LAYER   # asked for: the one asked for
     assert resolve_layer(str(tmp_path), None, "before") is None
 
 

@@ -9,6 +9,8 @@ counters miss, a model without windows accepting the option, or the option missi
 
 from __future__ import annotations
 
+import re
+
 import copy
 import json
 
@@ -189,8 +191,9 @@ def test_whole_windows_need_encode_before(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     add_encode(parser)                                               # ask's and eval's --encode options
     assert encode_config(parser.parse_args(["--encode", "before", "--whole-windows"])).windows
-    with pytest.raises(SystemExit, match="--encode before"):
+    with pytest.raises(SystemExit) as refused:                      # an input error: exit 2, one line
         encode_config(parser.parse_args(["--whole-windows"]))
+    assert refused.value.code == 2 and "--encode before" in capsys.readouterr().err
     # bench: the tiny Qwen2-VL preset has no windows; margin / windows rows need a before mode to add to
     for argv, says in ((["--preset", "tiny", "--encode", "before", "--whole-windows"], REFUSAL),
                        (["--preset", "tiny-qwen2.5", "--encode", "after", "--whole-windows"], "--encode before")):
@@ -298,9 +301,9 @@ def test_ask_and_eval_refuse_whole_windows_on_a_tower_without_windows(tmp_path, 
     save_tiny_model(tmp_path / "m")
     image = tmp_path / "img.png"
     make_image(112, 112, seed=1).save(image)
-    with pytest.raises(SystemExit, match="Qwen2.5-VL only.*--margin 1"):
-        main(["ask", "--model", str(tmp_path / "m"), "--image", str(image), "--question", "What colour is it?",
-              "--encode", "before", "--whole-windows"])
+    assert main(["ask", "--model", str(tmp_path / "m"), "--image", str(image), "--question", "What colour is it?",
+                 "--encode", "before", "--whole-windows"]) == 2
+    assert re.search("Qwen2.5-VL only.*--margin 1", capsys.readouterr().err)
     split = write_split(tmp_path / "d", split="test", n=2, seed=0)
     assert main(["eval", "--model", str(tmp_path / "m"), "--data", str(split), "--methods", "arr_coc",
                  "--encode", "before", "--whole-windows", "--out", str(tmp_path / "r.json"), "--quiet"]) == 2

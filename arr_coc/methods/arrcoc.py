@@ -9,8 +9,11 @@ relevance, with a grid fallback for low-structure images.
   decides what a missing budget or mode means (arr_coc.budget).
 - `arr_coc_adaptive` is the same layer with budget_mode="adaptive" for every image.
 - `arr_coc_trained` runs a layer loaded from a folder written by `ARRCOCLayer.save_pretrained`
-  (config.json + model.safetensors) on the SAME VLM, through a second wrapper that shares the
-  model (no copy). It has no default: without weights the evaluation skips it and says so.
+  (config.json + model.safetensors) or a hub id, on the SAME VLM (no copy of the model). It has no
+  default: without weights the evaluation skips it and says so.
+
+The layer runs on the VLM's device in float32 over the whole batch at once (`ARRCOCLayer.run`); what it
+reads of the VLM comes through the context's typed handles, never the wrapper.
 """
 
 from __future__ import annotations
@@ -21,37 +24,41 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..batch import LayerBatch
 from ..budget import BudgetMode
-from ..selection import Selection, SelectionContext, Selector, choose_before_encoding, register_selector
+from ..grid import GridBatch
+from ..stopwatch import lap
+from ..selection import Selection, SelectionContext, Selector, VLMHandles, choose_before_encoding, register_selector
 
 if TYPE_CHECKING:
+    from ..layer import ARRCOCLayer
     from ..qwen.wrapper import ARRCOCQwen
 
 
-# Where the layer runs, whatever the VLM's device and dtype: the CPU, in float32. Its texture array is
-# computed from the processor's resized image, which `unpatchify_images` returns on the CPU; its stages
-# build their constants there; and its scores must not depend on the VLM's precision (a bfloat16 VLM gets
-# the same scorers). What crosses over is small: the question embeddings [L, D] and the visual tokens
-# [n, D] of each image. Only kept indices come back, so the VLM's activations keep their own dtype.
-LAYER_DEVICE, LAYER_DTYPE = torch.device("cpu"), torch.float32
-
-
-def _for_layer(t):
-    """A tensor on LAYER_DEVICE in LAYER_DTYPE (anything else, e.g. a PIL image, as it is)."""
-    return t.detach().to(device=LAYER_DEVICE, dtype=LAYER_DTYPE) if isinstance(t, torch.Tensor) else t
+def layer_batch_of(ctx: SelectionContext, layer: ARRCOCLayer) -> LayerBatch:
+    """The layer's padded batch from a selection context, on the layer's device (the VLM's: the wrapper puts it
+    there), in float32 whatever the VLM's dtype: built from the processor's patches, the batched question
+    embeddings and the merger's output with a fixed number of ops, whatever the batch's size. The VLM's own
+    tensors are read, never moved or cast in place."""
+    device = layer.device
+    grid = GridBatch.of_images(ctx.grid_hw, device)
+    pixels = ctx.pixels if ctx.pixels.pixel_values.device == device else \
+        dataclasses.replace(ctx.pixels, pixel_values=ctx.pixels.pixel_values.to(device))
+    work = pixels.work(layer.config.texture.work_px, grid)
+    query, mask = ctx.query.detach().to(device, torch.float32), ctx.query_mask.to(device)
+    vis = None
+    if ctx.visual_tokens is not None:
+        vis = grid.pad_cells(torch.cat([v.detach() for v in ctx.visual_tokens]).to(device, torch.float32))
+    return LayerBatch(work, query, mask, vis)
 
 
 def run_layer(ctx: SelectionContext, budget_mode: BudgetMode | None) -> Selection:
-    """The wrapper's ARR-COC layer on every image of the context (on LAYER_DEVICE, in LAYER_DTYPE)."""
+    """The context's ARR-COC layer on every image of the context, in one batched pass on its device."""
+    layer = ctx.vlm.layer()
     budgets = ctx.budgets if any(b is not None for b in ctx.budgets) else None
-    out = ctx.wrapper.arr_coc_layer(
-        [_for_layer(im) for im in ctx.images],
-        [tuple(g) for g in ctx.grid_hw],
-        query_embeds=[_for_layer(q) for q in ctx.query_embeds],
-        visual_tokens=[_for_layer(v) for v in ctx.visual_tokens] if ctx.visual_tokens is not None else None,
-        budget=budgets,
-        budget_mode=budget_mode,
-    )
+    batch = layer_batch_of(ctx, layer)
+    lap(ctx.clock, "unpatchify")
+    out = layer.run(batch, budgets, budget_mode, ctx.clock)
     return Selection(kept=list(out.kept_indices), arr_coc=out, fallback=list(out.fallback), errors=list(out.errors))
 
 
@@ -69,23 +76,16 @@ def select_adaptive(ctx: SelectionContext) -> Selection:
 
 
 def trained_selector(wrapper: ARRCOCQwen, weights: str | os.PathLike) -> Selector:
-    """A selector running the ARR-COC layer saved in `weights` on `wrapper`'s VLM."""
-    from ..qwen.wrapper import ARRCOCQwen
+    """A selector running the ARR-COC layer saved in `weights` (a folder or a hub id) on `wrapper`'s VLM."""
+    from ..qwen.loading import build_layer
 
-    folder = os.fspath(weights)
-    if not os.path.isfile(os.path.join(folder, "config.json")) or \
-            not os.path.isfile(os.path.join(folder, "model.safetensors")):
-        raise FileNotFoundError(
-            f"{folder} holds no trained ARR-COC layer (config.json + model.safetensors); pass the folder that "
-            "ARRCOCLayer.save_pretrained wrote, or leave arr_coc_trained out")
-    trained = ARRCOCQwen(wrapper.model, wrapper.processor, arr_coc=folder, seed=wrapper.seed)
-    trained.arr_coc_layer  # load now, so a bad folder fails before the evaluation starts
+    layer = build_layer(os.fspath(weights), wrapper.text_hidden_size).to(wrapper.device)  # a bad folder fails now
 
     def select_trained(ctx: SelectionContext) -> Selection:
-        return select(dataclasses.replace(ctx, wrapper=trained))
+        return select(dataclasses.replace(ctx, vlm=VLMHandles(ctx.vlm.model, lambda: layer)))
 
     select_trained.__name__ = "arr_coc_trained"
     return choose_before_encoding(select_trained)
 
 
-__all__ = ["run_layer", "select", "select_adaptive", "trained_selector"]
+__all__ = ["layer_batch_of", "run_layer", "select", "select_adaptive", "trained_selector"]

@@ -114,7 +114,7 @@ def image_scores(ctx: SelectionContext, layer: int = DEFAULT_LAYER) -> list[torc
     ids = ctx.inputs["input_ids"][rows]
     mask = ctx.inputs.get("attention_mask")
     mask = torch.ones_like(ids) if mask is None else mask[rows]
-    model = ctx.wrapper.model
+    model = ctx.vlm.model
     # ctx holds every image of these rows, in prompt order (selection contexts are split by item).
     enc = encoder_output(model, list(ctx.visual_tokens), ctx.deepstack_features)
     attn = last_token_attention(model, ids, mask, ctx.position_ids[:, rows], enc, layer)   # [len(rows), S]

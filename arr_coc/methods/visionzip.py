@@ -189,7 +189,7 @@ def make_selector(recorder: LastBlockRecorder | None = None, n_contextual: int |
     def select(ctx: SelectionContext) -> Selection:
         if all(k >= h * w for k, (h, w) in zip(ctx.counts, ctx.grid_hw)):
             return Selection(kept=[torch.arange(h * w) for h, w in ctx.grid_hw])
-        model = ctx.wrapper.model
+        model = ctx.vlm.model
         grid_thw = ctx.inputs["image_grid_thw"]
         if recorder is not None:
             record = recorder.last

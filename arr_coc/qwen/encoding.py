@@ -25,8 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from ..grid import upload
+from ..stopwatch import Stopwatch, lap
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -174,41 +178,54 @@ def encode_cells(
     -> (per image Tensor[K_i, D] in the order of `cells[i]`,
         Qwen3-VL deepstack: per image, one Tensor[K_i, D] per deepstack layer; else None).
     """
-    core = model.model
-    visual = core.visual
-    family = model.config.model_type
-    merge = int(visual.spatial_merge_size)
-    unit = merge ** 2
-    full = _full_grid_kwargs(visual, family, grid_thw)
-    rows, cell_global, offsets = [], [], 0
-    cell_offset = 0
-    for (t, h, w), chosen in zip(grid_thw.tolist(), cells):
-        if int(t) != 1:
-            raise ValueError("encode='before' handles images (one temporal patch); pass videos with encode='after'")
-        chosen = chosen.to(torch.long).cpu()
-        rows.append(offsets + (unit * chosen[:, None] + torch.arange(unit)[None, :]).reshape(-1))
-        cell_global.append(cell_offset + chosen)
-        offsets += int(h) * int(w)
-        cell_offset += int(h) * int(w) // unit
-    rows_t = torch.cat(rows).to(pixel_values.device)
+    tokens, deep = encode_packed(model, pixel_values, grid_thw.cpu(), [c.cpu().numpy() for c in cells])
     counts = [int(c.numel()) for c in cells]
-    cu = F.pad(torch.tensor([unit * k for k in counts]).cumsum(0, dtype=torch.int32), (1, 0)).to(pixel_values.device)
-    kwargs: dict[str, torch.Tensor] = {"position_ids": full["position_ids"][rows_t.cpu()].to(pixel_values.device),
-                                       "cu_seqlens": cu}
-    if family == "qwen3_vl":
-        kwargs["interp_indices"] = full["interp_indices"][rows_t.cpu()].to(pixel_values.device)
-        kwargs["interp_weights"] = full["interp_weights"][rows_t.cpu()].to(pixel_values.device)
-    if family == "qwen2_5_vl":
-        kwargs["window_index"], kwargs["cu_window_seqlens"] = _packed_windows(
-            torch.cat(cell_global), full["window_of_cell"], full["window_rank"], unit, pixel_values.device)
-    out = visual(pixel_values[rows_t].type(visual.dtype), grid_thw=grid_thw, **kwargs)
-    feats = list(torch.split(out.pooler_output, counts))
-    deep = getattr(out, "deepstack_features", None)
+    feats = list(torch.split(tokens, counts))
     deep_per_image = None
     if deep is not None:
         split = [torch.split(layer, counts) for layer in deep]
         deep_per_image = [[layer[i] for layer in split] for i in range(len(counts))]
     return feats, deep_per_image
+
+
+@torch.no_grad()
+def encode_packed(model: PreTrainedModel, pixel_values: torch.Tensor, grid_thw: torch.Tensor,
+                  cells: Sequence[np.ndarray], clock: Stopwatch | None = None
+                  ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """`encode_cells` with the index work on the host: grid_thw [N, 3] on the host, cells per image (numpy,
+    ascending); everything the tower needs is worked out there and uploaded once per tensor.
+    -> (tokens [sum K_i, D], image after image; Qwen3-VL deepstack: one [sum K_i, D] per layer, else None)."""
+    visual = model.model.visual
+    family = model.config.model_type
+    unit = int(visual.spatial_merge_size) ** 2
+    full = _full_grid_kwargs(visual, family, grid_thw)
+    rows, cell_global, offset, cell_offset = [], [], 0, 0
+    for (t, h, w), chosen in zip(grid_thw.tolist(), cells):
+        if int(t) != 1:
+            raise ValueError("encode='before' handles images (one temporal patch); pass videos with encode='after'")
+        chosen = np.asarray(chosen, dtype=np.int64)
+        rows.append(offset + (unit * chosen[:, None] + np.arange(unit)[None, :]).reshape(-1))
+        cell_global.append(cell_offset + chosen)
+        offset += int(h) * int(w)
+        cell_offset += int(h) * int(w) // unit
+    rows_np = np.concatenate(rows)
+    dev = pixel_values.device
+    counts = [len(c) for c in cells]
+    cu = np.concatenate([[0], np.cumsum([unit * k for k in counts])]).astype(np.int32)
+    kwargs: dict[str, torch.Tensor] = {"position_ids": upload(full["position_ids"].numpy()[rows_np], dev),
+                                       "cu_seqlens": upload(cu, dev)}
+    if family == "qwen3_vl":
+        kwargs["interp_indices"] = upload(full["interp_indices"].numpy()[rows_np], dev)
+        kwargs["interp_weights"] = upload(full["interp_weights"].numpy()[rows_np], dev)
+    if family == "qwen2_5_vl":
+        kwargs["window_index"], kwargs["cu_window_seqlens"] = _packed_windows(
+            torch.from_numpy(np.concatenate(cell_global)), full["window_of_cell"], full["window_rank"], unit, dev)
+    patches = pixel_values.index_select(0, upload(rows_np, dev)).type(visual.dtype)
+    lap(clock, "packing")
+    out = visual(patches, grid_thw=upload(grid_thw.numpy(), dev), **kwargs)
+    lap(clock, "vision")
+    deep = getattr(out, "deepstack_features", None)
+    return out.pooler_output, None if deep is None else list(deep)
 
 
 def _packed_windows(cells: torch.Tensor, window_of: torch.Tensor, rank: torch.Tensor, unit: int,
@@ -219,19 +236,7 @@ def _packed_windows(cells: torch.Tensor, window_of: torch.Tensor, rank: torch.Te
     windows = window_of[cells][order]
     _, per_window = torch.unique_consecutive(windows, return_counts=True)
     cu = F.pad((per_window * unit).cumsum(0, dtype=torch.int32), (1, 0))
-    return order.to(device), cu.to(device)
-
-
-def scatter_features(feats: Sequence[torch.Tensor], cells: Sequence[torch.Tensor],
-                     n_tokens: Sequence[int]) -> tuple[torch.Tensor, ...]:
-    """Per image [n_i, D] with the encoded cells' tokens in place and zeros elsewhere (never read:
-    the rewrite keeps only encoded cells), so the after-mode rewrite serves both modes."""
-    out = []
-    for f, c, n in zip(feats, cells, n_tokens):
-        full = f.new_zeros(n, f.shape[-1])
-        full[c.to(f.device)] = f
-        out.append(full)
-    return tuple(out)
+    return upload(order, device), upload(cu, device)
 
 
 def as_encode_config(encode: EncodeConfig | str | None) -> EncodeConfig:

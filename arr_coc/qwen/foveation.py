@@ -12,8 +12,9 @@
    the language model's 2-D layout: a coarse token stands where the middle of its region stands,
    and never on a cell that is also encoded at full resolution.
 
-The result is laid out like the full encoding ([n_i, D] per image, zeros where nothing was encoded,
-never read), so the after-mode rewrite builds the prompt unchanged.
+The result is the tower's tokens and which cell each is (`VisualRows`), as the after-mode encoding is, so
+one rewrite builds the prompt in both modes. The cell bookkeeping is host work on the kept indices; the
+tower runs once on the batch's chosen patches.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+import numpy as np
 import torch
 from PIL import Image
 
-from .encoding import EncodeConfig, cells_to_encode, encode_cells, scatter_features
+from .encoding import EncodeConfig, cells_to_encode, encode_packed
 from .processing import image_processor_of
+from .rewrite import VisualRows
+from ..stopwatch import Stopwatch, lap
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -92,10 +96,9 @@ def encode_gist(model: PreTrainedModel, processor: Any, images: Sequence[torch.T
 
 @dataclass
 class Foveated:
-    """The full-resolution encoding of the chosen cells, laid out like the full encoding."""
+    """The full-resolution encoding of the chosen cells (+ the periphery's gist tokens), as `VisualRows`."""
 
-    feats: tuple[torch.Tensor, ...]                 # per image [n_i, D]
-    deep: list[tuple[torch.Tensor, ...]] | None     # Qwen3-VL: per layer, per image [n_i, D]
+    visual: VisualRows
     lm_cells: list[torch.Tensor]                    # per image, what the language model reads (ascending)
     encoded: list[torch.Tensor]                     # per image, cells encoded at full resolution (chosen + context)
     periphery: list[torch.Tensor]                   # per image, cells carrying a gist token
@@ -104,32 +107,41 @@ class Foveated:
 @torch.no_grad()
 def foveate(model: PreTrainedModel, pixel_values: torch.Tensor, grid_thw: torch.Tensor,
             grid_hw: Sequence[tuple[int, int]], chosen: Sequence[torch.Tensor], config: EncodeConfig,
-            gist: Gist | None) -> Foveated:
-    """Encode the chosen cells (+ margin, + whole windows) and, with `config.periphery`, add the gist's
-    uncovered regions."""
+            gist: Gist | None, clock: Stopwatch | None = None) -> Foveated:
+    """Encode the chosen cells (+ margin, + whole windows) in one tower pass and, with `config.periphery`,
+    add the gist's uncovered regions. grid_thw and chosen on the host; pixel_values on the VLM's device."""
     encoded = cells_to_encode(model, grid_thw, grid_hw, chosen, config)
-    feats, deep = encode_cells(model, pixel_values, grid_thw, encoded)
-    n_tokens = [h * w for h, w in grid_hw]
-    full = list(scatter_features(feats, encoded, n_tokens))
-    n_layers = len(deep[0]) if deep else 0
-    full_deep = [list(scatter_features([d[l] for d in deep], encoded, n_tokens)) for l in range(n_layers)] \
-        if deep else None
-    lm_cells, periphery = [], []
+    lap(clock, "packing")
+    tokens, deep = encode_packed(model, pixel_values, grid_thw, [e.numpy() for e in encoded], clock)
+    sources, deep_sources = [tokens], None if deep is None else [[layer] for layer in deep]
+    n_rows = tokens.shape[0]
+    cells, rows, lm_cells, periphery = [], [], [], []
+    start = 0
     for i, (c, g) in enumerate(zip(chosen, grid_hw)):
+        mine = {int(cell): start + j for j, cell in enumerate(encoded[i].tolist())}
+        start += len(encoded[i])
         extra = torch.empty(0, dtype=torch.long)
         if config.periphery and gist is not None:
             covered = torch.zeros(gist.grid_hw[i][0] * gist.grid_hw[i][1], dtype=torch.bool)
             covered[nearest_cells(g, gist.grid_hw[i])[c]] = True
             regions = (~covered).nonzero().squeeze(1)             # gist cells with no chosen cell inside
             extra = coarse_centres(g, gist.grid_hw[i])[regions]
-            full[i][extra.to(full[i].device)] = gist.tokens[i][regions.to(full[i].device)].to(full[i].dtype)
-            if full_deep is not None:
-                for l in range(n_layers):
-                    full_deep[l][i][extra.to(full[i].device)] = gist.deepstack[i][l][regions.to(full[i].device)]
-        periphery.append(extra.sort().values)
-        lm_cells.append(torch.cat([c, extra]).unique())
-    return Foveated(feats=tuple(full), deep=[tuple(layer) for layer in full_deep] if full_deep else None,
-                    lm_cells=lm_cells, encoded=encoded, periphery=periphery)
+            sources.append(gist.tokens[i])                         # a periphery cell reads its gist token
+            if deep_sources is not None:
+                for layer, per_layer in zip(deep_sources, gist.deepstack[i]):
+                    layer.append(per_layer)
+            mine.update({int(cell): n_rows + int(r) for cell, r in zip(extra.tolist(), regions.tolist())})
+            n_rows += gist.tokens[i].shape[0]
+        order = sorted(mine)
+        cells.append(np.array(order, dtype=np.int64))
+        rows.append(np.array([mine[k] for k in order], dtype=np.int64))
+        periphery.append(torch.from_numpy(np.sort(extra.numpy())))
+        lm_cells.append(torch.from_numpy(np.union1d(c.cpu().numpy(), extra.numpy()).astype(np.int64)))
+    source = sources[0] if len(sources) == 1 else torch.cat([s.to(tokens.dtype) for s in sources])
+    deep_source = None if deep_sources is None else \
+        [layer[0] if len(layer) == 1 else torch.cat([s.to(layer[0].dtype) for s in layer]) for layer in deep_sources]
+    visual = VisualRows(source, deep_source, cells, rows, [h * w for h, w in grid_hw])
+    return Foveated(visual=visual, lm_cells=lm_cells, encoded=encoded, periphery=periphery)
 
 
 def merge_gists(parts: Sequence[Gist | None], grid_hw: Sequence[tuple[int, int]], width: int) -> Gist:

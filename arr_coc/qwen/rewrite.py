@@ -7,7 +7,10 @@ No model runs here (the wrapper runs the vision tower, the selector and the lang
 3. `validate_kept` makes every selection sorted, unique, in range and non-empty (or keeps all
    and says why);
 4. `rewrite` drops the unkept pads, keeps every other token at its original position, and
-   left-pads the rows again: `position_ids` [4, B, S'] = [text row, t, h, w]. The text row is a
+   left-pads the rows again: `position_ids` [4, B, S'] = [text row, t, h, w]. Which token goes where is
+   worked out on the host (the prompt, its positions and the kept indices are there), uploaded once, and
+   the visual tokens the language model reads are gathered in one op from the tokens the tower made
+   (`VisualRows`), whatever the batch's size. The text row is a
    contiguous counter (cumsum(mask) - 1): transformers reads row 0 only to build the causal mask
    (a gap there would be read as a packed-sequence boundary); rows 1..3 carry the rotary
    positions, so each kept visual token keeps its original M-RoPE (t, h, w). `generate()`
@@ -27,11 +30,67 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from ..budget import Budget, BudgetSpec, parse_budget
+from ..grid import upload
 
 INPUT_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
+
+
+@dataclass
+class VisualRows:
+    """The visual tokens the tower made for a batch, concatenated, and which cell each one is.
+
+    source  [R, D] rows: the merger's output of every image (after), or of the encoded cells (+ the gist's
+            periphery tokens) (before)
+    deep    Qwen3-VL: one [R, D] per deepstack layer, the same rows; else None
+    cells   per image, int64[E_i] ascending: the cells that have a token in `source`
+    rows    per image, int64[E_i]: those tokens' rows in `source`
+    """
+
+    source: torch.Tensor
+    deep: list[torch.Tensor] | None
+    cells: list[np.ndarray]
+    rows: list[np.ndarray]
+    n_tokens: list[int]
+
+    @classmethod
+    def every_cell(cls, feats: Sequence[torch.Tensor], deep: Sequence[Sequence[torch.Tensor]] | None) -> VisualRows:
+        """The after-mode encoding: per image [n_i, D] (every cell), per layer per image for deepstack."""
+        n = [int(f.shape[0]) for f in feats]
+        start = np.cumsum([0] + n[:-1])
+        return cls(torch.cat(list(feats)), None if deep is None else [torch.cat(list(layer)) for layer in deep],
+                   [np.arange(k) for k in n], [np.arange(k) + s for k, s in zip(n, start)], n)
+
+    def rows_of(self, kept: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Per image, the source row of each kept cell (each must have a token)."""
+        out = []
+        for cells, rows, k in zip(self.cells, self.rows, kept):
+            at = np.searchsorted(cells, k)
+            if len(k) and (at.max() >= len(cells) or not np.array_equal(cells[at], k)):
+                raise ValueError("a kept cell has no encoded token; the tower encodes every kept cell")
+            out.append(rows[at])
+        return out
+
+    def gather(self, kept: Sequence[np.ndarray]) -> tuple[tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]] | None]:
+        """(per image [K_i, D], Qwen3-VL deepstack per layer per image) of the kept cells: one index op per tensor."""
+        counts = [len(k) for k in kept]
+        index = upload(np.concatenate(self.rows_of(kept)).astype(np.int64), self.source.device)
+        feats = tuple(self.source.index_select(0, index).split(counts))
+        deep = None if self.deep is None else [tuple(d.index_select(0, index).split(counts)) for d in self.deep]
+        return feats, deep
+
+    def full(self, source: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """Per image [n_i, D]: every cell with a token in place, zeros elsewhere (made on demand)."""
+        source = self.source if source is None else source
+        out = []
+        for cells, rows, n in zip(self.cells, self.rows, self.n_tokens):
+            full = source.new_zeros(n, source.shape[-1])
+            full[torch.as_tensor(cells, device=source.device)] = source[torch.as_tensor(rows, device=source.device)]
+            out.append(full)
+        return tuple(out)
 
 
 @dataclass
@@ -43,8 +102,10 @@ class PrunedInputs:
     orig_index                  [B, S'] position of each token in the unpruned row, -1 on padding
     image_features              tuple of Tensor[K_i, D]
     deepstack_features          Qwen3-VL: list over deepstack layers of tuple of Tensor[K_i, D]; else None
-    kept_indices                list of LongTensor[K_i]
-    full_features / full_deepstack  the unpruned encoder outputs (same layout, n_i rows)
+    kept_indices                list of LongTensor[K_i] (host)
+    visual                      the tower's tokens the features were gathered from (`VisualRows`)
+    full_features / full_deepstack  per image, the full grid's tokens (n_i rows; before mode: zeros where
+                                nothing was encoded), made when asked for
     """
 
     input_ids: torch.Tensor
@@ -54,11 +115,19 @@ class PrunedInputs:
     image_features: tuple[torch.Tensor, ...]
     deepstack_features: list[tuple[torch.Tensor, ...]] | None
     kept_indices: list[torch.Tensor]
-    full_features: tuple[torch.Tensor, ...]
-    full_deepstack: list[tuple[torch.Tensor, ...]] | None
+    visual: VisualRows
     encoder_output_cls: type
     item_of_image: list[int]
     grid_hw: list[tuple[int, int]]
+    lengths: list[int]                          # tokens in each row, padding excluded (host)
+
+    @property
+    def full_features(self) -> tuple[torch.Tensor, ...]:
+        return self.visual.full()
+
+    @property
+    def full_deepstack(self) -> list[tuple[torch.Tensor, ...]] | None:
+        return None if self.visual.deep is None else [self.visual.full(d) for d in self.visual.deep]
 
     def model_kwargs(self) -> dict[str, Any]:
         """Fresh kwargs for `model(**kw)` / `model.generate(**kw)` (generate mutates them)."""
@@ -91,22 +160,18 @@ class PrunedInputs:
         return [int(k.numel()) for k in self.kept_indices]
 
 
-
 def model_tensors(kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The processor tensors among `kwargs` (what `prepare` reads)."""
     return {k: kwargs[k] for k in INPUT_KEYS if kwargs.get(k) is not None}
 
 
 def image_spans(is_image: torch.Tensor, attention_mask: torch.Tensor) -> list[tuple[int, int, int]]:
-    """Runs of image pads per row, row-major: [(row, start, end)]."""
+    """Runs of image pads per row, row-major: [(row, start, end)]. Host tensors [B, S] (read with numpy)."""
+    valid = (is_image.cpu().numpy() != 0) & (attention_mask.cpu().numpy() != 0)
     spans = []
-    valid = is_image & attention_mask.bool()
     for b in range(valid.shape[0]):
-        x = valid[b].to(torch.int8)
-        d = torch.diff(x, prepend=x.new_zeros(1), append=x.new_zeros(1))
-        starts = (d == 1).nonzero().squeeze(1).tolist()
-        ends = (d == -1).nonzero().squeeze(1).tolist()
-        spans.extend((b, s, e) for s, e in zip(starts, ends))
+        d = np.diff(np.concatenate([[0], valid[b].astype(np.int8), [0]]))
+        spans.extend((b, int(s), int(e)) for s, e in zip(np.flatnonzero(d == 1), np.flatnonzero(d == -1)))
     return spans
 
 
@@ -142,7 +207,8 @@ def validate_kept(
     kept: Sequence[torch.Tensor | None], n_tokens: Sequence[int], fallback: Sequence[str | None],
     errors: Sequence[str | None],
 ) -> tuple[list[torch.Tensor], list[str | None], list[str | None]]:
-    """Sorted unique in-range non-empty indices per image; anything else keeps all tokens (and says why)."""
+    """Sorted unique in-range non-empty indices per image; anything else keeps all tokens (and says why).
+    Host work (numpy); a selector that answered on the device is read back here."""
     out = []
     fallback, errors = list(fallback), list(errors)
     for i, (k, n) in enumerate(zip(kept, n_tokens)):
@@ -150,15 +216,15 @@ def validate_kept(
         if k is None:
             problem = "no indices returned"
         else:
-            k = torch.as_tensor(k).long().flatten().cpu()
-            if k.numel() == 0:
+            k = torch.as_tensor(k).detach().cpu().numpy().astype(np.int64).ravel()
+            if k.size == 0:
                 problem = "empty selection (every image keeps at least one token)"
-            elif int(k.min()) < 0 or int(k.max()) >= n:
+            elif k.min() < 0 or k.max() >= n:
                 problem = f"indices outside [0, {n})"
             else:
-                k = torch.unique(k)  # sorted ascending
+                k = torch.from_numpy(np.unique(k))  # sorted ascending
         if problem is not None:
-            out.append(torch.arange(n))
+            out.append(torch.from_numpy(np.arange(n)))
             fallback[i] = "keep_all"
             errors[i] = errors[i] or f"invalid selection: {problem}"
         else:
@@ -176,41 +242,38 @@ def replacement(tokens: torch.Tensor, feats: torch.Tensor, i: int) -> torch.Tens
 
 def rewrite(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, pos3: torch.Tensor, spans: list[tuple[int, int, int]],
-    feats: tuple[torch.Tensor, ...], deep: list[tuple[torch.Tensor, ...]] | None, kept: list[torch.Tensor],
-    encoder_output_cls: type, item_of_image: list[int], grid_hw: list[tuple[int, int]], pad_token_id: int,
+    visual: VisualRows, kept: list[torch.Tensor], encoder_output_cls: type, item_of_image: list[int],
+    grid_hw: list[tuple[int, int]], pad_token_id: int, device: torch.device | str,
 ) -> PrunedInputs:
     """Drop the unkept image pads, keep every other token with its original positions, left-pad.
 
-    input_ids / attention_mask [B, S]; pos3 [3, B, S] unpruned M-RoPE positions; feats / deep the
-    full encoder outputs (n_i rows per image); kept LongTensor[K_i] per image, validated.
+    input_ids / attention_mask [B, S] and pos3 [3, B, S] (the unpruned M-RoPE positions) on the host;
+    visual: the tower's tokens (`VisualRows`); kept LongTensor[K_i] per image, validated, on the host.
+    The new prompt is laid out on the host and uploaded once; the features are one gather on the device.
     """
-    B, S = input_ids.shape
-    dev = input_ids.device
-    keep = attention_mask.bool().clone()                                  # [B, S]
-    for (b, s, e), k in zip(spans, kept):
+    ids, mask, pos = input_ids.cpu().numpy(), attention_mask.cpu().numpy(), pos3.cpu().numpy()
+    B, S = ids.shape
+    keep = mask != 0                                                     # [B, S]
+    kept_np = [k.cpu().numpy().astype(np.int64) for k in kept]
+    for (b, s, e), k in zip(spans, kept_np):
         keep[b, s:e] = False
-        keep[b, s + k.to(dev)] = True
-    lengths = keep.sum(-1)
-    S2 = int(lengths.max())
-    new_ids = torch.full((B, S2), pad_token_id, dtype=input_ids.dtype, device=dev)
-    new_mask = torch.zeros((B, S2), dtype=attention_mask.dtype, device=dev)
-    new_pos = torch.zeros((3, B, S2), dtype=pos3.dtype, device=dev)
-    orig = torch.full((B, S2), -1, dtype=torch.long, device=dev)
+        keep[b, s + k] = True
+    S2 = int(keep.sum(-1).max())
+    out = np.zeros((7, B, S2), dtype=np.int64)                           # ids, mask, orig, text, t, h, w
+    out[0] = pad_token_id
+    out[2] = -1
     for b in range(B):
-        idx = keep[b].nonzero().squeeze(1)                               # ascending: order is preserved
-        L = idx.numel()
-        new_ids[b, S2 - L:] = input_ids[b, idx]
-        new_mask[b, S2 - L:] = 1
-        new_pos[:, b, S2 - L:] = pos3[:, b, idx]
-        orig[b, S2 - L:] = idx
-    text_row = (new_mask.long().cumsum(-1) - 1).masked_fill(new_mask == 0, 0)   # contiguous, 0 on pads
-    position_ids = torch.cat([text_row[None].to(pos3.dtype), new_pos], dim=0)   # [4, B, S']
-    kept_dev = [k.to(f.device) for k, f in zip(kept, feats)]
-    image_features = tuple(f[k] for f, k in zip(feats, kept_dev))
-    deep_pruned = [tuple(f[k] for f, k in zip(layer, kept_dev)) for layer in deep] if deep is not None else None
+        idx = np.flatnonzero(keep[b])                                    # ascending: order is preserved
+        at = slice(S2 - len(idx), S2)
+        out[0, b, at], out[1, b, at], out[2, b, at] = ids[b, idx], 1, idx
+        out[3, b, at] = np.arange(len(idx))                              # text row: contiguous, 0 on pads
+        out[4:, b, at] = pos[:, b, idx]
+    packed = upload(out, device)
+    image_features, deep = visual.gather(kept_np)
     return PrunedInputs(
-        input_ids=new_ids, attention_mask=new_mask, position_ids=position_ids, orig_index=orig,
-        image_features=image_features, deepstack_features=deep_pruned, kept_indices=[k.cpu() for k in kept],
-        full_features=feats, full_deepstack=deep, encoder_output_cls=encoder_output_cls, item_of_image=item_of_image,
-        grid_hw=grid_hw,
+        input_ids=packed[0].to(input_ids.dtype), attention_mask=packed[1].to(attention_mask.dtype),
+        position_ids=packed[3:].to(pos3.dtype), orig_index=packed[2], image_features=image_features,
+        deepstack_features=deep, kept_indices=[k.cpu() for k in kept], visual=visual,
+        encoder_output_cls=encoder_output_cls, item_of_image=item_of_image, grid_hw=grid_hw,
+        lengths=[int(n) for n in keep.sum(-1)],
     )

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 
 from ..budget import BudgetError
 from ..selection import Selection, SelectionContext, Selector
+from .rewrite import replacement
 
 logger = logging.getLogger(__name__)
 
@@ -78,13 +80,36 @@ def slice_output(out: Any, imgs: list[int]) -> Any:
     return dataclasses.replace(out, **changes)
 
 
-def run_selector(fn: Selector, ctx: SelectionContext, name: str, strict: bool = False):
+@dataclass
+class Choice:
+    """What a selector chose for N images (host): kept cells, its ARR-COC output (or None), fallbacks, errors and
+    replacement tokens (`Selection.visual_tokens`), per image."""
+
+    kept: list[torch.Tensor]
+    arr_out: Any
+    fallback: list[str | None]
+    errors: list[str | None]
+    replaced: list[torch.Tensor | None]
+
+    @classmethod
+    def of(cls, kept: list[torch.Tensor], n: int) -> Choice:
+        """Cells chosen without a selector (given, or every cell)."""
+        return cls(kept, None, [None] * n, [None] * n, [None] * n)
+
+    def keep_all(self, i: int, n_tokens: int, why: str) -> None:
+        self.kept[i], self.fallback[i], self.errors[i] = torch.arange(n_tokens), "keep_all", why
+
+    def replacing(self, feats: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The merger's tokens per image with the selector's replacements in (an image that fell back keeps its own)."""
+        return [f if r is None or fb == "keep_all" else replacement(r, f, i)
+                for i, (f, r, fb) in enumerate(zip(feats, self.replaced, self.fallback))]
+
+
+def run_selector(fn: Selector, ctx: SelectionContext, name: str, strict: bool = False) -> Choice:
     """Run the selector on the batch; if it raises, per item; an item that still fails keeps all.
 
     A `BudgetError` (the caller asked for something impossible) always propagates, and so does
-    every error with strict=True (the evaluation: a row must not silently run another method).
-
-    -> (kept per image, the selector's ARR-COC output (or None), fallback, errors, replacement tokens)."""
+    every error with strict=True (the evaluation: a row must not silently run another method)."""
     N = len(ctx)
     kept: list[torch.Tensor | None] = [None] * N
     fallback: list[str | None] = [None] * N
@@ -125,4 +150,4 @@ def run_selector(fn: Selector, ctx: SelectionContext, name: str, strict: bool = 
         arr_out = outs[0][1]
     elif any(o is not None for _, o in outs):
         arr_out = PerImageOutputs(N, outs)
-    return kept, arr_out, fallback, errors, replaced
+    return Choice(kept, arr_out, fallback, errors, replaced)

@@ -13,6 +13,9 @@ from .rewrite import PrunedInputs
 
 if TYPE_CHECKING:
     from ..layer import ARRCOCOutput
+    from .foveation import Foveated, Gist
+    from .preparing import Unpruned
+    from .selecting import Choice
 
 
 # What a merged cell became (`Trace.resolution`), coarsest first; a cell takes the finest that applies.
@@ -53,6 +56,9 @@ class Trace:
     vision_s: float = 0.0                        # vision tower + merger (the gist included)
     gist_s: float = 0.0                          # of vision_s: the gist (encode="before" with a gist)
     select_s: float = 0.0                        # selector (ARR-COC layer incl. texture)
+    arr_coc_s: float = 0.0                       # ARR-COC's own work: the selector + packing the chosen cells and
+                                                 # the prompt (tower, gist and language model excluded)
+    stages_s: dict[str, float] = field(default_factory=dict)   # wall time per stage of the batch's pass
     prefill_s: float = 0.0                       # first LM forward (the prefill)
     encode: str = "after"                        # "after": every patch encoded; "before": chosen cells only
     encoded_cells: list[torch.Tensor] = field(default_factory=list)   # per image: cells encoded at full resolution
@@ -94,6 +100,7 @@ class Trace:
             "fallback": self.fallback, "error": self.error, "fallback_reason": self.fallback_reason,
             "prompt_tokens": self.prompt_tokens,
             "new_tokens": self.new_tokens, "vision_s": self.vision_s, "gist_s": self.gist_s, "select_s": self.select_s,
+            "arr_coc_s": self.arr_coc_s, "stages_s": {k: round(v, 6) for k, v in self.stages_s.items()},
             "prefill_s": self.prefill_s, "total_s": self.total_s, "encode": self.encode,
             "encoded_per_image": [int(c.numel()) for c in self.encoded_cells],
             "margin_per_image": [int(c.numel()) - int(k.numel()) for c, k in zip(self.encoded_cells, self.kept_indices)]
@@ -104,6 +111,41 @@ class Trace:
             "extent_per_image": None if self.arr_coc is None or self.arr_coc.extent is None
             else [round(float(c), 2) for c in self.arr_coc.extent],
         }
+
+
+def item_traces(name: str, budgets: list[Budget | None], budget_mode: BudgetMode | None, batch: Unpruned,
+                choice: Choice, lm_cells: list[torch.Tensor], pruned: PrunedInputs, encode: str,
+                fovea: Foveated | None, gist: Gist | None, timing: dict[str, float]) -> list[Trace]:
+    """One `Trace` per batch row (its images in prompt order), from what `ARRCOCQwen.prepare` did. Host only."""
+    from .selecting import slice_output
+
+    traces = []
+    for b in range(batch.rows):
+        imgs = [i for i, r in enumerate(batch.item_of_image) if r == b]
+        asked = [1.0 if name == "none" else budgets[i] for i in imgs] or [None]
+        fallback, errors = choice.fallback, choice.errors
+        traces.append(Trace(
+            method=name,
+            budget=asked[0] if len(set(map(repr, asked))) == 1 else asked,
+            budget_mode=budget_mode,
+            kept_tokens=sum(int(lm_cells[i].numel()) for i in imgs),
+            total_tokens=sum(batch.n_tokens[i] for i in imgs),
+            kept_per_image=[int(lm_cells[i].numel()) for i in imgs],
+            total_per_image=[batch.n_tokens[i] for i in imgs],
+            kept_indices=[choice.kept[i].cpu() for i in imgs],
+            grid_hw=[batch.grid_hw[i] for i in imgs],
+            arr_coc=slice_output(choice.arr_out, imgs) if choice.arr_out is not None and imgs else None,
+            fallback=[fallback[i] for i in imgs],
+            error="; ".join(e for e in (errors[i] for i in imgs) if e) or None,
+            fallback_reason=[errors[i] or (GRID_REASON if fallback[i] == "grid" else fallback[i]) for i in imgs],
+            prompt_tokens=pruned.lengths[b],
+            encode=encode,
+            encoded_cells=[fovea.encoded[i] for i in imgs] if fovea else [torch.arange(batch.n_tokens[i]) for i in imgs],
+            periphery_cells=[fovea.periphery[i] for i in imgs] if fovea else [],
+            gist_grid=[gist.grid_hw[i] for i in imgs] if gist else [],
+            **timing,
+        ))
+    return traces
 
 
 @dataclass

@@ -22,50 +22,33 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from ..budget import Budget, BudgetMode, BudgetSpec, check_mode, resolve_count
+from ..budget import Budget, BudgetMode, BudgetSpec, check_mode
 from ..cancel import checkpoint, stopping_kwargs
 from ..inputs import check_items, check_max_new_tokens, limits_for
 from ..layer import ARRCOCLayer
 from ..paths import check_layer_folder
 from ..runtime import Runtime
-from ..selection import SelectionContext, Selector, get_selector, selector_name, selects_before_encoding
-from .encoding import EncodeConfig, EncodeMode, as_encode_config, encoder_output_class
+from ..stopwatch import Stopwatch
+from ..selection import Selector, get_selector, selector_name, selects_before_encoding
+from .encoding import EncodeConfig, EncodeMode, as_encode_config
 from .foveation import Gist, encode_gist, foveate, merge_gists
 from .loading import MODEL_CLASSES, LayerSpec, build_layer, load_vlm
-from .processing import IM_END, VISION_END, encode_prompts, image_processor_of, unpatchify_images
-from .rewrite import (PrunedInputs, expand_budgets, image_spans, model_tensors, replacement, rewrite,
+from .pixels import PatchImages
+from .preparing import PromptTokens, Unpruned, selection_context, unpruned
+from .processing import IM_END, VISION_END, encode_prompts
+from .rewrite import (PrunedInputs, VisualRows, expand_budgets, model_tensors, rewrite,
                       validate_kept)
-from .selecting import run_selector, slice_output
-from .trace import GRID_REASON, PrefillOutput, Trace
+from .selecting import Choice, run_selector
+from .trace import PrefillOutput, Trace, item_traces
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Unpruned:
-    """One batch before selection: the processor's tensors on the model's device and the full encoding."""
-
-    inputs: dict[str, torch.Tensor]
-    input_ids: torch.Tensor                     # [B, S]
-    attention_mask: torch.Tensor                # [B, S]
-    grid_thw: torch.Tensor                      # [N, 3] patch grid per image
-    pos3: torch.Tensor                          # [3, B, S] unpruned M-RoPE positions
-    spans: list[tuple[int, int, int]]           # (row, start, end) of each image's pads
-    feats: tuple[torch.Tensor, ...] | None      # merger output per image, [n_i, D] (None until encoded)
-    deep: list[tuple[torch.Tensor, ...]] | None  # Qwen3-VL deepstack: per layer, per image [n_i, D]
-    encoder_output_cls: type
-    n_tokens: list[int]
-    item_of_image: list[int]
-    grid_hw: list[tuple[int, int]]
-    vision_s: float
 
 
 class ARRCOCQwen:
@@ -82,8 +65,8 @@ class ARRCOCQwen:
                 f"ARRCOCQwen wraps {sorted(MODEL_CLASSES)} models; got model_type={family!r}. "
                 "Load a Qwen2-VL, Qwen2.5-VL or Qwen3-VL checkpoint."
             )
-        if isinstance(arr_coc, (str, os.PathLike)):  # issue 39: refused here, not kept-all at the first request
-            check_layer_folder(arr_coc)
+        if isinstance(arr_coc, (str, os.PathLike)):  # refused here, not kept-all at the first request
+            arr_coc = check_layer_folder(arr_coc)    # a hub id: its snapshot in the cache
         self.family = family
         self.model = model.eval().requires_grad_(False)
         self.processor = processor
@@ -102,6 +85,9 @@ class ARRCOCQwen:
             else 0
         )
         self.merge = int(cfg.vision_config.spatial_merge_size)
+        self.tokens = PromptTokens(image=self.image_token_id, vision_end=self.vision_end_id, im_end=self.im_end_id,
+                                   pad=self.pad_token_id,
+                                   special=frozenset(getattr(tok, "all_special_ids", []) or []))
 
     # -- construction ---------------------------------------------------------------
 
@@ -121,12 +107,13 @@ class ARRCOCQwen:
         attn_implementation ("sdpa", "eager", "flash_attention_2"; None: transformers' default) mean what
         they mean on every command (`arr_coc.runtime`): "auto" is cuda in bfloat16 (float16 where the GPU
         lacks it) when a GPU is there, else cpu in float32. The device defaults to the CPU here (the commands
-        default to "auto"), so library code that never asked for a GPU keeps running where it ran. Whatever
-        the VLM's dtype, the ARR-COC layer scores on the CPU in float32 (`methods.arrcoc.run_layer`) and the
-        VLM's activations keep theirs.
+        default to "auto"), so library code that never asked for a GPU keeps running where it ran. The ARR-COC
+        layer runs on the VLM's device in float32 whatever the VLM's dtype (`methods.arrcoc.run_layer`), and the
+        VLM's activations keep theirs. arr_coc: a trained layer's folder or hub id ("owner/name"), an
+        `ARRCOCLayer`, an `ARRCOCConfig`, or None (the untrained layer).
         """
-        if isinstance(arr_coc, (str, os.PathLike)):  # issue 39: a layer that is not there, before the model loads
-            check_layer_folder(arr_coc)
+        if isinstance(arr_coc, (str, os.PathLike)):  # a layer that is not there, refused before the model loads
+            arr_coc = check_layer_folder(arr_coc)
         model, processor = load_vlm(model_id_or_path, device=device, dtype=dtype,
                                     attn_implementation=attn_implementation, **kwargs)
         return cls(model, processor, arr_coc=arr_coc)
@@ -146,9 +133,12 @@ class ARRCOCQwen:
 
     @property
     def arr_coc_layer(self) -> ARRCOCLayer:
-        """The ARR-COC layer, built on first use (so "none"/"grid"/"random" need no layer)."""
+        """The ARR-COC layer, built on first use (so "none"/"grid"/"random" need no layer), on the VLM's device in
+        float32 (moved there if the model was moved since)."""
         if self._arr_coc_layer is None:
             self._arr_coc_layer = build_layer(self._arr_coc_spec, self.text_hidden_size)
+        if self._arr_coc_layer.device != self.device:
+            self._arr_coc_layer.to(self.device)
         return self._arr_coc_layer
 
     # -- inputs ----------------------------------------------------------------------
@@ -156,27 +146,6 @@ class ARRCOCQwen:
     def build_inputs(self, images: Sequence[Sequence[Any]], questions: Sequence[str]) -> dict[str, torch.Tensor]:
         """Processor tensors for a batch: images[b] is the list of images of question b (left padding)."""
         return encode_prompts(self.processor, images, questions)
-
-    def _question_tokens(self, row_ids: torch.Tensor) -> torch.Tensor:
-        """Question token ids of one unpadded row: text after the last <|vision_end|> up to <|im_end|>.
-
-        Qwen's template puts the images first in the user turn, so this is the question. When
-        nothing is there (question-first prompts), every non-special text token is used.
-        """
-        special = set(getattr(self.tokenizer, "all_special_ids", []) or [])
-        special.update({self.image_token_id, self.vision_end_id, self.im_end_id})
-        ids = row_ids.tolist()
-        ends = [i for i, t in enumerate(ids) if t == self.vision_end_id]
-        seg: list[int] = []
-        if ends:
-            for t in ids[ends[-1] + 1:]:
-                if t == self.im_end_id:
-                    break
-                seg.append(t)
-        seg = [t for t in seg if t not in special]
-        if not seg:
-            seg = [t for t in ids if t not in special] or ids[-1:]
-        return torch.tensor(seg, dtype=torch.long, device=row_ids.device)
 
     # -- the pruning path ------------------------------------------------------------
 
@@ -190,6 +159,7 @@ class ARRCOCQwen:
         budget_mode: BudgetMode | None = None,
         strict: bool = False,
         encode: EncodeConfig | EncodeMode | None = None,
+        clock: Stopwatch | None = None,
     ) -> tuple[PrunedInputs, list[Trace]]:
         """Encode, select, rewrite the inputs. Returns the pruned inputs and per-item traces.
 
@@ -200,97 +170,82 @@ class ARRCOCQwen:
         (`SelectorFailed`) instead of keeping every token of the items it failed on.
         encode: "after" (default: the vision tower on every patch, then select) or "before" (a gist,
         select, then the tower on the chosen cells only), or an `EncodeConfig` (gist, margin, periphery,
-        windows).
+        windows). clock: where each stage's wall time goes (`arr_coc.stopwatch`; `Stopwatch(device, sync=True)`
+        times a GPU's kernels per stage, at one synchronisation per stage); the traces carry its totals.
         """
         t_start = time.perf_counter()
+        clock = (clock or Stopwatch()).start()
         budget_mode = check_mode(budget_mode)
         encoding = as_encode_config(encode)
         encoding.check_family(self.family)      # e.g. whole windows on a tower without windows: before any work
         before = encoding.mode == "before"
-        batch = self._unpruned(inputs, encode_all=not before)
-        budgets = expand_budgets(budget, batch.item_of_image, batch.input_ids.shape[0])
+        name, fn = self._selector(method, kept_indices, before)
+        batch = unpruned(self.model, self.tokens, inputs, encode_all=not before, clock=clock)
+        budgets = expand_budgets(budget, batch.item_of_image, batch.rows)
+        gist, gist_failed, gist_s = None, {}, 0.0
+        if before and fn is not None and encoding.gist > 0:
+            t0 = time.perf_counter()
+            images = PatchImages.of(batch.inputs["pixel_values"], batch.grid_thw, self.processor).images
+            gist, gist_failed = self._gist(images, batch.grid_hw, encoding.gist, strict)
+            gist_s = time.perf_counter() - t0
+            batch.vision_s += gist_s
+            clock.lap("gist")
+            checkpoint("gist")
+
+        t0 = time.perf_counter()
+        choice = self._choose(batch, fn, name, kept_indices, gist, budgets, budget_mode, strict, clock)
+        for i, why in gist_failed.items():   # no coarse view, no informed choice: this image keeps every token
+            choice.keep_all(i, batch.n_tokens[i], f"gist failed: {why}")
+        choice.kept, choice.fallback, choice.errors = validate_kept(choice.kept, batch.n_tokens, choice.fallback,
+                                                                    choice.errors)
+        select_s = time.perf_counter() - t0
+        clock.lap("select")
+        checkpoint("selection")
+
+        visual, lm_cells, fovea = batch.visual, choice.kept, None
+        if before:
+            fovea = foveate(self.model, batch.inputs["pixel_values"], batch.grid_thw, batch.grid_hw, choice.kept,
+                            encoding, gist, clock)
+            visual, lm_cells = fovea.visual, fovea.lm_cells
+            batch.vision_s += clock.seconds["vision"]
+            checkpoint("vision")
+        elif any(r is not None for r in choice.replaced):   # the selector replaced some tokens (VisionZip)
+            visual = VisualRows.every_cell(choice.replacing(batch.feats), batch.deep)
+        pruned = rewrite(batch.host["input_ids"], batch.host["attention_mask"], batch.pos3_host, batch.spans, visual,
+                         lm_cells, batch.encoder_output_cls, batch.item_of_image, batch.grid_hw, self.pad_token_id,
+                         self.device)
+        clock.lap("packing")
+        timing = {"vision_s": batch.vision_s, "gist_s": gist_s, "select_s": select_s,
+                  "arr_coc_s": select_s + clock.seconds["packing"], "total_s": time.perf_counter() - t_start,
+                  "stages_s": dict(clock.seconds)}
+        return pruned, item_traces(name, budgets, budget_mode, batch, choice, lm_cells, pruned, encoding.mode, fovea,
+                                   gist, timing)
+
+    def _selector(self, method: str | Selector, kept_indices: Sequence[torch.Tensor] | None,
+                  before: bool) -> tuple[str, Selector | None]:
+        """(the method's name in traces, its selector; None when nothing is selected), refused before any work
+        when it cannot choose before the tower but has to."""
         name = "explicit" if kept_indices is not None and method == "arr_coc" else selector_name(method)
         fn = None if kept_indices is not None or name == "none" else \
             get_selector(method) if isinstance(method, str) else method
         if before and fn is not None and not selects_before_encoding(fn):
             raise ValueError(f"method {name!r} reads the encoded visual tokens, so it cannot choose before the "
                              "vision tower; run it with encode='after'")
-        # the resized images the selector reads (texture, gist); no selector (every token kept), no work
-        images = unpatchify_images(batch.inputs["pixel_values"], batch.grid_thw, image_processor_of(self.processor)) \
-            if fn is not None else []
-        gist, gist_failed, gist_s = None, {}, 0.0
-        if before and fn is not None and encoding.gist > 0:
-            t0 = time.perf_counter()
-            gist, gist_failed = self._gist(images, batch.grid_hw, encoding.gist, strict)
-            gist_s = time.perf_counter() - t0
-            batch.vision_s += gist_s
-            checkpoint("gist")
+        return name, fn
 
-        t0 = time.perf_counter()
+    def _choose(self, batch: Unpruned, fn: Selector | None, name: str, kept_indices: Sequence[torch.Tensor] | None,
+                gist: Gist | None, budgets: list[Budget | None], budget_mode: BudgetMode | None,
+                strict: bool, clock: Stopwatch | None = None) -> Choice:
+        """Every image's kept cells: given, all of them (no selector), or the selector's on the whole batch."""
         n = len(batch.n_tokens)
-        fallback: list[str | None] = [None] * n
-        errors: list[str | None] = [None] * n
-        replaced: list[torch.Tensor | None] = [None] * n
-        arr_out = None
         if kept_indices is not None:
-            kept = [torch.as_tensor(k, dtype=torch.long) for k in kept_indices]
-        elif fn is None:
-            kept = [torch.arange(k) for k in batch.n_tokens]
-        else:
-            tokens = list(batch.feats) if not before else gist.on_full_grid if gist is not None else None
-            ctx = self._context(batch, images, tokens, budgets, budget_mode)
-            kept, arr_out, fallback, errors, replaced = run_selector(fn, ctx, name, strict=strict)
-        for i, why in gist_failed.items():   # no coarse view, no informed choice: this image keeps every token
-            kept[i], fallback[i], errors[i] = torch.arange(batch.n_tokens[i]), "keep_all", f"gist failed: {why}"
-        kept, fallback, errors = validate_kept(kept, batch.n_tokens, fallback, errors)
-        select_s = time.perf_counter() - t0
-        checkpoint("selection")
-
-        lm_cells, fovea = kept, None
-        if before:
-            t0 = time.perf_counter()
-            fovea = foveate(self.model, batch.inputs["pixel_values"], batch.grid_thw, batch.grid_hw, kept, encoding,
-                            gist)
-            batch.feats, batch.deep, lm_cells = fovea.feats, fovea.deep, fovea.lm_cells
-            batch.vision_s += time.perf_counter() - t0
-            checkpoint("vision")
-
-        pruned = rewrite(batch.input_ids, batch.attention_mask, batch.pos3, batch.spans, batch.feats, batch.deep,
-                         lm_cells, batch.encoder_output_cls, batch.item_of_image, batch.grid_hw, self.pad_token_id)
-        if any(r is not None for r in replaced):  # the selector replaced some tokens (Selection.visual_tokens)
-            pruned = pruned.with_features(image_features=[
-                f[k.to(f.device)] if r is None or fb == "keep_all" else replacement(r, f, i)[k.to(f.device)]
-                for i, (f, r, k, fb) in enumerate(zip(batch.feats, replaced, kept, fallback))
-            ])
-        timing = {"vision_s": batch.vision_s, "gist_s": gist_s, "select_s": select_s,
-                  "total_s": time.perf_counter() - t_start}
-        traces = []
-        for b in range(batch.input_ids.shape[0]):
-            imgs = [i for i, r in enumerate(batch.item_of_image) if r == b]
-            asked = [1.0 if name == "none" else budgets[i] for i in imgs] or [None]
-            traces.append(Trace(
-                method=name,
-                budget=asked[0] if len(set(map(repr, asked))) == 1 else asked,
-                budget_mode=budget_mode,
-                kept_tokens=sum(int(lm_cells[i].numel()) for i in imgs),
-                total_tokens=sum(batch.n_tokens[i] for i in imgs),
-                kept_per_image=[int(lm_cells[i].numel()) for i in imgs],
-                total_per_image=[batch.n_tokens[i] for i in imgs],
-                kept_indices=[kept[i].cpu() for i in imgs],
-                grid_hw=[batch.grid_hw[i] for i in imgs],
-                arr_coc=slice_output(arr_out, imgs) if arr_out is not None and imgs else None,
-                fallback=[fallback[i] for i in imgs],
-                error="; ".join(e for e in (errors[i] for i in imgs) if e) or None,
-                fallback_reason=[errors[i] or (GRID_REASON if fallback[i] == "grid" else fallback[i]) for i in imgs],
-                prompt_tokens=int(pruned.attention_mask[b].sum()),
-                encode=encoding.mode,
-                encoded_cells=[fovea.encoded[i] for i in imgs] if fovea else [torch.arange(batch.n_tokens[i])
-                                                                              for i in imgs],
-                periphery_cells=[fovea.periphery[i] for i in imgs] if fovea else [],
-                gist_grid=[gist.grid_hw[i] for i in imgs] if gist else [],
-                **timing,
-            ))
-        return pruned, traces
+            return Choice.of([torch.as_tensor(k, dtype=torch.long) for k in kept_indices], n)
+        if fn is None:
+            return Choice.of([torch.arange(k) for k in batch.n_tokens], n)
+        tokens = list(batch.feats) if batch.feats is not None else gist.on_full_grid if gist is not None else None
+        ctx = selection_context(self.model, lambda: self.arr_coc_layer, self.tokens, self.processor, batch, tokens,
+                                budgets, budget_mode, self.seed, clock)
+        return run_selector(fn, ctx, name, strict=strict)
 
     def _gist(self, images: list[torch.Tensor], grid_hw: list[tuple[int, int]], share: float,
               strict: bool) -> tuple[Gist, dict[int, str]]:
@@ -311,78 +266,6 @@ class ARRCOCQwen:
                 parts.append(None)
                 failed[i] = f"{type(exc).__name__}: {exc}"
         return merge_gists(parts, grid_hw, self.text_hidden_size), failed
-
-    def _unpruned(self, inputs: dict[str, torch.Tensor], encode_all: bool = True) -> _Unpruned:
-        """Unpruned M-RoPE positions, where each image's pads are, and (encode_all) the vision tower +
-        merger once on every patch."""
-        if inputs.get("pixel_values_videos") is not None:
-            raise ValueError("the pruning path handles images only; pass videos as frames (images) or "
-                             "call the model's own generate() for video inputs")
-        if inputs.get("pixel_values") is None or inputs.get("image_grid_thw") is None:
-            raise ValueError("no images in the inputs (pixel_values / image_grid_thw missing): nothing to prune; "
-                             "build inputs with images, or call generate() which handles text-only prompts")
-        dev = self.device
-        inputs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-        input_ids = inputs["input_ids"]
-        attention_mask = inputs.get("attention_mask")
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        mm = inputs.get("mm_token_type_ids")
-        if mm is None:
-            mm = (input_ids == self.image_token_id).long()
-        grid_thw = inputs["image_grid_thw"]
-        core = self.model.model
-
-        t0 = time.perf_counter()
-        feats, deep, enc_cls = None, None, None
-        if encode_all:
-            enc = core.get_image_features(inputs["pixel_values"], grid_thw, return_dict=True)
-            feats = tuple(enc.pooler_output)                                 # (Tensor[n_i, D], ...)
-            deep = getattr(enc, "deepstack_features", None)
-            deep = [tuple(layer) for layer in deep] if deep is not None else None
-            enc_cls = type(enc)
-        vision_s = time.perf_counter() - t0
-        checkpoint("vision")
-
-        pos3, _ = core.get_rope_index(                                       # [3, B, S], zeros on padding
-            input_ids, mm_token_type_ids=mm, image_grid_thw=grid_thw, attention_mask=attention_mask
-        )
-        # Runs of image pads, row-major = the processor's image order.
-        spans = image_spans(input_ids == self.image_token_id, attention_mask)
-        n_tokens = [int(t) * int(h) * int(w) // self.merge ** 2 for t, h, w in grid_thw.tolist()]
-        if len(spans) != len(n_tokens) or any(e - s != n for (_, s, e), n in zip(spans, n_tokens)):
-            raise ValueError(
-                f"the prompts hold image-pad runs of lengths {[e - s for _, s, e in spans]} but the vision tower "
-                f"returned {n_tokens} tokens per image; build inputs with this model's processor "
-                "(one <|image_pad|> run per image, in image order)"
-            )
-        return _Unpruned(
-            inputs=inputs, input_ids=input_ids, attention_mask=attention_mask, grid_thw=grid_thw, pos3=pos3,
-            spans=spans, feats=feats, deep=deep, encoder_output_cls=enc_cls or encoder_output_class(self.model),
-            n_tokens=n_tokens,
-            item_of_image=[b for b, _, _ in spans],
-            grid_hw=[(int(h) // self.merge, int(w) // self.merge) for _, h, w in grid_thw.tolist()],
-            vision_s=vision_s,
-        )
-
-    def _context(self, batch: _Unpruned, images: list[torch.Tensor], tokens: list[torch.Tensor] | None,
-                 budgets: list[Budget | None], budget_mode: BudgetMode | None) -> SelectionContext:
-        embed = self.model.get_input_embeddings()
-        q_rows = {}
-        for b in set(batch.item_of_image):
-            row = batch.input_ids[b][batch.attention_mask[b].bool()]
-            q_rows[b] = embed(self._question_tokens(row))                   # [L_b, D]
-        deep = batch.deep
-        return SelectionContext(
-            wrapper=self, images=images, grid_hw=batch.grid_hw, visual_tokens=tokens,
-            query_embeds=[q_rows[b] for b in batch.item_of_image], budgets=list(budgets),
-            counts=[resolve_count(bud, h * w) for bud, (h, w) in zip(budgets, batch.grid_hw)],
-            item_of_image=batch.item_of_image, inputs=batch.inputs, image_spans=batch.spans,
-            position_ids=batch.pos3, budget_mode=budget_mode, image_ids=list(range(len(batch.n_tokens))),
-            seed=self.seed,
-            deepstack_features=[[layer[i] for layer in deep] for i in range(len(batch.n_tokens))] if deep is not None
-            else None,
-        )
 
     # -- running the LM ---------------------------------------------------------------
 

@@ -1,0 +1,131 @@
+"""The processor's patches as pictures: the texture's input, built where the VLM holds its pixels.
+
+A Qwen-VL image processor resizes an image to a multiple of the merged cell (28 px on Qwen2-VL / 2.5-VL,
+32 px on Qwen3-VL), normalises it and cuts it into patches, laid out so that merged cell c of an image
+owns the `merge**2` consecutive rows starting at `merge**2 * c`, cells in raster order, images one after
+the other (`Qwen2VLImageProcessorPil.patchify`). So the texture's input can be read cell by cell from
+`pixel_values` without rebuilding any image:
+
+    rows -> [cells, merge, merge, C, T, p, p] -> temporal copy 0 -> [cells, C, merge * p, merge * p]
+         -> undo the normalisation -> each cell area-resampled to the texture's px x px
+         -> cells placed on the batch's padded grid, frames' edges repeated (`grid.fill_edges`)
+
+A fixed number of ops on the VLM's device for the whole batch. Each cell's area resampling is the same
+arithmetic as resampling the whole image (a cell's output pixels read only its own input pixels when the
+cell's size is a whole multiple of px's ratio: 28 -> 16 and 32 -> 16 are), so the texture equals the one
+computed from the rebuilt image (`unpatchify_images`, still there for what needs a picture on the host).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..grid import GridBatch, constant, fill_edges
+from ..texture import WorkImages
+from .processing import image_processor_of, unpatchify_images
+
+
+@dataclass
+class PatchImages:
+    """A batch's images as the processor left them: pixel_values [P, C * T * p * p] on the VLM's device,
+    the patch grid of each image (host), and the processor settings that undo its normalisation."""
+
+    pixel_values: torch.Tensor
+    grid_thw: list[tuple[int, int, int]]
+    image_processor: Any
+
+    @classmethod
+    def of(cls, pixel_values: torch.Tensor, grid_thw: torch.Tensor | Sequence, processor: Any) -> PatchImages:
+        thw = grid_thw.tolist() if isinstance(grid_thw, torch.Tensor) else list(grid_thw)
+        return cls(pixel_values, [tuple(int(v) for v in g) for g in thw], image_processor_of(processor))
+
+    @property
+    def merge(self) -> int:
+        return int(self.image_processor.merge_size)
+
+    @property
+    def unit(self) -> int:
+        """Pixels per merged cell side."""
+        return int(self.image_processor.patch_size) * self.merge
+
+    def grid(self, device: torch.device | None = None) -> GridBatch:
+        """The merged-cell grids, (t, h, w) per image."""
+        m = self.merge
+        return GridBatch(tuple((1, h // m, w // m) for _, h, w in self.grid_thw),
+                         self.pixel_values.device if device is None else device)
+
+    @cached_property
+    def images(self) -> list[torch.Tensor]:
+        """The resized images on the host, [3, H, W] in [0, 1] each (rebuilt once, when something asks)."""
+        return unpatchify_images(self.pixel_values, torch.tensor(self.grid_thw), self.image_processor)
+
+    def subset(self, which: Sequence[int]) -> PatchImages:
+        rows = [sum(t * h * w for t, h, w in self.grid_thw[:i]) for i in range(len(self.grid_thw) + 1)]
+        pieces = [self.pixel_values[rows[i]:rows[i + 1]] for i in which]
+        out = PatchImages(torch.cat(pieces) if pieces else self.pixel_values[:0], [self.grid_thw[i] for i in which],
+                          self.image_processor)
+        if "images" in self.__dict__:
+            out.__dict__["images"] = [self.images[i] for i in which]
+        return out
+
+    def work(self, px: int, grid: GridBatch | None = None) -> WorkImages:
+        """The images at `px` pixels per cell, padded, on the pixels' device: a fixed number of ops."""
+        grid = grid or self.grid()
+        if any(t != 1 for t, _, _ in grid.thw):
+            raise ValueError("PatchImages.work reads images (one temporal patch each)")
+        if self.unit < px:  # cells smaller than the texture's: resample each image whole (bilinear), as images do
+            return _work_from_images(self.images, grid, px)
+        ip, m = self.image_processor, self.merge
+        p, tp = int(ip.patch_size), int(ip.temporal_patch_size)
+        c = self.pixel_values.shape[-1] // (tp * p * p)
+        patches = self.pixel_values.detach().float().reshape(-1, c, tp, p, p)[:, :, 0]    # [P, C, p, p]: copy t = 0
+        if getattr(ip, "do_normalize", True):
+            std = constant(f"std{tuple(ip.image_std)}", lambda: torch.tensor(ip.image_std).view(1, -1, 1, 1), patches)
+            mean = constant(f"mean{tuple(ip.image_mean)}", lambda: torch.tensor(ip.image_mean).view(1, -1, 1, 1),
+                            patches)
+            patches = patches * std + mean
+        else:
+            patches = patches.clone()
+        if not getattr(ip, "do_rescale", True):
+            patches = patches / 255.0
+        patches = torch.nan_to_num_(patches, nan=0.0, posinf=1.0, neginf=0.0).clamp_(0.0, 1.0)
+        _, hm, wm = grid.shape
+        b = len(grid)
+        if px % m == 0:
+            # A cell's px x px output pixels read only their own patch's input pixels when px splits evenly over
+            # the merge x merge patches: resample each patch to px / merge (the same windows, the same sums).
+            q = px // m
+            if q != p:
+                patches = F.adaptive_avg_pool2d(patches, (q, q))                  # [P, C, q, q]
+            cells = patches.reshape(-1, m * m * c * q * q)                          # [N, (mh, mw, C, q, q)]
+            if grid.cell_rows is not None:
+                cells = cells.index_select(0, grid.cell_rows)                       # on the padded grid
+            pixels = cells.reshape(b, hm, wm, m, m, c, q, q).permute(0, 5, 1, 3, 6, 2, 4, 7)
+        else:
+            cells = patches.reshape(-1, m, m, c, p, p).permute(0, 3, 1, 4, 2, 5).reshape(-1, c, m * p, m * p)
+            cells = F.adaptive_avg_pool2d(cells, (px, px))                          # [N, C, px, px]
+            if grid.cell_rows is not None:
+                cells = cells.index_select(0, grid.cell_rows)
+            pixels = cells.reshape(b, hm, wm, c, px, px).permute(0, 3, 1, 4, 2, 5)
+        pixels = pixels.reshape(b, c, hm * px, wm * px)                             # [B, C, H * px, W * px]
+        return WorkImages(fill_edges(pixels, grid, px), grid, px)
+
+
+def _work_from_images(images: Sequence[torch.Tensor], grid: GridBatch, px: int) -> WorkImages:
+    """Per-image resampling (cells smaller than px: bilinear needs the neighbouring cells)."""
+    from ..texture import work_images
+
+    return work_images([im.to(grid.device) for im in images], grid, px)
+
+
+def with_device(patches: PatchImages, device: torch.device) -> PatchImages:
+    return dataclasses.replace(patches, pixel_values=patches.pixel_values.to(device))
+
+
+__all__ = ["PatchImages"]
