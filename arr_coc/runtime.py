@@ -111,3 +111,25 @@ class Runtime:
         """e.g. `cpu, float32, sdpa` (for logs and the app's status line)."""
         dtype = str(self.dtype).removeprefix("torch.")
         return f"{self.device}, {dtype}, {self.attn_implementation or 'sdpa (default)'}"
+
+
+def keep_large_buffers(limit: int = 1 << 30) -> bool:
+    """Let glibc keep freed buffers of up to `limit` bytes in the process instead of unmapping them.
+
+    By default glibc serves an allocation over its mmap threshold (at most 32 MiB) with fresh pages from the
+    OS and hands them back when it is freed, so every such tensor a CPU forward makes costs a page fault per
+    4 KiB the first time it is written: measured here on a batch of 8 images of 896 px, elementwise ops over
+    the texture's 8 x 3 x 512 x 512 pixels took 30 ms instead of 3.7 ms. The commands that run models call
+    this once (what MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ do, set at run time); the process's memory
+    then stays at its peak instead of falling between batches. Not on other C libraries (returns False).
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        if not hasattr(libc, "mallopt"):
+            return False
+        return bool(libc.mallopt(-3, int(limit))) and bool(libc.mallopt(-1, int(limit)))   # M_MMAP / M_TRIM_THRESHOLD
+    except OSError:
+        return False

@@ -48,4 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None or module is None:
         parser.print_help()
         return 2
+    if args.command in ("ask", "eval", "bench", "train", "train-vlm"):
+        from arr_coc.runtime import keep_large_buffers
+
+        keep_large_buffers()
     return int(module.run(args) or 0)

@@ -3,8 +3,10 @@
     python -m arr_coc bench --preset qwen2-vl-2b --encode after,before --budgets 0.1,0.2,0.3,1.0 --out bench.json
     python -m arr_coc bench --preset qwen2.5-vl-3b --encode before --budgets 0.1,0.25 --margin 1 --whole-windows \
         --repeats 1 --out bench_context.json    # cells only, margin 1, whole windows, both: side by side
+    python -m arr_coc bench --stages --device cuda --dtype bfloat16 --out stages.json   # ARR-COC stage by stage
 
-What it measures and how: arr_coc/evaluation/bench.py; the model shapes: arr_coc/evaluation/bench_presets.py.
+What it measures and how: arr_coc/evaluation/bench.py (--stages: arr_coc/evaluation/stages.py); the model shapes:
+arr_coc/evaluation/bench_presets.py.
 """
 
 from __future__ import annotations
@@ -49,6 +51,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="folder of a trained ARR-COC layer whose query width is the preset's LM hidden size "
                              "(default: the untrained layer built for that width; the shipped layer reads 192-d "
                              "embeddings and cannot run on these presets)")
+    parser.add_argument("--stages", action="store_true",
+                        help="time ARR-COC's own work stage by stage (un-patchify, texture, scorers, allocator, read, "
+                             "packing) beside the tower and the LM prefill, with aten-op and host-sync counts, per image "
+                             "size and batch size; the first of --budgets, the first of --encode")
+    parser.add_argument("--sizes", default="448,896",
+                        help="--stages: image sides in px (ShapesVQA scenes, multiples of 28 up to 896), default 448,896")
+    parser.add_argument("--batches", default="1,8", help="--stages: batch sizes, default 1,8")
+    parser.add_argument("--model", default=None,
+                        help="--stages: a real checkpoint (folder or hub id) instead of a preset, e.g. "
+                             "checkpoints/shapes-qwen2vl with --arr-coc checkpoints/arr-coc-shapes-before")
     add_budget_mode(parser)
     add_runtime(parser)
     parser.add_argument("--seed", type=int, default=0)
@@ -61,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     from arr_coc.evaluation.bench import bench, markdown_table
 
     run_on = runtime(args)
+    if args.stages or args.model:
+        return _stages(args, run_on)
     encodes = [e.strip() for e in args.encode.split(",") if e.strip()]
     try:
         report = bench(preset=args.preset, vision_layers=args.vision_layers, lm_layers=args.lm_layers,
@@ -80,3 +94,62 @@ def run(args: argparse.Namespace) -> int:
     print(table)
     print(f"wrote {args.out}")
     return 0
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{name} takes a comma list of whole numbers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{name} takes a comma list of whole numbers >= 1, got {text!r}")
+    return values
+
+
+def _stages(args: argparse.Namespace, run_on) -> int:
+    """bench --stages: ARR-COC's own work stage by stage (arr_coc/evaluation/stages.py)."""
+    from arr_coc.evaluation.stages import markdown_stages, stage_bench
+
+    try:
+        if not args.stages:
+            raise ValueError("--model benches a real checkpoint stage by stage: add --stages")
+        sizes, batches = _ints(args.sizes, "--sizes"), _ints(args.batches, "--batches")
+        if any(s % 28 or not 336 <= s <= 896 for s in sizes):
+            raise ValueError(f"--sizes {args.sizes}: each side a multiple of 28 in [336, 896] (ShapesVQA canvases)")
+        budget = next((b for b in args.budgets if b != 1.0), args.budgets[0])
+        encode = args.encode.split(",")[0].strip()
+        wrapper, note = _stage_model(args, run_on)
+    except ValueError as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 2
+    report = stage_bench(wrapper, sizes, batches, budget, encode, args.repeats or 3, args.seed, args.budget_mode,
+                         note=f"{note}; encode {encode}, budget {budget}")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    table = markdown_stages(report)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table)
+    print(table)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _stage_model(args: argparse.Namespace, run_on):
+    """The wrapper --stages runs: a real checkpoint (--model) or a preset's random model at real widths."""
+    from arr_coc.qwen import ARRCOCQwen
+
+    arr_coc = None if args.arr_coc in (None, "untrained") else args.arr_coc
+    if args.model:
+        wrapper = ARRCOCQwen.from_pretrained(args.model, arr_coc=arr_coc, device=run_on.device, dtype=run_on.dtype,
+                                             attn_implementation=run_on.attn_implementation)
+        return wrapper, f"{args.model}, ARR-COC layer {arr_coc or 'untrained'}"
+    from arr_coc.evaluation.bench_presets import build_model, get_preset, label, run_layers
+
+    spec = get_preset(args.preset)
+    n_vision, n_lm = run_layers(spec, args.vision_layers, args.lm_layers)
+    model, processor, summary = build_model(spec, n_vision, n_lm, run_on, args.seed)
+    wrapper = ARRCOCQwen(model, processor, arr_coc=arr_coc, seed=args.seed)
+    return wrapper, f"{summary['shape']} widths, random weights, {label(spec, n_vision, n_lm)}, ARR-COC layer " \
+                    f"{arr_coc or 'untrained'}"
