@@ -122,8 +122,8 @@ def test_two_processes_with_half_the_batch_follow_one_process_with_all_of_it_and
         assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5) and rb["lr"] == ra["lr"]
         assert rb.get("val_coverage") == pytest.approx(ra.get("val_coverage"))
     assert b["budget_spread"]["reference"] == pytest.approx(a["budget_spread"]["reference"], rel=1e-6)
-    assert sorted(p.name for p in two.iterdir()) == ["config.json", "model.safetensors", "train_state_stage1.pt",
-                                                     "training_log_stage1.json"]
+    assert sorted(p.name for p in two.iterdir()) == ["README.md", "config.json", "model.safetensors",
+                                                     "train_state_stage1.pt", "training_log_stage1.json"]
 
     # Extraction was shared out, and the cache is the one file a single process writes, byte for byte.
     (single,), (joined,) = (tmp_path / "cache1").iterdir(), (tmp_path / "cache2").iterdir()

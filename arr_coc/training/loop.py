@@ -54,6 +54,7 @@ from ..config import SPREAD_SOURCES, ARRCOCConfig
 from ..data import read_jsonl
 from ..extent import ExtentHead, fit_extent_head
 from ..layer import ARRCOCLayer
+from ..persistence import LayerCard
 from .config import VAL_BUDGETS, TrainConfig
 from .distributed import Processes
 from .features import Features, load_features
@@ -138,6 +139,7 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
     opt = torch.optim.AdamW(layer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     state = {"step": 0, "log": [], "warnings": []}
     state_path = os.path.join(cfg.out, f"train_state_stage{cfg.stage}.pt")
+    card = layer_card(cfg, model_path, data, init)
     if procs.agree(resume and os.path.isfile(state_path)):
         saved = torch.load(state_path, weights_only=True, map_location="cpu")
         layer.load_state_dict(saved["layer"])
@@ -207,7 +209,7 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
             rec["val_coverage"] = validate(layer, val_set)
             bar.write(f"[stage {cfg.stage} step {state['step']}] loss {loss_value:.3f} val coverage "
                       + " ".join(f"{b}:{c:.3f}" for b, c in rec["val_coverage"].items()))
-            save(layer, opt, state, cfg, state_path)
+            save(layer, opt, state, cfg, state_path, card)
         state["log"].append(rec)
         bar.set_postfix(loss=f"{loss_value:.3f}")
         bar.update(1)
@@ -220,7 +222,7 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
                 tqdm.write("budget follows the question: cells by {source} (median {median_cells:.1f}) / reference "
                            "{reference:.2f}, clipped to [{low}, {high}], at most {per_cell} tokens per cell"
                            .format(**state["budget_spread"]))
-        save(layer, opt, state, cfg, state_path)
+        save(layer, opt, state, cfg, state_path, card)
     procs.barrier()  # the checkpoint is on disk before any process returns
     return state
 
@@ -295,11 +297,27 @@ def validate(layer: ARRCOCLayer, items: list[Features]) -> dict[str, float]:
     return {b: sum(c * n for c, n in v) / max(1, sum(n for _, n in v)) for b, v in out.items()}
 
 
-def save(layer: ARRCOCLayer, opt: torch.optim.Optimizer, state: dict, cfg: TrainConfig, state_path: str) -> None:
+def layer_card(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | None) -> LayerCard:
+    """What the saved layer's README says of this run (its results are added at each save)."""
+    return LayerCard(vlm=str(model_path), encode=cfg.encode, data=[str(d) for d in ([data] if isinstance(data, str)
+                                                                                     else data)],
+                     training=f"`python -m arr_coc train` stage {cfg.stage}, {cfg.steps} steps of {cfg.batch_size} "
+                              f"items, lr {cfg.lr:g}, seed {cfg.seed}" + (f", from {init}" if init else "")
+                              + (f", gist {cfg.gist:g}" if cfg.gist else "")
+                              + (f", texture + {', '.join(cfg.add_texture)}" if cfg.add_texture else ""))
+
+
+def save(layer: ARRCOCLayer, opt: torch.optim.Optimizer, state: dict, cfg: TrainConfig, state_path: str,
+         card: LayerCard | None = None) -> None:
     layer = getattr(layer, "module", layer)
     strict = layer.config.strict
     layer.config.strict = False  # the shipped layer degrades gracefully
-    layer.save_pretrained(cfg.out)
+    if card is not None:
+        last = next((r["val_coverage"] for r in reversed(state.get("log", [])) if "val_coverage" in r), None)
+        card.results = [] if last is None else [
+            f"- validation coverage of the answer's cells at step {state['step']} (share of them kept by top-k at each "
+            "budget): " + ", ".join(f"{b}: {c:.3f}" for b, c in last.items())]
+    layer.save_pretrained(cfg.out, card)
     layer.config.strict = strict
     torch.save({"layer": layer.state_dict(), "optimizer": opt.state_dict(), "state": state,
                 "rng": torch.get_rng_state()}, state_path + ".tmp")
