@@ -252,7 +252,7 @@ class TokenAllocator(nn.Module):
         n_host = grid.cells
         fixed = [resolve_count(cfg.budget if b is None else b, n) for b, n in zip(budgets, n_host)]
         adaptive = [mode == "adaptive" or (b is None and cfg.mode == "adaptive") for b in budgets]
-        host = upload(torch.tensor([fixed, n_host, adaptive], dtype=torch.float64), relevance.device)   # [3, B]
+        host = upload(np.array([fixed, n_host, adaptive], dtype=np.float64), relevance.device)   # [3, B]
         k, n = host[0], host[1]
         rel = relevance.detach().flatten(1).float()
         ok = grid.item_valid if not grid.uniform else torch.ones_like(rel, dtype=torch.bool)

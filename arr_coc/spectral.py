@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -69,7 +70,7 @@ def spectral_saliency(luma: torch.Tensor, grid: GridBatch, px: int, size: int, c
         return out if (h, w) == (hm, wm) else F.pad(out, (0, wm - w, 0, hm - h))
     out = luma.new_zeros(luma.shape[0], 1, hm, wm)
     for (h, w), frames in groups.items():
-        index = upload(torch.tensor(frames), luma.device)
+        index = upload(np.array(frames, dtype=np.int64), luma.device)
         part = spectral_residual(luma.index_select(0, index)[..., : h * px, : w * px], (h, w), size, contrast_scale)
         out.index_copy_(0, index, F.pad(part, (0, wm - w, 0, hm - h)))
     return out

@@ -94,14 +94,17 @@ WINDOWED_FAMILIES: tuple[str, ...] = ("qwen2_5_vl",)   # vision towers with wind
 
 
 def dilate(cells: torch.Tensor, grid_hw: tuple[int, int], rings: int) -> torch.Tensor:
-    """Raster cells within `rings` cells (Chebyshev distance) of any of `cells`, ascending."""
+    """Raster cells within `rings` cells (Chebyshev distance) of any of `cells`, ascending. Host work (numpy)."""
+    chosen = np.asarray(cells.cpu().numpy(), dtype=np.int64)
     if rings <= 0:
-        return cells.sort().values
+        return torch.from_numpy(np.sort(chosen))
     h, w = grid_hw
-    mask = torch.zeros(1, 1, h, w)
-    mask.view(-1)[cells] = 1.0
-    grown = F.max_pool2d(mask, kernel_size=2 * rings + 1, stride=1, padding=rings)
-    return grown.view(-1).nonzero().squeeze(1)
+    mask = np.zeros((h + 2 * rings, w + 2 * rings), dtype=bool)
+    ys, xs = np.divmod(chosen, w)
+    for dy in range(2 * rings + 1):
+        for dx in range(2 * rings + 1):
+            mask[ys + dy, xs + dx] = True
+    return torch.from_numpy(np.flatnonzero(mask[rings: rings + h, rings: rings + w]).astype(np.int64))
 
 
 def _full_grid_kwargs(visual: torch.nn.Module, family: str, grid_thw: torch.Tensor) -> dict[str, torch.Tensor]:

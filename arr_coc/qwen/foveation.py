@@ -120,7 +120,7 @@ def foveate(model: PreTrainedModel, pixel_values: torch.Tensor, grid_thw: torch.
     for i, (c, g) in enumerate(zip(chosen, grid_hw)):
         mine = {int(cell): start + j for j, cell in enumerate(encoded[i].tolist())}
         start += len(encoded[i])
-        extra = torch.empty(0, dtype=torch.long)
+        extra = torch.from_numpy(np.empty(0, dtype=np.int64))
         if config.periphery and gist is not None:
             covered = torch.zeros(gist.grid_hw[i][0] * gist.grid_hw[i][1], dtype=torch.bool)
             covered[nearest_cells(g, gist.grid_hw[i])[c]] = True
