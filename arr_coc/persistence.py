@@ -14,6 +14,7 @@ or `local_files_only=True`), read from that cache, with an error that says what 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,11 +48,12 @@ def model_card(layer: ARRCOCLayer, card: LayerCard) -> str:
     mode = "mean" if att.spread_tau > 0 else "exact"
     lines = [
         "---", "library_name: arr-coc", "tags:", "- arr-coc", "- visual-token-pruning", "- qwen-vl",
-        f"base_model: {card.vlm}" if "/" in card.vlm and not os.path.isdir(card.vlm) else f"# base model: {card.vlm}",
+        f"base_model: {card.vlm}" if looks_like_hub_id(card.vlm) and not os.path.exists(card.vlm) else
+        f"# base model: {card.vlm} (not a hub id)",
         "---", "",
         "# ARR-COC layer", "",
-        "A query-aware visual-token allocator for a frozen Qwen-VL (the ARR-COC-VIS project, "
-        "`pip install` it and load this folder with `ARRCOCLayer.from_pretrained`): it scores every merged visual token from a texture array of the "
+        "A query-aware visual-token allocator for a frozen Qwen-VL (the ARR-COC-VIS project: load this folder or "
+        "repository with `ARRCOCLayer.from_pretrained`, or pass it as `arr_coc=` to `ARRCOCQwen`): it scores every merged visual token from a texture array of the "
         "image and the question, and keeps a budget of them at their original M-RoPE positions.", "",
         "```python", "from arr_coc import ARRCOCQwen",
         f'vlm = ARRCOCQwen.from_pretrained("{card.vlm}", arr_coc="<this repository or folder>")',
@@ -119,10 +121,12 @@ class LayerPersistence:
         return layer
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+
+
 def looks_like_hub_id(name: str) -> bool:
-    """'owner/name' (one slash, no path prefix): what the hub's repository ids look like."""
-    parts = name.split("/")
-    return len(parts) == 2 and all(parts) and not name.startswith((".", "~")) and not os.path.isabs(name)
+    """'owner/name' (one slash, letters, digits, '-', '_', '.'): what the hub's repository ids look like."""
+    return bool(_HUB_ID.match(name)) and ".." not in name
 
 
 def resolve_layer_folder(name_or_folder: str | os.PathLike, revision: str | None = None,
