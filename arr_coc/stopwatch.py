@@ -30,8 +30,9 @@ class Stopwatch:
         self.ops: dict[str, int] = defaultdict(int)
         self.syncs: dict[str, int] = defaultdict(int)
         self.uploads: dict[str, int] = defaultdict(int)
+        self.kernels: dict[str, int] = defaultdict(int)
         self._t = time.perf_counter()
-        self._marks = (0, 0, 0)
+        self._marks = (0, 0, 0, 0)
 
     def start(self) -> Stopwatch:
         """Begin the first stage now."""
@@ -41,9 +42,9 @@ class Stopwatch:
         self._marks = self._read()
         return self
 
-    def _read(self) -> tuple[int, int, int]:
+    def _read(self) -> tuple[int, int, int, int]:
         c = self.counter
-        return (0, 0, 0) if c is None else (c.total, c.syncs, c.uploads)
+        return (0, 0, 0, 0) if c is None else (c.total, c.syncs, c.uploads, c.kernels)
 
     def lap(self, stage: str) -> None:
         """The work since the last lap was `stage` (stages repeat: their times add up)."""
@@ -57,6 +58,7 @@ class Stopwatch:
             self.ops[stage] += marks[0] - self._marks[0]
             self.syncs[stage] += marks[1] - self._marks[1]
             self.uploads[stage] += marks[2] - self._marks[2]
+            self.kernels[stage] += marks[3] - self._marks[3]
             self._marks = marks
 
     def total(self, *stages: str) -> float:

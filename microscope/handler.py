@@ -331,6 +331,7 @@ def _pictures(scope: Microscope, picture: Image, method: str, arr: Run | None, n
     if arr is None:
         return None, [], [], ""
     out = arr.trace.arr_coc
+    out = None if out is None else out.cpu()   # the maps stay on the VLM's device until drawn
     maps, channels, weights_md = [], [], ""
     grid = arr.trace.grid_hw[0]
     shown = _shown(scope, picture, grid)

@@ -2,9 +2,10 @@
 config A, config B side by side) and the JSON trace record.
 
 Times come from each run's `Trace` (one instrumented `generate()`): the vision tower (the gist
-included, and the gist on its own), the selection, the language model's prefill, and the whole
-prefill = vision + selection + LM prefill, which is what selecting before the tower saves on; FLOPs
-come from `microscope.cost` when the server counts them.
+included, and the gist on its own), ARR-COC's own work (the selection: texture, scorers, allocator; and
+packing the chosen cells and the prompt), the language model's prefill, and the whole prefill = vision +
+ARR-COC's own work + LM prefill, which is what selecting before the tower saves on; FLOPs come from
+`microscope.cost` when the server counts them.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def _gflops(flops: int | None) -> str:
 
 
 def whole_prefill_s(t: Trace) -> float:
-    """Vision tower (gist included) + selection + the language model's prefill, in seconds."""
-    return t.vision_s + t.select_s + t.prefill_s
+    """Vision tower (gist included) + ARR-COC's own work (selection + packing) + the language model's prefill,
+    in seconds. The baseline's own work is packing its (unpruned) prompt."""
+    return t.vision_s + t.arr_coc_s + t.prefill_s
 
 
 def kept_per_budget(t: Trace) -> str:
@@ -91,7 +93,8 @@ ROWS: list[tuple[str, Callable[[Run], str], Callable[[Run, Any, Run], str]]] = [
     ("prompt tokens", lambda b: str(b.trace.prompt_tokens), lambda r, c, b: str(r.trace.prompt_tokens)),
     ("vision tower, gist incl. (ms)", lambda b: _ms(b.trace.vision_s), lambda r, c, b: _ms(r.trace.vision_s)),
     ("gist (ms)", lambda b: "-", lambda r, c, b: _ms(r.trace.gist_s) if r.trace.gist_grid else "-"),
-    ("selection (ms)", lambda b: _ms(b.trace.select_s), lambda r, c, b: _ms(r.trace.select_s)),
+    ("ARR-COC's own work (ms)", lambda b: _ms(b.trace.arr_coc_s), lambda r, c, b: _ms(r.trace.arr_coc_s)),
+    ("of which selection (ms)", lambda b: _ms(b.trace.select_s), lambda r, c, b: _ms(r.trace.select_s)),
     ("LM prefill (ms)", lambda b: _ms(b.trace.prefill_s), lambda r, c, b: _ms(r.trace.prefill_s)),
     ("whole prefill (ms)", lambda b: _ms(whole_prefill_s(b.trace)), lambda r, c, b: _ms(whole_prefill_s(r.trace))),
     ("whole prefill speedup", lambda b: "1.00x",
@@ -158,6 +161,7 @@ def run_record(p: Pruned, base: Run) -> dict[str, Any]:
     if out is not None and getattr(out, "relevance", None) is not None:
         from arr_coc import viz
 
+        out = out.cpu()
         h, w = out.grid_hw[0]
         maps = {name: _grid_list(getattr(out, name), h, w)
                 for name in ("relevance", "information", "perspectival", "participatory")

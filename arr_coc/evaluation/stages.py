@@ -14,7 +14,8 @@ and 8), on the chosen device and dtype:
   resolution), texture, scorers, allocator (extent head + budgets + top-k), read (the one transfer of the
   decision to the host, and turning it into indices), packing (chosen cells -> patch rows, the prompt's
   rewrite, the features' gather); vision (the tower on what it encodes) and gist apart; then the prefill;
-- one more pass, not timed, under an `OpCounter`: aten ops, host-synchronising ops and uploads per stage.
+- one more pass, not timed, under an `OpCounter`: aten ops (and of them the kernels: views excluded),
+  host-synchronising ops and uploads per stage. The layer's are the stages question to read.
 
 ARR-COC's own work is question + unpatchify + texture + scorers + allocator + read + packing; "per image" divides
 a batch's time by its size. The tower and the LM run the preset's layers (the label says how many of how many);
@@ -70,7 +71,8 @@ def _counted_pass(wrapper: Any, inputs: dict[str, Any], budget: Any, method: str
     with OpCounter(record_stacks=False) as ops:
         clock = Stopwatch(counter=ops).start()
         wrapper.prepare(inputs, budget=budget, method=method, encode=encode, clock=clock, budget_mode=budget_mode)
-    return {"ops": dict(clock.ops), "syncs": dict(clock.syncs), "uploads": dict(clock.uploads)}
+    return {"ops": dict(clock.ops), "kernels": dict(clock.kernels), "syncs": dict(clock.syncs),
+            "uploads": dict(clock.uploads)}
 
 
 def measure(wrapper: Any, size: int, batch: int, budget: Any, encode: Any, repeats: int, seed: int = 0,
@@ -79,7 +81,7 @@ def measure(wrapper: Any, size: int, batch: int, budget: Any, encode: Any, repea
     sync = wrapper.device.type == "cuda"
     inputs = _inputs(wrapper, size, batch, seed)
     runs: dict[str, list[dict[str, float]]] = {"none": [], "arr_coc": []}
-    for method in ("none", "arr_coc", "none", "arr_coc"):          # warm-up: constants, allocator, kernels
+    for method in ("none", "arr_coc"):                              # warm-up: constants, allocator, kernels
         _timed_pass(wrapper, inputs, 1.0 if method == "none" else budget, method, encode if method != "none"
                     else "after", sync, budget_mode if method != "none" else None)
     trace = None
@@ -107,6 +109,7 @@ def measure(wrapper: Any, size: int, batch: int, budget: Any, encode: Any, repea
         "reference_total_ms": ref.get("vision", 0.0) + ref.get("prefill", 0.0),
         "arr_coc_total_ms": own_ms + own.get("vision", 0.0) + own.get("gist", 0.0) + own.get("prefill", 0.0),
         "layer_ops": sum(counts["ops"].get(s, 0) for s in LAYER),
+        "layer_kernels": sum(counts["kernels"].get(s, 0) for s in LAYER),
         "layer_syncs": sum(counts["syncs"].get(s, 0) for s in LAYER),
         "layer_uploads": sum(counts["uploads"].get(s, 0) for s in LAYER),
         "counts": counts,
@@ -133,7 +136,7 @@ def markdown_stages(report: dict[str, Any]) -> str:
              f"{report['host']['torch_threads']} thread(s); medians of {report['repeats']} runs, the reference and "
              "ARR-COC side by side; ms per batch.\n",
              "| size | batch | " + " | ".join(SHOWN) + " | ARR-COC own | own / image | LM prefill | whole | reference "
-             "(tower + prefill) | layer ops | syncs | uploads |",
+             "(tower + prefill) | layer ops (kernels) | syncs | uploads |",
              "|---|---|" + "---|" * (len(SHOWN) + 9)]
     for r in report["rows"]:
         own = r["arr_coc_ms"]
@@ -141,7 +144,8 @@ def markdown_stages(report: dict[str, Any]) -> str:
             f"| {r['size']} | {r['batch']} | " + " | ".join(f"{own.get(s, 0.0):.1f}" for s in SHOWN)
             + f" | **{r['own_ms']:.1f}** | {r['own_ms_per_image']:.1f} | {own.get('prefill', 0.0):.1f} | "
             f"{r['arr_coc_total_ms']:.1f} | {r['reference_total_ms']:.1f} ({r['reference_ms'].get('vision', 0):.1f} + "
-            f"{r['reference_ms'].get('prefill', 0):.1f}) | {r['layer_ops']} | {r['layer_syncs']} | {r['layer_uploads']} |")
+            f"{r['reference_ms'].get('prefill', 0):.1f}) | {r['layer_ops']} ({r['layer_kernels']}) | {r['layer_syncs']} | "
+            f"{r['layer_uploads']} |")
     return "\n".join(lines) + "\n"
 
 
