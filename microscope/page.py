@@ -312,8 +312,8 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
                                                 elem_id="answer-compare", interactive=False, lines=2)
                 error = gr.Markdown(elem_id="error")
                 stats = gr.Dataframe(headers=STATS_HEADERS, elem_id="stats", interactive=False, wrap=True,
-                                     label="tokens, time and FLOPs (whole prefill = vision tower + selection + "
-                                           "LM prefill)", column_widths=["31%", "23%", "23%", "23%"],
+                                     label="tokens, time and FLOPs (whole prefill = vision tower + ARR-COC's "
+                                           "own work + LM prefill)", column_widths=["31%", "23%", "23%", "23%"],
                                      max_height=1200)
                 with gr.Row(equal_height=False):
                     resolution_a = gr.Image(label="A: encoded at which resolution", elem_id="resolution-a",
