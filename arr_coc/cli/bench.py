@@ -84,10 +84,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
+    return _write(args, report, markdown_table(report))
+
+
+def _write(args: argparse.Namespace, report: dict, table: str) -> int:
+    """The report as JSON at --out, its table as Markdown at --markdown and on stdout."""
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
-    table = markdown_table(report)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(table)
@@ -124,16 +128,7 @@ def _stages(args: argparse.Namespace, run_on) -> int:
         return 2
     report = stage_bench(wrapper, sizes, batches, budget, encode, args.repeats or 3, args.seed, args.budget_mode,
                          note=f"{note}; encode {encode}, budget {budget}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
-    table = markdown_stages(report)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table)
-    print(table)
-    print(f"wrote {args.out}")
-    return 0
+    return _write(args, report, markdown_stages(report))
 
 
 def _stage_model(args: argparse.Namespace, run_on):
