@@ -24,6 +24,7 @@ from ..selection import SelectionContext, VLMHandles
 from ..stopwatch import Stopwatch, lap
 from .encoding import encoder_output_class
 from .pixels import PatchImages
+from .processing import QwenProcessor
 from .rewrite import VisualRows, image_spans
 
 if TYPE_CHECKING:
@@ -157,7 +158,7 @@ def question_embeddings(model: PreTrainedModel, tokens: PromptTokens, batch: Unp
 
 
 def selection_context(model: PreTrainedModel, layer: Callable[[], ARRCOCLayer], tokens: PromptTokens,
-                      processor: Any, batch: Unpruned, visual_tokens: list[torch.Tensor] | None,
+                      processor: QwenProcessor, batch: Unpruned, visual_tokens: list[torch.Tensor] | None,
                       budgets: list[Budget | None], budget_mode: BudgetMode | None, seed: int,
                       clock: Stopwatch | None = None) -> SelectionContext:
     """What a selector reads of this batch (`arr_coc.selection.SelectionContext`)."""

@@ -18,11 +18,27 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
 
 logger = logging.getLogger(__name__)
+
+@runtime_checkable
+class QwenProcessor(Protocol):
+    """What the pruning path uses of a processor: the stock Qwen-VL `AutoProcessor` or `ImageOnlyQwenProcessor`.
+
+    Called with text and images it returns the model's tensors; `tokenizer` renders and decodes text;
+    `image_processor` holds the patch size, merge size, normalisation and pixel limits the texture reads.
+    """
+
+    tokenizer: Any
+    image_processor: Any
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any: ...
+
 
 IMAGE_TOKEN = "<|image_pad|>"
 VIDEO_TOKEN = "<|video_pad|>"

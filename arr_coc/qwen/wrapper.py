@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence, Union
 
 import torch
 
@@ -39,7 +39,7 @@ from .foveation import Gist, encode_gist, foveate, merge_gists
 from .loading import MODEL_CLASSES, LayerSpec, build_layer, load_vlm
 from .pixels import PatchImages
 from .preparing import PromptTokens, Unpruned, selection_context, unpruned
-from .processing import IM_END, VISION_END, encode_prompts
+from .processing import IM_END, VISION_END, QwenProcessor, encode_prompts
 from .rewrite import (PrunedInputs, VisualRows, expand_budgets, model_tensors, rewrite,
                       validate_kept)
 from .selecting import Choice, run_selector
@@ -51,6 +51,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+# What `generate` returns: for one question (a string), (answer, trace) or the answer alone
+# (return_trace=False); for a batch (a list of questions), (answers, traces) or the answers alone. An answer is
+# a list of strings with num_return_sequences > 1.
+Answer = Union[str, list[str]]
+Answers = Union[tuple[Answer, Trace], Answer, tuple[list[Answer], list[Trace]], list[Answer]]
+
+
 class ARRCOCQwen:
     """A frozen Qwen2-VL / Qwen2.5-VL / Qwen3-VL model that answers with pruned visual tokens.
 
@@ -58,7 +65,7 @@ class ARRCOCQwen:
         answer, trace = wrapper.generate(image, "What colour is the circle?", budget=0.1)
     """
 
-    def __init__(self, model: PreTrainedModel, processor: Any, arr_coc: LayerSpec = None, seed: int = 0):
+    def __init__(self, model: PreTrainedModel, processor: QwenProcessor, arr_coc: LayerSpec = None, seed: int = 0):
         family = getattr(model.config, "model_type", None)
         if family not in MODEL_CLASSES:
             raise ValueError(
@@ -332,7 +339,7 @@ class ARRCOCQwen:
         budget_mode: BudgetMode | None = None,
         encode: EncodeConfig | EncodeMode | None = None,
         **gen_kwargs: Any,
-    ):
+    ) -> Answers:
         """Answer question(s) about image(s) with pruned visual tokens.
 
         Single item: `generate(image_or_list_of_images, "question")` -> (answer, trace).
