@@ -318,8 +318,10 @@ def test_the_readout_states_vision_and_the_whole_prefill(scope, image):
     r = handler.ask(scope, image, Q, True, 0.25, False, "arr_coc", compare_encode="before", gist=0.25)
     rows = _rows(r)
     for col, t in ((0, r.record["baseline"]), (1, r.record["arr_coc"]), (2, r.record["compare"])):
-        whole = 1000 * (t["vision_s"] + t["select_s"] + t["prefill_s"])
+        whole = 1000 * (t["vision_s"] + t["arr_coc_s"] + t["prefill_s"])   # ARR-COC's own work: selection + packing
         assert float(rows["whole prefill (ms)"][col]) == pytest.approx(whole, abs=0.051)
+        assert float(rows["ARR-COC's own work (ms)"][col]) == pytest.approx(1000 * t["arr_coc_s"], abs=0.051)
+        assert t["arr_coc_s"] >= t["select_s"]
         assert float(rows["vision tower, gist incl. (ms)"][col]) == pytest.approx(1000 * t["vision_s"], abs=0.051)
     assert rows["gist (ms)"][:2] == ["-", "-"] and float(rows["gist (ms)"][2]) > 0
     # FLOPs: before (B) costs less than after (A) in the tower and in the whole prefill
