@@ -220,6 +220,12 @@ class ParticipatoryScorer(nn.Module):
             cache[id(module)] = (key, any(bool(p.any()) for p in params))
         return cache[id(module)][1]
 
+    def know_weights(self) -> None:
+        """Read now (on the CPU, before the layer moves to a GPU) which zero-initialised terms are still zero, so
+        no forward ever reads it back from the device."""
+        for module in (self.token_proj, self.context, self.pair_out):
+            self._active(module)
+
     def _apply(self, fn, recurse: bool = True):
         """Moving or casting the weights (`.to(device)`) keeps what `_active` knew of their values."""
         modules = [getattr(self, name) for name in ("token_proj", "context", "pair_out")]

@@ -116,6 +116,8 @@ def build_layer(spec: LayerSpec, text_hidden_size: int) -> ARRCOCLayer:
     else:
         raise TypeError(f"arr_coc must be an ARRCOCLayer, an ARRCOCConfig, a folder of trained weights or None; "
                         f"got {type(spec).__name__}")
+    if hasattr(layer.participatory, "know_weights"):
+        layer.eval().participatory.know_weights()   # what the forward would otherwise read back from the GPU once
     if layer.config.knowing.query_dim != d:
         raise ValueError(
             f"the ARR-COC layer expects question embeddings of width {layer.config.knowing.query_dim} but this "
