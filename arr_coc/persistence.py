@@ -6,7 +6,8 @@ A saved layer is a folder (or a hub repository laid out the same way):
     model.safetensors    the weights
     README.md            the model card (`LayerCard`): what it was trained against and on, what it measured
 
-`ARRCOCLayer.from_pretrained` takes a folder or a hub id ("owner/name", with `revision`); a hub id is
+`ARRCOCLayer.from_pretrained` takes a folder or a hub id ("owner/name", with `revision`, or "owner/name@revision"
+where only a string can be passed: `arr_coc=`, `--arr-coc`); a hub id is
 fetched with huggingface_hub into the usual cache (HF_HOME, or `cache_dir`) and, offline (HF_HUB_OFFLINE=1
 or `local_files_only=True`), read from that cache, with an error that says what to do when it is not there.
 """
@@ -125,8 +126,10 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
 def looks_like_hub_id(name: str) -> bool:
-    """'owner/name' (one slash, letters, digits, '-', '_', '.'): what the hub's repository ids look like."""
-    return bool(_HUB_ID.match(name)) and ".." not in name
+    """'owner/name' (one slash, letters, digits, '-', '_', '.'), optionally '@revision': what the hub's
+    repository ids look like."""
+    repo = name.split("@", 1)[0]
+    return bool(_HUB_ID.match(repo)) and ".." not in repo
 
 
 def resolve_layer_folder(name_or_folder: str | os.PathLike, revision: str | None = None,
@@ -140,7 +143,12 @@ def resolve_layer_folder(name_or_folder: str | os.PathLike, revision: str | None
         return name
     if not looks_like_hub_id(name):
         raise FileNotFoundError(f"{name!r} is not a folder; pass the folder ARRCOCLayer.save_pretrained wrote, or a "
-                                "Hugging Face hub id such as 'owner/arr-coc-layer'")
+                                "Hugging Face hub id such as 'owner/arr-coc-layer' (or 'owner/arr-coc-layer@v2')")
+    if "@" in name:          # 'owner/name@revision': the revision inside the id (what --arr-coc and arr_coc= take)
+        name, at = name.split("@", 1)
+        if revision is not None and revision != at:
+            raise ValueError(f"two revisions for {name!r}: {at!r} in the id and revision={revision!r}; give one")
+        revision = at
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 

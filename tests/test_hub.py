@@ -40,8 +40,8 @@ def test_a_hub_id_loads_from_the_cache_offline_at_a_branch_or_a_commit(tmp_path,
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     layer = _layer()
     cache = _hub_cache(tmp_path, layer)
-    for revision in (None, "main", COMMIT):
-        again = ARRCOCLayer.from_pretrained(REPO, revision=revision, cache_dir=cache)
+    for name, revision in ((REPO, None), (REPO, "main"), (REPO, COMMIT), (f"{REPO}@{COMMIT}", None)):
+        again = ARRCOCLayer.from_pretrained(name, revision=revision, cache_dir=cache)
         for (name, a), (_, b) in zip(layer.state_dict().items(), again.state_dict().items()):
             assert torch.equal(a, b), name
     with pytest.raises(FileNotFoundError, match="not in the Hugging Face cache.*HF_HUB_OFFLINE.*download it once"):
