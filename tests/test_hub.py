@@ -72,11 +72,11 @@ def test_the_wrapper_takes_a_hub_id_and_refuses_one_that_is_not_there_before_loa
 
 def test_save_pretrained_writes_a_model_card(tmp_path):
     layer = _layer()
-    card = LayerCard(vlm="Qwen/Qwen2-VL-2B-Instruct", encode="before", data=["data/gqa/train.jsonl"],
+    card = LayerCard(vlm="someone/tiny-qwen2-vl", encode="before", data=["data/gqa/train.jsonl"],
                      training="stage 1, 300 steps", results=["- coverage 0.9"])
     layer.save_pretrained(tmp_path / "l", card)
     text = (tmp_path / "l" / "README.md").read_text()
-    assert text.startswith("---\nlibrary_name: arr-coc") and "base_model: Qwen/Qwen2-VL-2B-Instruct" in text
+    assert text.startswith("---\nlibrary_name: arr-coc") and "base_model: someone/tiny-qwen2-vl" in text
     for needle in ("before the vision tower", "data/gqa/train.jsonl", "stage 1, 300 steps", "- coverage 0.9",
                    "question embeddings of width 64"):
         assert needle in text, needle
