@@ -107,11 +107,6 @@ class GridBatch:
 
     # -- on the device ----------------------------------------------------------------------------
     @cached_property
-    def sizes(self) -> torch.Tensor:
-        """LongTensor[B, 3] (t, h, w) on the device (one upload)."""
-        return upload(np.array(self.thw, dtype=np.int64), self.device)
-
-    @cached_property
     def frame_sizes(self) -> torch.Tensor:
         """LongTensor[B * T, 2] (h, w) of every padded frame."""
         return upload(np.array(self.frame_hw(), dtype=np.int64), self.device)

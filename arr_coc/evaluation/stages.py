@@ -80,18 +80,15 @@ def measure(wrapper: Any, size: int, batch: int, budget: Any, encode: Any, repea
     """One row: the reference's and ARR-COC's stage times (medians, ms), ARR-COC's op counts per stage."""
     sync = wrapper.device.type == "cuda"
     inputs = _inputs(wrapper, size, batch, seed)
+    settings = {"none": (1.0, "after", None), "arr_coc": (budget, encode, budget_mode)}   # budget, encode, mode
     runs: dict[str, list[dict[str, float]]] = {"none": [], "arr_coc": []}
-    for method in ("none", "arr_coc"):                              # warm-up: constants, allocator, kernels
-        _timed_pass(wrapper, inputs, 1.0 if method == "none" else budget, method, encode if method != "none"
-                    else "after", sync, budget_mode if method != "none" else None)
     trace = None
-    for _ in range(repeats):
-        for method in ("none", "arr_coc"):                         # side by side: drift hits both alike
-            stages, prefill_s, tr = _timed_pass(wrapper, inputs, 1.0 if method == "none" else budget, method,
-                                                encode if method != "none" else "after", sync,
-                                                budget_mode if method != "none" else None)
-            runs[method].append({**stages, "prefill": prefill_s})
-            trace = tr if method == "arr_coc" else trace
+    for rep in range(repeats + 1):                                  # the first pass warms up (constants, kernels)
+        for method, (b, enc, mode) in settings.items():             # side by side: drift hits both alike
+            stages, prefill_s, tr = _timed_pass(wrapper, inputs, b, method, enc, sync, mode)
+            if rep:
+                runs[method].append({**stages, "prefill": prefill_s})
+                trace = tr if method == "arr_coc" else trace
     counts = _counted_pass(wrapper, inputs, budget, "arr_coc", encode, budget_mode)
 
     def medians(rows: list[dict[str, float]]) -> dict[str, float]:

@@ -18,7 +18,6 @@ computed from the rebuilt image (`unpatchify_images`, still there for what needs
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Sequence
@@ -27,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..grid import GridBatch, constant, fill_edges
-from ..texture import WorkImages
+from ..texture import WorkImages, work_images
 from .processing import image_processor_of, unpatchify_images
 
 
@@ -79,8 +78,8 @@ class PatchImages:
         grid = grid or self.grid()
         if any(t != 1 for t, _, _ in grid.thw):
             raise ValueError("PatchImages.work reads images (one temporal patch each)")
-        if self.unit < px:  # cells smaller than the texture's: resample each image whole (bilinear), as images do
-            return _work_from_images(self.images, grid, px)
+        if self.unit < px:  # cells smaller than the texture's: resample each image whole (bilinear needs neighbours)
+            return work_images([im.to(grid.device) for im in self.images], grid, px)
         ip, m = self.image_processor, self.merge
         p, tp = int(ip.patch_size), int(ip.temporal_patch_size)
         c = self.pixel_values.shape[-1] // (tp * p * p)
@@ -115,17 +114,6 @@ class PatchImages:
             pixels = cells.reshape(b, hm, wm, c, px, px).permute(0, 3, 1, 4, 2, 5)
         pixels = pixels.reshape(b, c, hm * px, wm * px)                             # [B, C, H * px, W * px]
         return WorkImages(fill_edges(pixels, grid, px), grid, px)
-
-
-def _work_from_images(images: Sequence[torch.Tensor], grid: GridBatch, px: int) -> WorkImages:
-    """Per-image resampling (cells smaller than px: bilinear needs the neighbouring cells)."""
-    from ..texture import work_images
-
-    return work_images([im.to(grid.device) for im in images], grid, px)
-
-
-def with_device(patches: PatchImages, device: torch.device) -> PatchImages:
-    return dataclasses.replace(patches, pixel_values=patches.pixel_values.to(device))
 
 
 __all__ = ["PatchImages"]

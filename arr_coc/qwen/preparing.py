@@ -82,6 +82,7 @@ class Unpruned:
     item_of_image: list[int]
     grid_hw: list[tuple[int, int]]
     vision_s: float
+    patches: PatchImages | None = None          # the images as patches (`patch_images`), made on first use
 
     @property
     def rows(self) -> int:
@@ -102,8 +103,8 @@ def unpruned(model: PreTrainedModel, tokens: PromptTokens, inputs: dict[str, tor
     if host.get("attention_mask") is None:
         host["attention_mask"] = torch.ones_like(host["input_ids"])
     dev = model.device
-    inputs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in {**inputs, **{
-        "attention_mask": host["attention_mask"]}}.items()}
+    inputs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    inputs["attention_mask"] = host["attention_mask"].to(dev)
     ids, mask, grid_thw = host["input_ids"], host["attention_mask"], host["image_grid_thw"]
     mm = host.get("mm_token_type_ids")
     if mm is None:
@@ -140,6 +141,14 @@ def unpruned(model: PreTrainedModel, tokens: PromptTokens, inputs: dict[str, tor
         grid_hw=[(int(h) // merge, int(w) // merge) for _, h, w in thw], vision_s=vision_s)
 
 
+def patch_images(batch: Unpruned, processor: QwenProcessor) -> PatchImages:
+    """The batch's images as the processor's patches, made once per batch (the gist and the selector share it,
+    and with it the host pictures it rebuilds on demand)."""
+    if batch.patches is None:
+        batch.patches = PatchImages.of(batch.inputs["pixel_values"], batch.grid_thw, processor)
+    return batch.patches
+
+
 def question_embeddings(model: PreTrainedModel, tokens: PromptTokens, batch: Unpruned
                         ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Each image's question-token embeddings, in one embedding call for the batch.
@@ -166,7 +175,7 @@ def selection_context(model: PreTrainedModel, layer: Callable[[], ARRCOCLayer], 
     lap(clock, "question")
     deep = batch.deep
     return SelectionContext(
-        vlm=VLMHandles(model, layer), pixels=PatchImages.of(batch.inputs["pixel_values"], batch.grid_thw, processor),
+        vlm=VLMHandles(model, layer), pixels=patch_images(batch, processor),
         grid_hw=batch.grid_hw, visual_tokens=visual_tokens, query=query, query_mask=query_mask,
         query_lengths=lengths, budgets=list(budgets),
         counts=[resolve_count(bud, h * w) for bud, (h, w) in zip(budgets, batch.grid_hw)],
@@ -177,4 +186,4 @@ def selection_context(model: PreTrainedModel, layer: Callable[[], ARRCOCLayer], 
     )
 
 
-__all__ = ["PromptTokens", "Unpruned", "question_embeddings", "selection_context", "unpruned"]
+__all__ = ["PromptTokens", "Unpruned", "patch_images", "question_embeddings", "selection_context", "unpruned"]

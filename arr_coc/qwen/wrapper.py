@@ -37,8 +37,7 @@ from ..selection import Selector, get_selector, selector_name, selects_before_en
 from .encoding import EncodeConfig, EncodeMode, as_encode_config
 from .foveation import Gist, encode_gist, foveate, merge_gists
 from .loading import MODEL_CLASSES, LayerSpec, build_layer, load_vlm
-from .pixels import PatchImages
-from .preparing import PromptTokens, Unpruned, selection_context, unpruned
+from .preparing import PromptTokens, Unpruned, patch_images, selection_context, unpruned
 from .processing import IM_END, VISION_END, QwenProcessor, encode_prompts
 from .rewrite import (PrunedInputs, VisualRows, expand_budgets, model_tensors, rewrite,
                       validate_kept)
@@ -192,7 +191,7 @@ class ARRCOCQwen:
         gist, gist_failed, gist_s = None, {}, 0.0
         if before and fn is not None and encoding.gist > 0:
             t0 = time.perf_counter()
-            images = PatchImages.of(batch.inputs["pixel_values"], batch.grid_thw, self.processor).images
+            images = patch_images(batch, self.processor).images
             gist, gist_failed = self._gist(images, batch.grid_hw, encoding.gist, strict)
             gist_s = time.perf_counter() - t0
             batch.vision_s += gist_s
