@@ -133,11 +133,29 @@ class AttendingConfig:
         _check(self.void_threshold >= 0.0, "attending.void_threshold must be >= 0 (0 disables the grid fallback)")
 
 
+@dataclass
+class TemporalConfig:
+    """How a video clip's budget is spread over its temporal groups (`arr_coc.temporal`)."""
+
+    decay: float = 0.5             # share of the carried relevance kept from group to group (0: none)
+    cut_threshold: float = 0.6     # histogram L1 distance (0..2) from the previous group that starts a scene
+    static_threshold: float = 0.02  # mean |colour change| of a cell under which it did not change
+    static_weight: float = 0.25    # score multiplier of an unchanged cell (its earlier token stands in)
+    time_cue: float = 2.0          # how far words about the start / end tilt the budget in time
+    min_per_group: int = 1         # every group keeps at least this many cells
+
+    def __post_init__(self) -> None:
+        _check(0.0 <= self.decay < 1.0, f"temporal decay={self.decay} must be in [0, 1)")
+        _check(0.0 <= self.static_weight <= 1.0, f"static_weight={self.static_weight} must be in [0, 1]")
+        _check(self.min_per_group >= 0, f"min_per_group={self.min_per_group} must be >= 0")
+
+
 _SUBCONFIGS = {
     "texture": TextureConfig,
     "knowing": KnowingConfig,
     "balancing": BalancingConfig,
     "attending": AttendingConfig,
+    "temporal": TemporalConfig,
 }
 
 
@@ -149,6 +167,7 @@ class ARRCOCConfig:
     knowing: KnowingConfig = field(default_factory=KnowingConfig)
     balancing: BalancingConfig = field(default_factory=BalancingConfig)
     attending: AttendingConfig = field(default_factory=AttendingConfig)
+    temporal: TemporalConfig = field(default_factory=TemporalConfig)
     strict: bool = False  # True: stage errors raise (training); False: keep all tokens and report
 
     def __post_init__(self) -> None:

@@ -40,6 +40,7 @@ class ARRCOCOutput:
     texture: torch.Tensor | None = None  # [B, C, Hm, Wm] in [0, 1]
     channel_names: list[str] | None = None
     extent: torch.Tensor | None = None  # [B]: the cells each question needs, by the layer's ExtentHead (if it has one)
+    temporal: list | None = None  # per video clip: (its images = temporal groups, `temporal.ClipSignals`)
 
     def __len__(self) -> int:
         return len(self.kept_indices)

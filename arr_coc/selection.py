@@ -77,6 +77,10 @@ class SelectionContext:
     inputs        the unpruned batch (input_ids, attention_mask, ...) on the VLM's device, for LM-based selectors
     image_spans   list[(row, start, end)]: where image i's pads sit in `inputs["input_ids"]`
     position_ids  LongTensor[3, B, S] unpruned M-RoPE positions
+    clips         per image: -1, or the video it is a temporal group of (`arr_coc.qwen.units`: a video reaches
+                  selectors as its groups, each a picture; `counts` already splits a clip's count over them)
+    groups        per image: its temporal group in that video (0 for an image)
+    questions     per image: its question's text (empty when unknown)
     """
 
     vlm: VLMHandles
@@ -97,6 +101,21 @@ class SelectionContext:
     deepstack_features: list[list[torch.Tensor]] | None = None  # Qwen3-VL: per image, one [n_i, D] per deepstack layer
     query_lengths: list[int] = field(default_factory=list)    # L_i per image (host), for `query_embeds`
     clock: Stopwatch | None = None   # stage times of this pass (`arr_coc.stopwatch`); a selector may lap it
+    clips: list[int] = field(default_factory=list)
+    groups: list[int] = field(default_factory=list)
+    questions: list[str] = field(default_factory=list)
+
+    @property
+    def has_video(self) -> bool:
+        return any(c >= 0 for c in self.clips)
+
+    def clip_units(self) -> list[list[int]]:
+        """Per video in the context, its images (temporal groups) in group order."""
+        out: dict[int, list[int]] = {}
+        for i, c in enumerate(self.clips):
+            if c >= 0:
+                out.setdefault(c, []).append(i)
+        return [sorted(out[c], key=lambda i: self.groups[i]) for c in sorted(out)]
 
     def __len__(self) -> int:
         return len(self.grid_hw)
@@ -120,7 +139,8 @@ class SelectionContext:
             query=self.query.index_select(0, rows), query_mask=self.query_mask.index_select(0, rows),
             query_lengths=pick(self.query_lengths), budgets=pick(self.budgets), counts=pick(self.counts),
             item_of_image=pick(self.item_of_image), image_spans=pick(self.image_spans),
-            image_ids=pick(self.image_ids),
+            image_ids=pick(self.image_ids), clips=pick(self.clips) if self.clips else [],
+            groups=pick(self.groups) if self.groups else [], questions=pick(self.questions) if self.questions else [],
             deepstack_features=pick(self.deepstack_features) if self.deepstack_features is not None else None,
         )
 
@@ -144,6 +164,8 @@ BUILTIN: dict[str, str] = {
     "visionzip": "arr_coc.methods.visionzip",
     "divprune": "arr_coc.methods.divprune",
     "cdpruner": "arr_coc.methods.cdpruner",
+    "evs": "arr_coc.methods.over_time",
+    "uniform_frames": "arr_coc.methods.over_time",
 }
 
 SELECTORS: dict[str, Selector] = {}
@@ -187,6 +209,31 @@ def choose_before_encoding(fn: Selector) -> Selector:
 
 def selects_before_encoding(fn: Selector) -> bool:
     return bool(getattr(fn, "selects_before_encoding", False))
+
+
+def handles_video(fn: Selector) -> Selector:
+    """Mark a selector that may be given a video's temporal groups (`SelectionContext.clips`): one that reads
+    only each group's picture, tokens and question, or one that allocates over time. A selector that reads the
+    unpruned prompt's layout itself (FastV's language-model attention, VisionZip's tower attention) is not
+    marked, and a video given to it is refused before any work. Returns `fn`."""
+    fn.handles_video = True  # type: ignore[attr-defined]
+    return fn
+
+
+def selects_video(fn: Selector) -> bool:
+    return bool(getattr(fn, "handles_video", False))
+
+
+def video_methods() -> list[str]:
+    """The registered methods that can prune a video."""
+    out = []
+    for name in available_methods():
+        try:
+            if selects_video(get_selector(name)):
+                out.append(name)
+        except Exception:  # noqa: BLE001 - a method that cannot load cannot prune a video either
+            continue
+    return out
 
 
 def unknown_method_message(name: object) -> str:

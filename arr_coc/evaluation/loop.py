@@ -319,6 +319,7 @@ def _row_inputs(pruned: PrunedInputs, b: int) -> PrunedInputs:
         deepstack_features=[tuple(layer[i] for i in imgs) for layer in deep] if deep is not None else None,
         kept_indices=[pruned.kept_indices[i] for i in imgs], item_of_image=[0] * len(imgs),
         grid_hw=[pruned.grid_hw[i] for i in imgs],
+        unit_kind=None if pruned.unit_kind is None else [pruned.unit_kind[i] for i in imgs],
     )
 
 

@@ -22,16 +22,20 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from ..batch import LayerBatch
-from ..budget import BudgetMode
+from ..budget import BudgetMode, resolve_count
 from ..grid import GridBatch
 from ..stopwatch import lap
-from ..selection import Selection, SelectionContext, Selector, VLMHandles, choose_before_encoding, register_selector
+from ..selection import (Selection, SelectionContext, Selector, VLMHandles, choose_before_encoding, handles_video,
+                         register_selector)
+from ..temporal import allocate, cell_colours, clip_signals
 
 if TYPE_CHECKING:
     from ..layer import ARRCOCLayer
+    from ..output import ARRCOCOutput
     from ..qwen.wrapper import ARRCOCQwen
 
 
@@ -53,22 +57,63 @@ def layer_batch_of(ctx: SelectionContext, layer: ARRCOCLayer) -> LayerBatch:
 
 
 def run_layer(ctx: SelectionContext, budget_mode: BudgetMode | None) -> Selection:
-    """The context's ARR-COC layer on every image of the context, in one batched pass on its device."""
+    """The context's ARR-COC layer on every image of the context, in one batched pass on its device; a video's
+    temporal groups are scored as pictures, then share one budget over space and time (`spread_over_time`)."""
     layer = ctx.vlm.layer()
     budgets = ctx.budgets if any(b is not None for b in ctx.budgets) else None
     batch = layer_batch_of(ctx, layer)
     lap(ctx.clock, "unpatchify")
     out = layer.run(batch, budgets, budget_mode, ctx.clock)
+    if ctx.has_video:
+        out = spread_over_time(ctx, layer, batch, out)
+        lap(ctx.clock, "time")
     return Selection(kept=list(out.kept_indices), arr_coc=out, fallback=list(out.fallback), errors=list(out.errors))
 
 
+def spread_over_time(ctx: SelectionContext, layer: ARRCOCLayer, batch: LayerBatch, out: ARRCOCOutput) -> ARRCOCOutput:
+    """Each clip's kept cells from one budget over its t * h * w cells (`arr_coc.temporal`): the groups' relevance
+    carried over time, unchanged cells paid once, the question's place in time; one transfer for all clips. A clip
+    any of whose groups fell back (non-finite scores) keeps the per-group result."""
+    config = layer.config.temporal
+    clips = [u for u in ctx.clip_units() if all(out.fallback[i] != "keep_all" for i in u)]
+    if not clips:
+        return out
+    px = batch.work.px
+    colours = cell_colours(batch.work.pixels, px)                      # [F, 3, Hm, Wm] (frame = unit)
+    masks, signals = [], []
+    for units in clips:
+        h, w = ctx.grid_hw[units[0]]
+        rows = torch.tensor(units, device=colours.device)
+        sig = clip_signals(out.relevance.index_select(0, rows)[:, :h, :w], colours.index_select(0, rows)[..., :h, :w],
+                           ctx.questions[units[0]] if ctx.questions else None, config)
+        budget = ctx.budgets[units[0]]
+        k = resolve_count(layer.config.attending.budget if budget is None else budget, len(units) * h * w)
+        masks.append(allocate(sig.score, k, config.min_per_group).reshape(-1))
+        signals.append(sig)
+    flat = torch.cat(masks).cpu().numpy()                              # the one transfer
+    at = 0
+    kept, budgets, keep_mask = list(out.kept_indices), out.budgets.clone(), out.keep_mask.clone()
+    for units in clips:
+        h, w = ctx.grid_hw[units[0]]
+        for i in units:
+            cells = np.flatnonzero(flat[at: at + h * w])
+            at += h * w
+            kept[i], budgets[i] = torch.from_numpy(cells), len(cells)
+            keep_mask[i] = False
+            keep_mask[i, :h, :w] = torch.from_numpy(flat[at - h * w: at].reshape(h, w))
+    return dataclasses.replace(out, kept_indices=kept, budgets=budgets, keep_mask=keep_mask,
+                               temporal=[(units, sig) for units, sig in zip(clips, signals)])
+
+
 @register_selector("arr_coc")
+@handles_video
 @choose_before_encoding
 def select(ctx: SelectionContext) -> Selection:
     return run_layer(ctx, ctx.budget_mode)
 
 
 @register_selector("arr_coc_adaptive")
+@handles_video
 @choose_before_encoding
 def select_adaptive(ctx: SelectionContext) -> Selection:
     """ARR-COC with the allocator's adaptive budget for every image, whatever the configured mode."""
@@ -85,7 +130,7 @@ def trained_selector(wrapper: ARRCOCQwen, weights: str | os.PathLike) -> Selecto
         return select(dataclasses.replace(ctx, vlm=VLMHandles(ctx.vlm.model, lambda: layer)))
 
     select_trained.__name__ = "arr_coc_trained"
-    return choose_before_encoding(select_trained)
+    return handles_video(choose_before_encoding(select_trained))
 
 
 __all__ = ["layer_batch_of", "run_layer", "select", "select_adaptive", "trained_selector"]

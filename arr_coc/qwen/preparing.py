@@ -25,7 +25,8 @@ from ..stopwatch import Stopwatch, lap
 from .encoding import encoder_output_class
 from .pixels import PatchImages
 from .processing import QwenProcessor
-from .rewrite import VisualRows, image_spans
+from .rewrite import VisualRows
+from .units import Units, unit_pixels, visual_units
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -38,6 +39,7 @@ class PromptTokens:
     """The special token ids the pruning path reads a Qwen-VL prompt by."""
 
     image: int          # <|image_pad|>
+    video: int          # <|video_pad|>
     vision_end: int     # <|vision_end|>
     im_end: int         # <|im_end|>
     pad: int            # what left-pads a row
@@ -57,7 +59,7 @@ class PromptTokens:
                 if t == self.im_end:
                     break
                 seg.append(t)
-        skip = self.special | {self.image, self.vision_end, self.im_end}
+        skip = self.special | {self.image, self.video, self.vision_end, self.im_end}
         seg = [t for t in seg if t not in skip]
         if not seg:
             seg = [t for t in ids if t not in skip] or ids[-1:]
@@ -66,7 +68,9 @@ class PromptTokens:
 
 @dataclass
 class Unpruned:
-    """One batch before selection."""
+    """One batch before selection. Its "images" are the visual units (`units.py`): every image, and every
+    temporal group of every video, each a (1, h, w) grid; `inputs["pixel_values"]` / `["image_grid_thw"]` hold
+    the units' patches and grids in unit order."""
 
     inputs: dict[str, torch.Tensor]             # the processor's tensors on the VLM's device
     host: dict[str, torch.Tensor]               # the same on the host (input_ids, attention_mask [B, S], ...)
@@ -83,6 +87,7 @@ class Unpruned:
     grid_hw: list[tuple[int, int]]
     vision_s: float
     patches: PatchImages | None = None          # the images as patches (`patch_images`), made on first use
+    units: Units | None = None                  # which unit is an image, which a video's temporal group
 
     @property
     def rows(self) -> int:
@@ -91,24 +96,27 @@ class Unpruned:
 
 def unpruned(model: PreTrainedModel, tokens: PromptTokens, inputs: dict[str, torch.Tensor],
              encode_all: bool = True, clock: Stopwatch | None = None) -> Unpruned:
-    """Unpruned M-RoPE positions, where each image's pads are, and (encode_all) the vision tower + merger
-    once on every patch."""
-    if inputs.get("pixel_values_videos") is not None:
-        raise ValueError("the pruning path handles images only; pass videos as frames (images) or "
-                         "call the model's own generate() for video inputs")
-    if inputs.get("pixel_values") is None or inputs.get("image_grid_thw") is None:
-        raise ValueError("no images in the inputs (pixel_values / image_grid_thw missing): nothing to prune; "
-                         "build inputs with images, or call generate() which handles text-only prompts")
-    host = {k: v.cpu() if isinstance(v, torch.Tensor) and k != "pixel_values" else v for k, v in inputs.items()}
+    """Unpruned M-RoPE positions, where each visual unit's pads are (an image, or a video's temporal group:
+    `units.py`), and (encode_all) the vision tower + merger once on every patch."""
+    if inputs.get("pixel_values") is None and inputs.get("pixel_values_videos") is None:
+        raise ValueError("no images or videos in the inputs (pixel_values / pixel_values_videos missing): nothing "
+                         "to prune; build inputs with images, or call generate() which handles text-only prompts")
+    host = {k: v.cpu() if isinstance(v, torch.Tensor) and not k.startswith("pixel_values") else v
+            for k, v in inputs.items()}
     if host.get("attention_mask") is None:
         host["attention_mask"] = torch.ones_like(host["input_ids"])
     dev = model.device
     inputs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     inputs["attention_mask"] = host["attention_mask"].to(dev)
-    ids, mask, grid_thw = host["input_ids"], host["attention_mask"], host["image_grid_thw"]
+    ids, mask = host["input_ids"], host["attention_mask"]
     mm = host.get("mm_token_type_ids")
     if mm is None:
-        mm = (ids == tokens.image).long()
+        mm = (ids == tokens.image).long() + 2 * (ids == tokens.video).long()
+    merge = int(model.config.vision_config.spatial_merge_size)
+    units = visual_units(mm, mask, host.get("image_grid_thw"), host.get("video_grid_thw"), merge)
+    if units.has_video:   # the image path reads the units' patches as pictures, in unit order
+        inputs["pixel_values"] = unit_pixels(inputs, units, upload)
+        inputs["image_grid_thw"] = upload(units.grid_thw, dev)
     lap(clock, "prompt")
     t0 = time.perf_counter()
     visual = feats = deep = enc_cls = None
@@ -122,23 +130,17 @@ def unpruned(model: PreTrainedModel, tokens: PromptTokens, inputs: dict[str, tor
     vision_s = time.perf_counter() - t0
     lap(clock, "vision")
     checkpoint("vision")
-    pos3, _ = model.model.get_rope_index(ids, mm_token_type_ids=mm, image_grid_thw=grid_thw, attention_mask=mask)
-    spans = image_spans(ids == tokens.image, mask)                       # runs of pads, row-major = image order
-    merge = int(model.config.vision_config.spatial_merge_size)
-    thw = grid_thw.tolist()
+    rope = {k: host[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if host.get(k) is not None}
+    pos3, _ = model.model.get_rope_index(ids, mm_token_type_ids=mm, attention_mask=mask, **rope)
+    thw = units.grid_thw.tolist()
     n_tokens = [int(t) * int(h) * int(w) // merge ** 2 for t, h, w in thw]
-    if len(spans) != len(n_tokens) or any(e - s != n for (_, s, e), n in zip(spans, n_tokens)):
-        raise ValueError(
-            f"the prompts hold image-pad runs of lengths {[e - s for _, s, e in spans]} but the vision tower "
-            f"returned {n_tokens} tokens per image; build inputs with this model's processor "
-            "(one <|image_pad|> run per image, in image order)")
     pos3_device = upload(pos3, dev)
     lap(clock, "prompt")
     return Unpruned(
-        inputs=inputs, host=host, grid_thw=grid_thw, pos3_host=pos3, pos3=pos3_device, spans=spans,
+        inputs=inputs, host=host, grid_thw=units.grid_thw, pos3_host=pos3, pos3=pos3_device, spans=units.spans,
         visual=visual, feats=feats, deep=deep, encoder_output_cls=enc_cls or encoder_output_class(model),
-        n_tokens=n_tokens, item_of_image=[b for b, _, _ in spans],
-        grid_hw=[(int(h) // merge, int(w) // merge) for _, h, w in thw], vision_s=vision_s)
+        n_tokens=n_tokens, item_of_image=[b for b, _, _ in units.spans],
+        grid_hw=[(int(h) // merge, int(w) // merge) for _, h, w in thw], vision_s=vision_s, units=units)
 
 
 def patch_images(batch: Unpruned, processor: QwenProcessor) -> PatchImages:
@@ -149,12 +151,31 @@ def patch_images(batch: Unpruned, processor: QwenProcessor) -> PatchImages:
     return batch.patches
 
 
+def question_tokens(tokens: PromptTokens, batch: Unpruned) -> list[list[int]]:
+    """Each row's question token ids (host)."""
+    ids, mask = batch.host["input_ids"].numpy(), batch.host["attention_mask"].numpy() != 0
+    return [tokens.question(ids[b][mask[b]].tolist()) for b in range(batch.rows)]
+
+
+def unit_counts(budgets: list[Budget | None], batch: Unpruned) -> list[int]:
+    """K_i per unit. A video's count budget is the clip's: split over its groups (earlier groups take the
+    remainder, each at least 1), so a per-group selector keeps what the clip was given; a share is a share."""
+    counts = [resolve_count(bud, h * w) for bud, (h, w) in zip(budgets, batch.grid_hw)]
+    for units in (batch.units.clips if batch.units is not None else []):
+        bud = budgets[units[0]]
+        if isinstance(bud, int):
+            t, n = len(units), batch.n_tokens[units[0]]
+            k = max(t, min(bud, t * n))
+            for g, i in enumerate(units):
+                counts[i] = min(n, k // t + (g < k % t))
+    return counts
+
+
 def question_embeddings(model: PreTrainedModel, tokens: PromptTokens, batch: Unpruned
                         ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Each image's question-token embeddings, in one embedding call for the batch.
     -> (query [N, L, D] in the VLM's dtype, mask [N, L] bool, lengths L_i) on the VLM's device."""
-    ids, mask = batch.host["input_ids"].numpy(), batch.host["attention_mask"].numpy() != 0
-    questions = [tokens.question(ids[b][mask[b]].tolist()) for b in range(batch.rows)]
+    questions = question_tokens(tokens, batch)
     per_image = [questions[b] for b in batch.item_of_image]
     longest = max(len(q) for q in per_image)
     padded = np.full((len(per_image), longest), tokens.pad, dtype=np.int64)
@@ -172,18 +193,26 @@ def selection_context(model: PreTrainedModel, layer: Callable[[], ARRCOCLayer], 
                       clock: Stopwatch | None = None) -> SelectionContext:
     """What a selector reads of this batch (`arr_coc.selection.SelectionContext`)."""
     query, query_mask, lengths = question_embeddings(model, tokens, batch)
+    units = batch.units
+    texts: list[str] = []
+    if units is not None and units.has_video:   # the temporal allocator reads the question's words
+        tok = getattr(processor, "tokenizer", processor)
+        rows = [tok.decode(q) for q in question_tokens(tokens, batch)]
+        texts = [rows[b] for b in batch.item_of_image]
     lap(clock, "question")
     deep = batch.deep
     return SelectionContext(
         vlm=VLMHandles(model, layer), pixels=patch_images(batch, processor),
         grid_hw=batch.grid_hw, visual_tokens=visual_tokens, query=query, query_mask=query_mask,
         query_lengths=lengths, budgets=list(budgets),
-        counts=[resolve_count(bud, h * w) for bud, (h, w) in zip(budgets, batch.grid_hw)],
+        counts=unit_counts(list(budgets), batch),
         item_of_image=batch.item_of_image, inputs=batch.inputs, image_spans=batch.spans,
         position_ids=batch.pos3, budget_mode=budget_mode, image_ids=list(range(len(batch.n_tokens))), seed=seed,
         deepstack_features=[[layer[i] for layer in deep] for i in range(len(batch.n_tokens))] if deep is not None
-        else None, clock=clock,
+        else None, clock=clock, clips=list(units.clip) if units is not None else [],
+        groups=list(units.group) if units is not None else [], questions=texts,
     )
 
 
-__all__ = ["PromptTokens", "Unpruned", "patch_images", "question_embeddings", "selection_context", "unpruned"]
+__all__ = ["PromptTokens", "Unpruned", "patch_images", "question_embeddings", "question_tokens", "selection_context",
+           "unit_counts", "unpruned"]

@@ -36,7 +36,8 @@ import torch
 from ..budget import Budget, BudgetSpec, parse_budget
 from ..grid import upload
 
-INPUT_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
+INPUT_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids",
+              "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 
 
 @dataclass
@@ -120,6 +121,7 @@ class PrunedInputs:
     item_of_image: list[int]
     grid_hw: list[tuple[int, int]]
     lengths: list[int]                          # tokens in each row, padding excluded (host)
+    unit_kind: list[int] | None = None          # per unit: 1 an image, 2 a video's temporal group (None: images)
 
     @property
     def full_features(self) -> tuple[torch.Tensor, ...]:
@@ -131,14 +133,21 @@ class PrunedInputs:
 
     def model_kwargs(self) -> dict[str, Any]:
         """Fresh kwargs for `model(**kw)` / `model.generate(**kw)` (generate mutates them)."""
-        enc: dict[str, Any] = {"pooler_output": tuple(self.image_features)}
-        if self.deepstack_features is not None:
-            enc["deepstack_features"] = [tuple(layer) for layer in self.deepstack_features]
+        kinds = self.unit_kind or [1] * len(self.image_features)
+        outputs = {}
+        for name, kind in (("image", 1), ("video", 2)):   # the forward scatters each into its own pads, in order
+            which = [i for i, k in enumerate(kinds) if k == kind]
+            if not which:
+                continue
+            enc: dict[str, Any] = {"pooler_output": tuple(self.image_features[i] for i in which)}
+            if self.deepstack_features is not None:
+                enc["deepstack_features"] = [tuple(layer[i] for i in which) for layer in self.deepstack_features]
+            outputs[name] = self.encoder_output_cls(**enc)
         return {
             "input_ids": self.input_ids.clone(),
             "attention_mask": self.attention_mask.clone(),
             "position_ids": self.position_ids.clone(),
-            "mm_encoder_outputs": {"image": self.encoder_output_cls(**enc)},
+            "mm_encoder_outputs": outputs,
         }
 
     def with_features(
@@ -244,11 +253,13 @@ def rewrite(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, pos3: torch.Tensor, spans: list[tuple[int, int, int]],
     visual: VisualRows, kept: list[torch.Tensor], encoder_output_cls: type, item_of_image: list[int],
     grid_hw: list[tuple[int, int]], pad_token_id: int, device: torch.device | str,
+    unit_kind: list[int] | None = None,
 ) -> PrunedInputs:
     """Drop the unkept image pads, keep every other token with its original positions, left-pad.
 
     input_ids / attention_mask [B, S] and pos3 [3, B, S] (the unpruned M-RoPE positions) on the host;
     visual: the tower's tokens (`VisualRows`); kept LongTensor[K_i] per image, validated, on the host.
+    spans and kept are per visual unit (an image or a video's temporal group, `units.py`); unit_kind says which.
     The new prompt is laid out on the host and uploaded once; the features are one gather on the device.
     """
     ids, mask, pos = input_ids.cpu().numpy(), attention_mask.cpu().numpy(), pos3.cpu().numpy()
@@ -275,5 +286,5 @@ def rewrite(
         position_ids=packed[3:].to(pos3.dtype), orig_index=packed[2], image_features=image_features,
         deepstack_features=deep, kept_indices=[k.cpu() for k in kept], visual=visual,
         encoder_output_cls=encoder_output_cls, item_of_image=item_of_image, grid_hw=grid_hw,
-        lengths=[int(n) for n in keep.sum(-1)],
+        lengths=[int(n) for n in keep.sum(-1)], unit_kind=unit_kind,
     )

@@ -33,7 +33,7 @@ from ..layer import ARRCOCLayer
 from ..paths import check_layer_folder
 from ..runtime import Runtime
 from ..stopwatch import Stopwatch
-from ..selection import Selector, get_selector, selector_name, selects_before_encoding
+from ..selection import Selector, get_selector, selector_name, selects_before_encoding, selects_video, video_methods
 from .encoding import EncodeConfig, EncodeMode, as_encode_config
 from .foveation import Gist, encode_gist, foveate, merge_gists
 from .loading import MODEL_CLASSES, LayerSpec, build_layer, load_vlm
@@ -91,7 +91,8 @@ class ARRCOCQwen:
             else 0
         )
         self.merge = int(cfg.vision_config.spatial_merge_size)
-        self.tokens = PromptTokens(image=self.image_token_id, vision_end=self.vision_end_id, im_end=self.im_end_id,
+        self.tokens = PromptTokens(image=self.image_token_id, video=int(cfg.video_token_id), vision_end=self.vision_end_id,
+                                   im_end=self.im_end_id,
                                    pad=self.pad_token_id,
                                    special=frozenset(getattr(tok, "all_special_ids", []) or []))
 
@@ -186,6 +187,9 @@ class ARRCOCQwen:
         encoding.check_family(self.family)      # e.g. whole windows on a tower without windows: before any work
         before = encoding.mode == "before"
         name, fn = self._selector(method, kept_indices, before)
+        if inputs.get("pixel_values_videos") is not None and fn is not None and not selects_video(fn):
+            raise ValueError(f"method {name!r} cannot prune a video: it reads the unpruned prompt's layout itself; "
+                             f"choose one of {video_methods()} for videos")
         batch = unpruned(self.model, self.tokens, inputs, encode_all=not before, clock=clock)
         budgets = expand_budgets(budget, batch.item_of_image, batch.rows)
         gist, gist_failed, gist_s = None, {}, 0.0
@@ -219,7 +223,7 @@ class ARRCOCQwen:
             visual = VisualRows.every_cell(choice.replacing(batch.feats), batch.deep)
         pruned = rewrite(batch.host["input_ids"], batch.host["attention_mask"], batch.pos3_host, batch.spans, visual,
                          lm_cells, batch.encoder_output_cls, batch.item_of_image, batch.grid_hw, self.pad_token_id,
-                         self.device)
+                         self.device, batch.units.kind)
         clock.lap("packing")
         timing = {"vision_s": batch.vision_s, "gist_s": gist_s, "select_s": select_s,
                   "arr_coc_s": select_s + clock.seconds["packing"], "total_s": time.perf_counter() - t_start,

@@ -1,0 +1,124 @@
+"""Time in ARR-COC: the temporal channels of a clip and one budget spread over its groups and cells.
+
+A clip reaches the layer as its temporal groups, each a frame of the padded batch (`grid.py`); the spatial
+stages (texture, scorers, balancer) score every group as they score an image. This module adds what only
+time has, on the layer's device, a fixed number of ops per clip:
+
+- **motion** [t, h, w]: per cell, the mean absolute colour change from the previous group (1 in the first
+  group: everything there is new);
+- **scene cut** [t]: the group's colour histogram (4 levels per channel over its cells) moved more than
+  `cut_threshold` in L1 from the previous group's; a pan moves the cells but keeps the histogram, a cut
+  replaces it;
+- **carried relevance**: r~_g = a * r~_(g-1) + (1 - a) * r_g inside a scene, r~ = r at its first group
+  (the design's mitigation for "the allocation jumps around, answers change frame to frame"), written as
+  one [t, t] weight matrix so it is a single matmul;
+- **static cells** (motion under `static_threshold` after a scene's first group) are paid once: their
+  score is scaled by `static_weight`, so the earlier token of the same content stands in for them;
+- **the question's place in time**: words about the start ("first", "beginning", ...) or the end ("last",
+  "end", "finally", ...) tilt the scores towards those groups by exp(+-`time_cue` * position), position in
+  [-1, 1] over the clip. This is a rule on the question's words, the one untrained part; a learned
+  temporal coupling would replace it.
+
+`allocate` then keeps the top-K cells of the whole clip (K resolved against its t * h * w cells), at least
+`min_per_group` in each group, so one budget covers the clip and a question about its end spends it there.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .config import TemporalConfig
+
+EARLY = re.compile(r"\b(first|start|starts|beginning|begin|begins|initially|opening|earliest)\b", re.I)
+LATE = re.compile(r"\b(last|end|ends|ending|final|finally|latest|lastly)\b", re.I)
+
+
+@dataclass
+class ClipSignals:
+    """One clip's temporal channels, on the layer's device."""
+
+    motion: torch.Tensor     # [t, h, w] in [0, 1]
+    cut: torch.Tensor        # [t] bool: the group starts a new scene (group 0 always does)
+    carried: torch.Tensor    # [t, h, w] relevance carried from group to group
+    score: torch.Tensor      # [t, h, w] what the clip's top-K ranks
+    time_weight: torch.Tensor  # [t] the question's tilt in time
+
+
+def cell_colours(pixels: torch.Tensor, px: int) -> torch.Tensor:
+    """Work images [t, 3, h * px, w * px] -> mean colour per cell [t, 3, h, w]."""
+    return F.avg_pool2d(pixels, px)
+
+
+def motion_of(colours: torch.Tensor) -> torch.Tensor:
+    """[t, 3, h, w] -> [t, h, w]: mean absolute change from the previous group, 1 in the first."""
+    change = (colours[1:] - colours[:-1]).abs().mean(1)
+    return torch.cat([torch.ones_like(colours[:1, 0]), change]).clamp(0.0, 1.0)
+
+
+def scene_cuts(colours: torch.Tensor, threshold: float, levels: int = 4) -> torch.Tensor:
+    """[t, 3, h, w] -> [t] bool: the group's colour histogram moved more than `threshold` (L1) from the last."""
+    t = colours.shape[0]
+    q = (colours.clamp(0, 1) * (levels - 1e-6)).long()                           # [t, 3, h, w]
+    bins = (q[:, 0] * levels + q[:, 1]) * levels + q[:, 2]                        # [t, h, w]
+    hist = F.one_hot(bins.reshape(t, -1), levels ** 3).float().mean(1)            # [t, levels**3]
+    moved = (hist[1:] - hist[:-1]).abs().sum(-1) > threshold
+    return torch.cat([torch.ones(1, dtype=torch.bool, device=colours.device), moved])
+
+
+def carry_matrix(cut: torch.Tensor, decay: float) -> torch.Tensor:
+    """[t] scene starts -> [t, t] weights W with r~ = W @ r: exponential smoothing that restarts at a cut."""
+    t = cut.shape[0]
+    idx = torch.arange(t, device=cut.device)
+    scene = cut.long().cumsum(0)
+    same = (scene[:, None] == scene[None, :]) & (idx[None, :] <= idx[:, None])
+    age = (idx[:, None] - idx[None, :]).clamp(min=0).float()
+    weights = decay ** age * torch.where(cut[None, :], 1.0, 1.0 - decay)       # a scene's first group: a**age
+    return torch.where(same, weights, torch.zeros_like(weights))
+
+
+def time_weights(question: str | None, t: int, cue: float, device: torch.device) -> torch.Tensor:
+    """[t]: exp(cue * s * position), position from -1 (first group) to 1 (last), s = +1 for a question about the
+    end, -1 about the start, 0 otherwise (or both)."""
+    s = 0.0
+    if question:
+        s = float(bool(LATE.search(question))) - float(bool(EARLY.search(question)))
+    position = torch.linspace(-1.0, 1.0, t, device=device) if t > 1 else torch.zeros(1, device=device)
+    return torch.exp(cue * s * position)
+
+
+def clip_signals(relevance: torch.Tensor, colours: torch.Tensor, question: str | None,
+                 config: TemporalConfig) -> ClipSignals:
+    """relevance [t, h, w] (the spatial scorers' per group) and cell colours [t, 3, h, w] -> the clip's signals."""
+    t = relevance.shape[0]
+    motion = motion_of(colours)
+    cut = scene_cuts(colours, config.cut_threshold)
+    carried = (carry_matrix(cut, config.decay) @ relevance.reshape(t, -1)).reshape(relevance.shape)
+    fresh = cut[:, None, None] | (motion >= config.static_threshold)
+    weight = time_weights(question, t, config.time_cue, relevance.device)
+    score = carried * torch.where(fresh, 1.0, config.static_weight) * weight[:, None, None]
+    return ClipSignals(motion, cut, carried, score, weight)
+
+
+def allocate(score: torch.Tensor, k: int, min_per_group: int = 1) -> torch.Tensor:
+    """score [t, h, w] -> keep mask [t, h, w]: the top-k cells of the clip, at least `min_per_group` per group
+    (those first: each group's best), ties broken by raster order over (t, h, w)."""
+    t = score.shape[0]
+    flat = score.reshape(t, -1).float()
+    n = flat.shape[1]
+    k = max(1, min(int(k), t * n))
+    floor = min(min_per_group, n, k // t if t else 0)
+    forced = torch.zeros_like(flat, dtype=torch.bool)
+    if floor > 0:
+        forced.scatter_(1, flat.topk(floor, dim=1, sorted=False).indices, True)
+    ranked = torch.where(forced, torch.full_like(flat, float("inf")), flat).reshape(-1)
+    keep = torch.zeros_like(ranked, dtype=torch.bool)
+    keep[torch.sort(ranked, descending=True, stable=True).indices[:k]] = True
+    return keep.reshape(score.shape)
+
+
+__all__ = ["ClipSignals", "TemporalConfig", "allocate", "carry_matrix", "cell_colours", "clip_signals",
+           "motion_of", "scene_cuts", "time_weights"]

@@ -1,0 +1,216 @@
+"""Video in the pruning path: a clip's temporal groups as units, exact with every token kept, one budget
+over space and time (arr_coc/qwen/units.py, arr_coc/temporal.py, arr_coc/methods/over_time.py).
+
+The inputs here are built by hand the way each family's stock processor lays them out (pads per video for
+Qwen2-VL / Qwen2.5-VL, per temporal group after a timestamp for Qwen3-VL), so these tests do not depend on
+the project's own video processor (tests/test_video_input.py checks that one).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from arr_coc.config import TemporalConfig
+from arr_coc.qwen.units import visual_units
+from arr_coc.qwen.wrapper import ARRCOCQwen
+from arr_coc.temporal import allocate, carry_matrix, clip_signals, scene_cuts, time_weights
+
+from conftest import FAMILIES
+
+
+def video_inputs(model, processor, t: int = 2, grid=(4, 6), image: bool = False, question: str = "What moves?",
+                 seed: int = 0, pixels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """One prompt with a video of t temporal groups (and an image first, if asked), as the stock processor of
+    the model's family lays it out. pixels: the video's patch rows [t * gh * gw, C * T * p * p], else random."""
+    family = model.config.model_type
+    ip, tok = processor.image_processor, processor.tokenizer
+    p, tp, m = ip.patch_size, ip.temporal_patch_size, ip.merge_size
+    gh, gw = grid
+    g = torch.Generator().manual_seed(seed)
+    per_group = gh * gw // m ** 2
+    if family == "qwen3_vl":
+        video = "".join(f"<{k + 0.25:.1f} seconds><|vision_start|>" + "<|video_pad|>" * per_group + "<|vision_end|>"
+                        for k in range(t))
+    else:
+        video = "<|vision_start|>" + "<|video_pad|>" * (per_group * t) + "<|vision_end|>"
+    out: dict[str, torch.Tensor] = {}
+    text = "<|im_start|>user\n"
+    if image:
+        out["pixel_values"] = torch.randn(16, 3 * tp * p * p, generator=g)
+        out["image_grid_thw"] = torch.tensor([[1, 4, 4]])
+        text += "<|vision_start|>" + "<|image_pad|>" * 4 + "<|vision_end|>"
+    text += video + question + "<|im_end|>\n<|im_start|>assistant\n"
+    enc = tok([text], return_tensors="pt", add_special_tokens=False)
+    ids = enc["input_ids"]
+    out.update(input_ids=ids, attention_mask=enc["attention_mask"],
+               mm_token_type_ids=(ids == model.config.image_token_id).long() + 2 * (ids == model.config.video_token_id).long(),
+               pixel_values_videos=torch.randn(t * gh * gw, 3 * tp * p * p, generator=g) if pixels is None else pixels,
+               video_grid_thw=torch.tensor([[t, gh, gw]]))
+    if family == "qwen2_5_vl":
+        out["second_per_grid_ts"] = torch.tensor([1.0])
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("image", [False, True])
+def test_keep_all_on_video_equals_stock_logits(tiny_vlm, family, image):
+    """Every token kept, after and before the tower: the stock model's logits, bit for bit (the tower encodes
+    a video group by group, so its groups encoded as pictures are the same arithmetic)."""
+    model, processor = tiny_vlm(family)
+    wrapper = ARRCOCQwen(model, processor)
+    inputs = video_inputs(model, processor, t=3, image=image)
+    with torch.no_grad():
+        stock = model(**inputs).logits
+    for encode in ("after", "before"):
+        out = wrapper.forward_pruned(method="none", encode=encode, **inputs)
+        assert torch.equal(out.logits, stock), (family, encode)
+    # Negative control: the same tokens with two groups' features swapped is another video.
+    feats = list(out.pruned.image_features)
+    v = [i for i, k in enumerate(out.pruned.unit_kind) if k == 2]
+    feats[v[0]], feats[v[1]] = feats[v[1]], feats[v[0]]
+    swapped = model(**out.pruned.with_features(image_features=feats).model_kwargs()).logits
+    assert not torch.allclose(swapped, stock, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_kept_video_tokens_keep_their_time_positions(tiny_vlm, family):
+    """A pruned video's tokens keep their stock (t, h, w) M-RoPE positions (Qwen2.5-VL's scaled by
+    second_per_grid_ts), and equal the stock model's logits with the dropped tokens masked out."""
+    model, processor = tiny_vlm(family)
+    wrapper = ARRCOCQwen(model, processor)
+    inputs = video_inputs(model, processor, t=4)
+    if family == "qwen2_5_vl":
+        inputs["second_per_grid_ts"] = torch.tensor([0.5])
+    out = wrapper.forward_pruned(method="random", budget=0.4, **inputs)
+    mm = inputs["mm_token_type_ids"]
+    rope = {k: inputs[k] for k in ("video_grid_thw", "second_per_grid_ts") if k in inputs}
+    pos, _ = model.model.get_rope_index(inputs["input_ids"], mm_token_type_ids=mm, attention_mask=inputs["attention_mask"],
+                                        **rope)
+    orig = out.pruned.orig_index[0]
+    real = orig >= 0
+    assert torch.equal(out.pruned.position_ids[1:, 0][:, real], pos[:, 0, orig[real]])
+    times = pos[0, 0][mm[0] == 2].unique()
+    assert len(times) == 4 and (len(set(np.diff(times.numpy()))) == 1)
+
+
+@pytest.mark.parametrize("method", ["arr_coc", "evs", "uniform_frames"])
+def test_batch_of_a_video_and_an_image_equals_each_alone(tiny_vlm, make_image, method):
+    model, processor = tiny_vlm("qwen2_vl")
+    wrapper = ARRCOCQwen(model, processor)
+    video = video_inputs(model, processor, t=4, question="What happens at the end?")
+    image = wrapper.build_inputs([[make_image(56, 84, seed=3)]], ["What colour is the square?"])
+    alone = [wrapper.forward_pruned(method=method, budget=0.3, **x) for x in (video, image)]
+    from arr_coc.qwen.processing import encode_prompts  # noqa: F401  (the image row is the processor's)
+    both = _stack(video, image, pad=wrapper.pad_token_id)
+    out = wrapper.forward_pruned(method=method, budget=0.3, **both)
+    kept = [k.tolist() for k in out.pruned.kept_indices]
+    assert kept == [k.tolist() for a in alone for k in a.pruned.kept_indices]
+    for row, a in enumerate(alone):
+        n = a.logits.shape[1]
+        torch.testing.assert_close(out.logits[row, -n:], a.logits[0], atol=1e-4, rtol=1e-4)
+
+
+def _stack(a: dict, b: dict, pad: int) -> dict:
+    """Two one-row processor outputs as one left-padded batch (video rows first, then image rows)."""
+    n = max(a["input_ids"].shape[1], b["input_ids"].shape[1])
+
+    def left(x: torch.Tensor, value: int) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (n - x.shape[1], 0), value=value)
+
+    out = {k: torch.cat([left(a[k], pad if k == "input_ids" else 0), left(b[k], pad if k == "input_ids" else 0)])
+           for k in ("input_ids", "attention_mask", "mm_token_type_ids")}
+    for k in ("pixel_values", "image_grid_thw"):
+        out[k] = b[k]
+    for k in ("pixel_values_videos", "video_grid_thw"):
+        out[k] = a[k]
+    return out
+
+
+def test_units_split_a_video_into_groups_in_prompt_order(tiny_vlm):
+    model, processor = tiny_vlm("qwen2_vl")
+    inputs = video_inputs(model, processor, t=3, image=True)
+    units = visual_units(inputs["mm_token_type_ids"], inputs["attention_mask"], inputs["image_grid_thw"],
+                         inputs["video_grid_thw"], 2)
+    assert units.kind == [1, 2, 2, 2] and units.clip == [-1, 0, 0, 0] and units.group == [0, 0, 1, 2]
+    assert [e - s for _, s, e in units.spans] == [4, 6, 6, 6]
+    assert units.spans[1][2] == units.spans[2][1]                     # Qwen2-VL: one run, cut per group
+    assert units.rows.tolist()[:16] == list(range(16)) and units.rows[16] == 16
+    bad = inputs["video_grid_thw"].clone()
+    bad[0, 0] = 4
+    with pytest.raises(ValueError, match="do not match its grid|pads for"):
+        visual_units(inputs["mm_token_type_ids"], inputs["attention_mask"], inputs["image_grid_thw"], bad, 2)
+
+
+def test_question_about_the_end_spends_the_budget_at_the_end(tiny_vlm):
+    """The same clip, two questions: about its end, most kept tokens are in the last half; about its start, in
+    the first half."""
+    model, processor = tiny_vlm("qwen2_vl")
+    wrapper = ARRCOCQwen(model, processor)
+    late = early = None
+    for question in ("What colour is the square at the end?", "What colour is the square at the start?"):
+        inputs = video_inputs(model, processor, t=8, grid=(6, 6), question=question, seed=1)
+        kept = wrapper.forward_pruned(method="arr_coc", budget=0.25, **inputs).traces[0].kept_per_image
+        share_late = sum(kept[4:]) / sum(kept)
+        late, early = (share_late, early) if "end" in question else (late, share_late)
+    assert late > 0.75 and early < 0.25
+
+
+def test_methods_that_cannot_do_video_say_so(tiny_vlm):
+    model, processor = tiny_vlm("qwen2_vl")
+    wrapper = ARRCOCQwen(model, processor)
+    inputs = video_inputs(model, processor)
+    for method in ("fastv", "visionzip"):
+        with pytest.raises(ValueError, match=f"method '{method}' cannot prune a video.*arr_coc"):
+            wrapper.forward_pruned(method=method, budget=0.3, **inputs)
+    with pytest.raises(ValueError, match="'evs' reads the encoded visual tokens.*encode='after'"):
+        wrapper.forward_pruned(method="evs", encode="before", budget=0.3, **inputs)
+
+
+# -- the temporal core, on synthetic signals --------------------------------------------------------------
+
+def test_carried_relevance_resets_at_a_scene_cut():
+    cut = torch.tensor([True, False, False, True, False])
+    w = carry_matrix(cut, 0.5)
+    torch.testing.assert_close(w.sum(1), torch.ones(5))                 # a weighted mean of the scene's groups
+    assert torch.all(w[3:, :3] == 0) and torch.all(w[:3, 3:] == 0)     # nothing crosses the cut
+    no_reset = carry_matrix(torch.tensor([True, False, False, False, False]), 0.5)
+    assert no_reset[3, :3].sum() > 0.4                                 # negative control: without it, it would
+
+
+def test_scene_cut_is_a_new_histogram_not_a_pan():
+    g = torch.Generator().manual_seed(0)
+    scene = torch.rand(3, 8, 12, generator=g)
+    other = torch.rand(3, 8, 12, generator=g) * 0.3 + 0.7               # other colours
+    frames = torch.stack([scene, torch.roll(scene, 1, dims=2), torch.roll(scene, 2, dims=2), other, other])
+    assert scene_cuts(frames, 0.6).tolist() == [True, False, False, True, False]
+
+
+def test_allocate_keeps_k_with_a_floor_per_group():
+    score = torch.zeros(4, 3, 3)
+    score[3] = 1.0                                                      # everything relevant is at the end
+    keep = allocate(score, 10, min_per_group=1)
+    assert int(keep.sum()) == 10 and keep.flatten(1).sum(1).tolist() == [1, 1, 1, 7]
+    assert allocate(score, 10, min_per_group=0).flatten(1).sum(1).tolist() == [1, 0, 0, 9]
+
+
+def test_time_weights_follow_the_question():
+    assert time_weights("What appears last?", 4, 2.0, torch.device("cpu")).argmax() == 3
+    assert time_weights("What is there at the start?", 4, 2.0, torch.device("cpu")).argmax() == 0
+    assert torch.all(time_weights("What colour is the star?", 4, 2.0, torch.device("cpu")) == 1)
+
+
+def test_static_cells_are_paid_once_and_carry_smooths():
+    """A cell that did not change since the previous group scores static_weight of a changed one; carry-over
+    makes the relevance change less from group to group than the raw relevance does."""
+    t, h, w = 6, 4, 4
+    g = torch.Generator().manual_seed(0)
+    relevance = torch.rand(t, h, w, generator=g)
+    colours = torch.zeros(t, 3, h, w)
+    colours[:, :, 0, 0] = torch.arange(t).float()[:, None] / t          # only cell (0, 0) changes
+    sig = clip_signals(relevance, colours, None, TemporalConfig(decay=0.5, static_weight=0.25))
+    assert torch.allclose(sig.score[1:, 1:, 1:], 0.25 * sig.carried[1:, 1:, 1:])
+    assert torch.allclose(sig.score[1:, 0, 0], sig.carried[1:, 0, 0])
+    raw = (relevance[1:] - relevance[:-1]).abs().mean()
+    assert (sig.carried[1:] - sig.carried[:-1]).abs().mean() < 0.7 * raw
