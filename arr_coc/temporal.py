@@ -120,5 +120,13 @@ def allocate(score: torch.Tensor, k: int, min_per_group: int = 1) -> torch.Tenso
     return keep.reshape(score.shape)
 
 
+def spread_clip(relevance: torch.Tensor, colours: torch.Tensor, question: str | None, k: int,
+                config: TemporalConfig) -> tuple[torch.Tensor, ClipSignals]:
+    """One clip's decision: relevance [t, h, w] per group and cell colours [t, 3, h, w] -> (keep mask [t, h, w]
+    with k cells, at least `config.min_per_group` per group; the signals behind it). Queued on the device."""
+    signals = clip_signals(relevance, colours, question, config)
+    return allocate(signals.score, k, config.min_per_group), signals
+
+
 __all__ = ["ClipSignals", "TemporalConfig", "allocate", "carry_matrix", "cell_colours", "clip_signals",
-           "motion_of", "scene_cuts", "time_weights"]
+           "motion_of", "scene_cuts", "spread_clip", "time_weights"]

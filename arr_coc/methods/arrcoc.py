@@ -31,7 +31,7 @@ from ..grid import GridBatch
 from ..stopwatch import lap
 from ..selection import (Selection, SelectionContext, Selector, VLMHandles, choose_before_encoding, handles_video,
                          register_selector)
-from ..temporal import allocate, cell_colours, clip_signals
+from ..temporal import cell_colours, spread_clip
 
 if TYPE_CHECKING:
     from ..layer import ARRCOCLayer
@@ -84,11 +84,12 @@ def spread_over_time(ctx: SelectionContext, layer: ARRCOCLayer, batch: LayerBatc
     for units in clips:
         h, w = ctx.grid_hw[units[0]]
         rows = torch.tensor(units, device=colours.device)
-        sig = clip_signals(out.relevance.index_select(0, rows)[:, :h, :w], colours.index_select(0, rows)[..., :h, :w],
-                           ctx.questions[units[0]] if ctx.questions else None, config)
         budget = ctx.budgets[units[0]]
         k = resolve_count(layer.config.attending.budget if budget is None else budget, len(units) * h * w)
-        masks.append(allocate(sig.score, k, config.min_per_group).reshape(-1))
+        keep, sig = spread_clip(out.relevance.index_select(0, rows)[:, :h, :w],
+                                colours.index_select(0, rows)[..., :h, :w],
+                                ctx.questions[units[0]] if ctx.questions else None, k, config)
+        masks.append(keep.reshape(-1))
         signals.append(sig)
     flat = torch.cat(masks).cpu().numpy()                              # the one transfer
     at = 0

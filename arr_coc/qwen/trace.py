@@ -66,6 +66,19 @@ class Trace:
     periphery_cells: list[torch.Tensor] = field(default_factory=list)  # per image: cells carrying a gist token
     gist_grid: list[tuple[int, int]] = field(default_factory=list)    # per image: the gist's grid (before mode)
     total_s: float = 0.0                         # the whole call
+    # Per image: -1, or the item's video it is a temporal group of (a video reaches the trace as its groups),
+    # and that group's index in its video.
+    clip_per_image: list[int] = field(default_factory=list)
+    group_per_image: list[int] = field(default_factory=list)
+
+    @property
+    def kept_per_group(self) -> list[list[int]]:
+        """Per video of the item, the tokens kept in each temporal group, in time order."""
+        out: dict[int, list[int]] = {}
+        for c, k in zip(self.clip_per_image, self.kept_per_image):
+            if c >= 0:
+                out.setdefault(c, []).append(k)
+        return [out[c] for c in sorted(out)]
 
     @property
     def kept_ratio(self) -> float:
@@ -107,6 +120,8 @@ class Trace:
             if self.encode == "before" else [0] * len(self.encoded_cells),
             "periphery_per_image": [int(c.numel()) for c in self.periphery_cells],
             "gist_grid": [list(g) for g in self.gist_grid],
+            "clip_per_image": self.clip_per_image, "group_per_image": self.group_per_image,
+            "kept_per_group": self.kept_per_group,
             # the cells each image's question needs, by the layer's extent head (None: it has none)
             "extent_per_image": None if self.arr_coc is None or self.arr_coc.extent is None
             else [round(float(c), 2) for c in self.arr_coc.extent],
@@ -143,6 +158,8 @@ def item_traces(name: str, budgets: list[Budget | None], budget_mode: BudgetMode
             encoded_cells=[fovea.encoded[i] for i in imgs] if fovea else [torch.arange(batch.n_tokens[i]) for i in imgs],
             periphery_cells=[fovea.periphery[i] for i in imgs] if fovea else [],
             gist_grid=[gist.grid_hw[i] for i in imgs] if gist else [],
+            clip_per_image=[batch.units.clip[i] for i in imgs] if batch.units is not None else [-1] * len(imgs),
+            group_per_image=[batch.units.group[i] for i in imgs] if batch.units is not None else [0] * len(imgs),
             **timing,
         ))
     return traces
