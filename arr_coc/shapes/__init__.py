@@ -38,6 +38,7 @@ Modules, by responsibility:
     cells        cell_labels on the merged-token grid; boxes -> cells (arr_coc.geometry, 28 px default)
     items        make_item / make_record / generate_split: one item in memory
     files        write_split: PNGs + JSONL on disk
+    video        ShapesVQA-video, a package: clips with questions that need time (arr_coc.shapes.video)
 
 and the embedded model (torch; import these modules by name, nothing here imports them):
 
