@@ -9,6 +9,9 @@
     vlm = ARRCOCQwen.from_pretrained("checkpoints/shapes-qwen2vl")
     answer, trace = vlm.generate(image, "What color is the star?", budget=0.1)
 
+    from arr_coc import load_clip
+    clip = load_clip("walk.mp4", fps=2.0)   # a Clip: sampled frames, timestamps, frame rate
+
 Every name is imported on first use, so `import arr_coc` (and the command line's help) loads
 neither torch nor transformers.
 """
@@ -34,6 +37,8 @@ _EXPORTS = {
     "InputError": "arr_coc.inputs",
     "InputLimits": "arr_coc.inputs",
     "LIMITS": "arr_coc.inputs",
+    "Clip": "arr_coc.video.clip",
+    "load_clip": "arr_coc.video.decode",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -45,6 +50,8 @@ if TYPE_CHECKING:
     from .layer import ARRCOCLayer, ARRCOCOutput
     from .qwen import ARRCOCQwen, Trace
     from .texture import channel_names, generate_texture_array
+    from .video.clip import Clip
+    from .video.decode import load_clip
 
 
 def __getattr__(name: str):

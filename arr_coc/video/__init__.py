@@ -1,0 +1,39 @@
+"""Video input: decode and sample a video into a `Clip` (PyAV), and turn clips into a Qwen-VL model's video
+inputs without torchvision (`VideoProcessor`), as the stock Qwen-VL video processors do.
+
+    from arr_coc.video import load_clip, VideoProcessor
+    clip = load_clip("walk.mp4", fps=2.0)               # Clip: frames [N, H, W, 3] uint8, timestamps, fps
+    inputs = VideoProcessor("qwen2_5_vl")([clip])       # pixel_values_videos, video_grid_thw, second_per_grid_ts
+
+Names are imported on first use: `import arr_coc.video` loads neither PyAV nor torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS = {
+    "Clip": "arr_coc.video.clip",
+    "load_clip": "arr_coc.video.decode",
+    "sample_indices": "arr_coc.video.decode",
+    "probe_video": "arr_coc.video.decode",
+    "is_video_path": "arr_coc.video.decode",
+    "VideoError": "arr_coc.video.decode",
+    "VideoInfo": "arr_coc.video.decode",
+    "VIDEO_EXTENSIONS": "arr_coc.video.decode",
+    "VideoProcessor": "arr_coc.video.processor",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from .clip import Clip
+    from .decode import VIDEO_EXTENSIONS, VideoError, VideoInfo, is_video_path, load_clip, probe_video, sample_indices
+    from .processor import VideoProcessor
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'arr_coc.video' has no attribute {name!r}")
