@@ -99,7 +99,7 @@ def load_vlm(
         if local:
             raise
         raise _hub_error(path, exc) from exc
-    return model, load_processor(path)
+    return model, load_processor(path, family=family)
 
 
 def build_layer(spec: LayerSpec, text_hidden_size: int) -> ARRCOCLayer:

@@ -1,12 +1,16 @@
-"""Processor helpers for Qwen-VL models: chat prompts, an image-only processor, un-patchify.
+"""Processor helpers for Qwen-VL models: chat prompts, a processor without torchvision, un-patchify.
 
 Why this module exists: without torchvision (docs/DESIGN.md, "Environment")
 transformers cannot build the stock Qwen-VL processors, because their video
 processor needs torchvision. `ImageOnlyQwenProcessor` reproduces what the stock
-processor does for images — render the chat template, expand each
-`<|image_pad|>` into one pad per merged visual token, tokenize, run the PIL image
-processor — and returns the same tensors (`input_ids`, `attention_mask`,
-`pixel_values`, `image_grid_thw`, `mm_token_type_ids`).
+processor does — render the chat template, expand each `<|image_pad|>` into one
+pad per merged visual token, tokenize, run the PIL image processor — and returns
+the same tensors (`input_ids`, `attention_mask`, `pixel_values`, `image_grid_thw`,
+`mm_token_type_ids`). Given a `video_processor` (`arr_coc.video.VideoProcessor`,
+torch only) it reads videos too, as its family's stock processor does: clips
+(`arr_coc.video.Clip`) become `pixel_values_videos`, `video_grid_thw` (and
+Qwen2.5-VL's `second_per_grid_ts`), and each `<|video_pad|>` becomes the clip's
+pads (Qwen3-VL: one "<t seconds>" block per temporal group).
 
 `unpatchify_images` inverts the image processor's patchify + normalise, so the
 ARR-COC texture array is computed from exactly the resized image the VLM saw
@@ -18,9 +22,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
+
+from ..video.clip import Clip
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +55,12 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 ENDOFTEXT = "<|endoftext|>"
 
-# Qwen2-VL's chat template, images and text only (one <|image_pad|> per image; the
-# processor expands it to the image's merged-token count).
+# Qwen2-VL's chat template: images, videos and text (one <|image_pad|> per image, one <|video_pad|> per video,
+# each between <|vision_start|> and <|vision_end|>, as Qwen's own template writes them; the processor expands
+# each pad to the visual's merged-token count).
 QWEN_CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}"
+    "{% set video_count = namespace(value=0) %}"
     "{% for message in messages %}"
     "{% if loop.first and message['role'] != 'system' %}"
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
@@ -63,6 +72,9 @@ QWEN_CHAT_TEMPLATE = (
     "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
     "{% set image_count.value = image_count.value + 1 %}"
     "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif 'text' in content %}{{ content['text'] }}"
     "{% endif %}"
     "{% endfor %}<|im_end|>\n"
@@ -72,28 +84,65 @@ QWEN_CHAT_TEMPLATE = (
 )
 
 
-def build_messages(n_images: int, question: str) -> list[dict[str, Any]]:
-    """One user turn: the images first, then the question (Qwen's own examples do this)."""
-    content: list[dict[str, Any]] = [{"type": "image"} for _ in range(n_images)]
+def build_messages(visuals: int | Sequence[Any], question: str) -> list[dict[str, Any]]:
+    """One user turn: the visuals first, in order, then the question (Qwen's own examples do this).
+
+    `visuals` is a number of images (the old call), or the item's visuals in order, each an image (anything
+    but a Clip) or an `arr_coc.video.Clip`, which is a video entry."""
+    kinds = ["image"] * visuals if isinstance(visuals, int) else \
+        ["video" if isinstance(v, Clip) else "image" for v in visuals]
+    content: list[dict[str, Any]] = [{"type": kind} for kind in kinds]
     content.append({"type": "text", "text": question})
     return [{"role": "user", "content": content}]
 
 
-def render_prompt(processor: Any, n_images: int, question: str) -> str:
-    """The chat-template text for (images, question), ending with the assistant generation prompt."""
-    messages = build_messages(n_images, question)
-    if getattr(processor, "chat_template", None):
+def render_prompt(processor: Any, visuals: int | Sequence[Any], question: str) -> str:
+    """The chat-template text for (visuals, question), ending with the assistant generation prompt.
+
+    A template with no video branch (a folder saved before videos) renders a video as nothing, so a prompt
+    with a video falls back to `QWEN_CHAT_TEMPLATE`, Qwen's own layout, for that template."""
+    messages = build_messages(visuals, question)
+    has_video = any(c["type"] == "video" for c in messages[0]["content"])
+
+    def usable(template: Any) -> bool:
+        return bool(template) and not (has_video and isinstance(template, str) and "video" not in template)
+
+    if usable(getattr(processor, "chat_template", None)):
         return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     tokenizer = getattr(processor, "tokenizer", processor)
-    template = getattr(tokenizer, "chat_template", None) or QWEN_CHAT_TEMPLATE
+    template = getattr(tokenizer, "chat_template", None)
+    template = template if usable(template) else QWEN_CHAT_TEMPLATE
     return tokenizer.apply_chat_template(
         messages, chat_template=template, tokenize=False, add_generation_prompt=True
     )
 
 
+def video_inputs(processor: Any, clips: Sequence[Clip]) -> dict[str, Any]:
+    """The keyword arguments that hand `clips` to `processor`: this project's processor takes the clips; a stock
+    transformers processor takes their frames with their metadata, already sampled (`do_sample_frames=False`),
+    so its timestamps and `second_per_grid_ts` come from the clips' own frame rate and indices."""
+    if not clips:
+        return {}
+    vp = getattr(processor, "video_processor", None)
+    if isinstance(processor, ImageOnlyQwenProcessor) or getattr(vp, "is_arr_coc", False):
+        return {"videos": list(clips)}
+    if vp is None:
+        raise ValueError(f"this processor ({type(processor).__name__}) has no video processor, so it cannot read "
+                         "videos; load the model's processor with arr_coc.qwen.processing.load_processor")
+    return {"videos": [c.frames for c in clips], "video_metadata": [c.metadata() for c in clips],
+            "do_sample_frames": False}
+
+
+def video_sampling(processor: Any) -> dict[str, Any]:
+    """`arr_coc.video.load_clip` keywords that sample a video as `processor`'s family does (family, fps, min and
+    max frames); {} when the processor has no video processor of ours (load_clip's defaults: Qwen2-VL's rule)."""
+    vp = getattr(processor, "video_processor", None)
+    return vp.sampling() if getattr(vp, "is_arr_coc", False) else {}
+
+
 def encode_prompts(processor: Any, images: Sequence[Sequence[Any]], questions: Sequence[str]) -> dict[str, torch.Tensor]:
-    """Processor tensors for a batch (images[b]: the images of question b; left padding), every question
-    tokenized as plain text.
+    """Processor tensors for a batch (images[b]: the visuals of question b in order, each an image or an
+    `arr_coc.video.Clip`; left padding), every question tokenized as plain text.
 
     User text is text: a question holding `<|im_end|>`, `<|image_pad|>` or any other special-token string
     must not end its turn, forge another or add an image placeholder. So the chat template is rendered
@@ -107,11 +156,13 @@ def encode_prompts(processor: Any, images: Sequence[Sequence[Any]], questions: S
     every family and the embedded model).
     """
     tok = getattr(processor, "tokenizer", processor)
-    texts = [render_prompt(processor, len(ims), "") for ims in images]
-    flat = [im for ims in images for im in ims]
+    texts = [render_prompt(processor, list(ims), "") for ims in images]
+    flat = [im for ims in images for im in ims if not isinstance(im, Clip)]
+    clips = [v for ims in images for v in ims if isinstance(v, Clip)]
     kw: dict[str, Any] = {"text": texts, "padding": True, "padding_side": "left", "return_tensors": "pt"}
     if flat:
         kw["images"] = flat
+    kw.update(video_inputs(processor, clips))
     tensors = {k: v for k, v in processor(**kw).items() if isinstance(v, torch.Tensor)}
     ids = tensors["input_ids"]
     mask = tensors.get("attention_mask")
@@ -146,18 +197,29 @@ def encode_prompts(processor: Any, images: Sequence[Sequence[Any]], questions: S
 
 
 class ImageOnlyQwenProcessor:
-    """The stock Qwen-VL processor's image path, with no torchvision and no video processor.
+    """The stock Qwen-VL processor without torchvision: the PIL image processor for images and, when given one,
+    `arr_coc.video.VideoProcessor` for videos (the name is older than its video path).
 
-    `processor(text=[...], images=[...], padding=True, return_tensors="pt")` returns what
-    the stock processor returns for images. Images are a flat list in prompt order.
+    `processor(text=[...], images=[...], videos=[...], padding=True, return_tensors="pt")` returns what the
+    stock processor of `family` returns. Images and videos are flat lists in prompt order (nested per-prompt
+    lists are flattened); a video is a `Clip`, or anything `video_processor.load` reads (a path, a list of
+    frames, an array). Each `<|video_pad|>` expands as the family's stock processor expands it: Qwen2-VL and
+    Qwen2.5-VL one run of t*h*w/m^2 pads; Qwen3-VL, per temporal group, "<{t:.1f} seconds>" +
+    `<|vision_start|>` + h*w/m^2 pads + `<|vision_end|>`, replacing the template's whole
+    `<|vision_start|><|video_pad|><|vision_end|>` (Qwen's reference processor and transformers 4.57 do this;
+    transformers 5.23's replaces only the pad and keeps the outer pair: two more tokens per video).
     """
 
-    def __init__(self, image_processor: Any, tokenizer: Any, chat_template: str | None = None):
+    def __init__(self, image_processor: Any, tokenizer: Any, chat_template: str | None = None,
+                 family: str = "qwen2_vl", video_processor: Any = None):
         self.image_processor = image_processor
         self.tokenizer = tokenizer
         self.chat_template = chat_template or getattr(tokenizer, "chat_template", None) or QWEN_CHAT_TEMPLATE
+        self.family = family
+        self.video_processor = video_processor
         self.image_token = IMAGE_TOKEN
-        self.fallback_reason = "the stock Qwen-VL processor needs torchvision for videos"
+        self.video_token = VIDEO_TOKEN
+        self.fallback_reason = "the stock Qwen-VL processor needs torchvision, which does not import here"
         self.image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
         self.video_token_id = tokenizer.convert_tokens_to_ids(VIDEO_TOKEN)
         if self.image_token_id is None or self.image_token_id == tokenizer.unk_token_id:
@@ -175,6 +237,7 @@ class ImageOnlyQwenProcessor:
         self,
         text: str | Sequence[str],
         images: Any = None,
+        videos: Any = None,
         padding: bool | str = True,
         padding_side: str = "left",
         return_tensors: str = "pt",
@@ -182,9 +245,6 @@ class ImageOnlyQwenProcessor:
     ):
         from transformers import BatchFeature
 
-        if kwargs.get("videos") is not None:
-            raise ValueError(f"this processor reads images only, not videos ({self.fallback_reason}); pass a video as "
-                             "a list of frames (images), or install a torchvision that imports beside this torch")
         texts = [text] if isinstance(text, str) else list(text)
         vision: dict[str, Any] = {}
         if images is not None:
@@ -193,24 +253,17 @@ class ImageOnlyQwenProcessor:
             image_list = [im for x in image_list for im in (x if isinstance(x, (list, tuple)) else [x])]
             if image_list:
                 vision = dict(self.image_processor(images=image_list, return_tensors="pt"))
+        video_list = _flat_videos(videos)
+        video: dict[str, Any] = {}
+        if video_list:
+            if self.video_processor is None:
+                raise ValueError(f"this processor was built without a video processor, so it reads images only "
+                                 f"({self.fallback_reason}); build it with video_processor=arr_coc.video."
+                                 "VideoProcessor(family), as load_processor and build_tiny_qwen do")
+            video = dict(self.video_processor(video_list))
         merge = int(getattr(self.image_processor, "merge_size", 2))
         counts = [] if not vision else (vision["image_grid_thw"].prod(-1) // merge**2).tolist()
-        # Expand each <|image_pad|> to its image's merged-token count, in prompt order.
-        expanded, k = [], 0
-        for t in texts:
-            parts = t.split(IMAGE_TOKEN)
-            out = [parts[0]]
-            for part in parts[1:]:
-                if k >= len(counts):
-                    raise ValueError(
-                        f"the prompts hold more {IMAGE_TOKEN} placeholders than the {len(counts)} images passed"
-                    )
-                out.append(IMAGE_TOKEN * counts[k])
-                out.append(part)
-                k += 1
-            expanded.append("".join(out))
-        if k != len(counts):
-            raise ValueError(f"{len(counts)} images were passed but the prompts hold {k} {IMAGE_TOKEN} placeholders")
+        expanded = self._expand(texts, counts, video)
         enc = self.tokenizer(
             expanded, padding=padding, padding_side=padding_side, return_tensors=return_tensors,
             add_special_tokens=False,
@@ -219,7 +272,47 @@ class ImageOnlyQwenProcessor:
         ids = data["input_ids"]
         data["mm_token_type_ids"] = (ids == self.image_token_id).long() + 2 * (ids == self.video_token_id).long()
         data.update(vision)
+        data.update(video)
         return BatchFeature(data=data)
+
+    def _expand(self, texts: list[str], image_counts: list[int], video: dict[str, Any]) -> list[str]:
+        """Each `<|image_pad|>` and `<|video_pad|>` expanded to its visual's pads, in prompt order (class doc)."""
+        grids = video["video_grid_thw"].tolist() if video else []
+        stamps = video.get("video_timestamps") or [[] for _ in grids]
+        vmerge = int(getattr(self.video_processor, "merge_size", 2))
+        qwen3 = self.family == "qwen3_vl"
+        triple = re.escape(VISION_START + VIDEO_TOKEN + VISION_END)
+        pads = f"(?P<pad>{re.escape(VIDEO_TOKEN)})|(?P<image>{re.escape(IMAGE_TOKEN)})"
+        pattern = re.compile(f"(?P<video>{triple})|{pads}" if qwen3 else pads)
+        k_image = k_video = 0
+
+        def expand(match: re.Match) -> str:
+            nonlocal k_image, k_video
+            if match.lastgroup == "image":
+                if k_image >= len(image_counts):
+                    raise ValueError(f"the prompts hold more {IMAGE_TOKEN} placeholders than the "
+                                     f"{len(image_counts)} images passed")
+                k_image += 1
+                return IMAGE_TOKEN * image_counts[k_image - 1]
+            if k_video >= len(grids):
+                raise ValueError(f"the prompts hold more {VIDEO_TOKEN} placeholders than the {len(grids)} videos "
+                                 "passed")
+            t, h, w = grids[k_video]
+            times = stamps[k_video]
+            k_video += 1
+            if not qwen3:
+                return VIDEO_TOKEN * (t * h * w // vmerge**2)
+            per_group = VIDEO_TOKEN * (h * w // vmerge**2)
+            return "".join(f"<{times[g]:.1f} seconds>{VISION_START}{per_group}{VISION_END}" for g in range(t))
+
+        expanded = [pattern.sub(expand, t) for t in texts]
+        if k_image != len(image_counts):
+            raise ValueError(f"{len(image_counts)} images were passed but the prompts hold {k_image} {IMAGE_TOKEN} "
+                             "placeholders")
+        if k_video != len(grids):
+            raise ValueError(f"{len(grids)} videos were passed but the prompts hold {k_video} {VIDEO_TOKEN} "
+                             "placeholders")
+        return expanded
 
     def batch_decode(self, *args: Any, **kwargs: Any) -> list[str]:
         return self.tokenizer.batch_decode(*args, **kwargs)
@@ -230,13 +323,35 @@ class ImageOnlyQwenProcessor:
     def save_pretrained(self, folder: str) -> None:
         os.makedirs(folder, exist_ok=True)
         self.image_processor.save_pretrained(folder)
+        if self.video_processor is not None:
+            self.video_processor.save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)
         with open(os.path.join(folder, "chat_template.jinja"), "w") as f:
             f.write(self.chat_template)
 
 
-def load_processor(path: str, **kwargs: Any) -> Any:
-    """`AutoProcessor` if it can be built here, else the PIL image processor + tokenizer (image-only)."""
+def _flat_videos(videos: Any) -> list[Any]:
+    """`videos=` as a flat list in prompt order. A list whose items are all Clips is one prompt's videos (flattened);
+    any other list inside is one video given as frames (the stock processor's convention)."""
+    if videos is None:
+        return []
+    if isinstance(videos, Clip) or not isinstance(videos, (list, tuple)):
+        return [videos]
+    out: list[Any] = []
+    for v in videos:
+        if isinstance(v, (list, tuple)) and v and all(isinstance(c, Clip) for c in v):
+            out.extend(v)
+        else:
+            out.append(v)
+    return out
+
+
+def load_processor(path: str, family: str | None = None, **kwargs: Any) -> Any:
+    """`AutoProcessor` if it can be built here, else the PIL image processor + tokenizer + `VideoProcessor`.
+
+    family: the checkpoint's model_type ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"); None reads it from the folder's
+    config.json. The video processor's settings are read where transformers reads them
+    (`arr_coc.video.processor.read_video_config`), on top of the family's stock defaults."""
     from transformers import AutoProcessor, AutoTokenizer
 
     try:
@@ -244,15 +359,30 @@ def load_processor(path: str, **kwargs: Any) -> Any:
     except Exception as exc:  # noqa: BLE001 - any failure means: use the image-only fallback
         text = str(exc).strip()
         reason = f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
-    # Nothing a user can act on while they pass images (the image path is the same tensors), so this is a
-    # debug line; the reason is kept and said when a video is actually passed (ImageOnlyQwenProcessor).
-    logger.debug("AutoProcessor could not be built for %s (%s); using the PIL image processor + tokenizer "
-                 "(image-only)", path, reason)
+    # Nothing a user can act on (images and videos give the stock tensors), so this is a debug line; the reason
+    # is kept and said if a video reaches a processor built without a video processor (an unknown family).
+    logger.debug("AutoProcessor could not be built for %s (%s); using the PIL image processor + tokenizer + "
+                 "the torch video processor", path, reason)
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     image_processor = _load_pil_image_processor(path)
-    processor = ImageOnlyQwenProcessor(image_processor, tokenizer, chat_template=_read_chat_template(path, tokenizer))
+    family = family or _read_family(path)
+    video_processor = None
+    if family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
+        from ..video.processor import VideoProcessor, read_video_config
+
+        video_processor = VideoProcessor.from_image_processor(family, image_processor, read_video_config(path))
+    processor = ImageOnlyQwenProcessor(image_processor, tokenizer, chat_template=_read_chat_template(path, tokenizer),
+                                       family=family or "qwen2_vl", video_processor=video_processor)
     processor.fallback_reason = f"the stock processor could not be built here: {reason}"
     return processor
+
+
+def _read_family(path: str) -> str | None:
+    """The checkpoint's model_type from its config.json (a folder, or a hub id's cached copy); None if unknown."""
+    from ..video.processor import read_json
+
+    config = read_json(path, "config.json")
+    return config.get("model_type") if isinstance(config, dict) else None
 
 
 def _load_pil_image_processor(path: str) -> Any:

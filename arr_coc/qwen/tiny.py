@@ -3,7 +3,8 @@
 Nothing can be downloaded here, so tests, benchmarks and the embedded model start
 from these builders: a byte-level tokenizer (256 byte tokens + the Qwen special
 tokens, no merges, so any text round-trips), Qwen's chat template, the PIL image
-processor with each family's patch size / normalisation, and a model whose
+processor with each family's patch size / normalisation, the torch-only video
+processor (`arr_coc.video.VideoProcessor`) with the same geometry, and a model whose
 architecture is the real one at toy width. Weights are random (seeded).
 
     model, processor = build_tiny_qwen("qwen3_vl", seed=0)
@@ -111,6 +112,15 @@ def build_tiny_image_processor(family: str, min_pixels: int | None = None, max_p
     )
 
 
+def build_tiny_video_processor(family: str, min_pixels: int | None = None, max_pixels: int | None = None) -> Any:
+    """The family's video processor with the tiny image processor's geometry, normalisation and pixel limits
+    (per frame for Qwen2-VL / Qwen2.5-VL; for Qwen3-VL the limits bound the whole clip, as its stock processor's do)."""
+    from ..video.processor import VideoProcessor
+
+    image_processor = build_tiny_image_processor(family, min_pixels, max_pixels)
+    return VideoProcessor.from_image_processor(family, image_processor, {"size": dict(image_processor.size)})
+
+
 def build_tiny_qwen(
     family: str,
     seed: int = 0,
@@ -155,6 +165,7 @@ def build_tiny_qwen(
     model.generation_config.do_sample = False
     model.eval().requires_grad_(False)
     processor = ImageOnlyQwenProcessor(
-        build_tiny_image_processor(family, min_pixels, max_pixels), tokenizer, chat_template=QWEN_CHAT_TEMPLATE
+        build_tiny_image_processor(family, min_pixels, max_pixels), tokenizer, chat_template=QWEN_CHAT_TEMPLATE,
+        family=family, video_processor=build_tiny_video_processor(family, min_pixels, max_pixels),
     )
     return model, processor
