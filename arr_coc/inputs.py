@@ -1,4 +1,4 @@
-"""The one validator of what a user sends: images, questions, budgets and methods.
+"""The one validator of what a user sends: images, videos, questions, budgets and methods.
 
 `ARRCOCQwen.generate`, `python -m arr_coc ask` and the microscope app all check their inputs here, so the
 same input gets the same verdict and the same words everywhere. A problem is an `InputError` whose
@@ -13,6 +13,8 @@ names the case for programs and tests. What can be made valid safely is made val
 | more than `max_image_pixels` | downscaled keeping its aspect ratio inside the model's limit, with a note |
 | aspect ratio beyond `max_aspect` (200:1, what Qwen-VL takes) up to `max_pad_aspect` | padded with white to 200:1, with a note |
 | fewer than `min_image_pixels` (1 x 1, 20 x 20), thinner than `max_pad_aspect`, more than `max_decode_pixels` (checked before decoding; decompression bombs), a file over `max_file_bytes`, empty, truncated, not an image, a folder, a device or a pipe, missing | refused |
+| a video (`check_clip`: a path, frames, an array or an `arr_coc.video.Clip`): a path with a video extension where an image could be (`generate("clip.mp4", q)`; not .gif, which stays an animated image) | read as a video, sampled as the model's processor samples (`arr_coc.video.load_clip`) |
+| a video: one frame (`min_frames`), more frames kept than `max_frames` (asked for, or given whole), sampled frames over `max_clip_pixels` together (checked before decoding), frames under `min_image_pixels`, over `max_decode_pixels` or thinner than `max_aspect` (a video is not padded), a file over `max_video_file_bytes`, empty, truncated (fewer frames than its header declares, a decoder error, or a WebM/MKV ending well before its stated duration), damaged, not a video, no video stream, frames of different sizes, frames that are not RGB, missing | refused |
 | a question: empty or blank, over `max_question_chars`, not text (a list, a dict, a number) | refused |
 | a question with NUL or other control characters | those removed, with a note |
 | a budget: not a share in (0, 1] or a count in [1, `max_budget_count`] (`arr_coc.budget` reads it) | refused |
@@ -34,7 +36,7 @@ import numbers
 import os
 import unicodedata
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .budget import DEFAULT_BUDGET, MAX_COUNT, Budget, BudgetError, parse_budget
 from .cancel import Cancelled, checkpoint
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from PIL.Image import Image
 
     from .qwen.encoding import EncodeConfig
+    from .video.clip import Clip
 
 FORMATS = "PNG, JPEG, WebP, BMP or GIF"
 
@@ -59,6 +62,10 @@ class InputLimits:
     max_image_pixels: int = 2048 * 2048      # larger images are downscaled to this before the processor
     max_file_bytes: int = 25 * 2**20         # 25 MiB: also the app's upload limit
     max_budget_count: int = MAX_COUNT        # token counts above this are refused (shares are in (0, 1])
+    max_frames: int = 64                     # a video keeps at most this many frames (sampling stops there)
+    min_frames: int = 2                      # fewer is a picture: a one-frame clip is refused (pass it as an image)
+    max_clip_pixels: int = 64 * 1920 * 1088  # a video's kept frames together (64 frames of 1080p), before decoding
+    max_video_file_bytes: int = 200 * 2**20  # 200 MiB
 
     def describe(self) -> dict[str, Any]:
         """The limits as plain values (for documentation, an API description, a log line)."""
@@ -539,16 +546,26 @@ def validate(image: Any, question: Any, budget: Any = None, method: Any = None, 
     return CheckedRequest(checked_budget, checked_method, text, picture, info, notes + info.notes)
 
 
-def check_items(images: list[list[Any]], questions: list[Any], limits: InputLimits = LIMITS
-                ) -> tuple[list[list[Any]], list[str], list[list[str]]]:
-    """The library's entry check (`ARRCOCQwen.generate`): per question its images, checked and normalised,
-    and the question text -> (images, questions, notes per question). Images are PIL images, file paths or
-    bytes; arrays and tensors pass through unchanged (the processor reads them as it always did)."""
+def check_items(images: list[list[Any]], questions: list[Any], limits: InputLimits = LIMITS,
+                sampling: Mapping[str, Any] | None = None) -> tuple[list[list[Any]], list[str], list[list[str]]]:
+    """The library's entry check (`ARRCOCQwen.generate`): per question its visuals, checked and normalised,
+    and the question text -> (visuals, questions, notes per question). Images are PIL images, file paths or
+    bytes; arrays and tensors pass through unchanged (the processor reads them as it always did). Videos are
+    `arr_coc.video.Clip`s or paths with a video extension (`generate("clip.mp4", q)`), checked by `check_clip`
+    with `sampling` (`arr_coc.qwen.processing.video_sampling(processor)`: the model's own rule) and returned
+    as Clips, in place."""
+    from .video.clip import Clip
+    from .video.decode import is_video_path
+
     out_images, out_questions, notes = [], [], []
     for ims, q in zip(images, questions):
         text, q_notes = check_question(q, limits)
         checked = []
         for im in ims:
+            if isinstance(im, Clip) or is_video_path(im):
+                checked.append(check_clip(im, limits, name=os.fspath(im) if not isinstance(im, Clip) else None,
+                                          sampling=sampling))
+                continue
             if type(im).__module__.startswith(("torch", "numpy")):
                 checked.append(im)   # an array: the processor's business
                 continue
@@ -559,6 +576,82 @@ def check_items(images: list[list[Any]], questions: list[Any], limits: InputLimi
         out_questions.append(text)
         notes.append(q_notes)
     return out_images, out_questions, notes
+
+
+# ----------------------------------------------------------------------------- the video
+
+
+def check_clip(value: Any, limits: InputLimits = LIMITS, name: str | None = None,
+               sampling: Mapping[str, Any] | None = None) -> Clip:
+    """Any video a caller passes -> a checked `arr_coc.video.Clip`. Raises InputError (`VideoError`s are).
+
+    value     a video file path, a list of frames, an array [N, H, W, 3] / [N, 3, H, W], or a Clip
+    name      how messages call a file (the CLI passes the path the user typed; None: "the uploaded video",
+              so a server's temporary path never shows)
+    sampling  `load_clip` keywords (family, fps, num_frames, min_frames, max_frames, frame_rate); max_frames
+              is capped at `limits.max_frames`
+
+    A file's header is checked before any frame is decoded: its frame size, and the size of the frames the
+    sampling will keep (`max_clip_pixels`). A one-frame clip is refused: it is a picture, pass it as an image.
+    """
+    from .video.clip import Clip
+    from .video.decode import check_path, load_clip, probe_video, sample_indices
+
+    sampling = dict(sampling or {})
+    rate = sampling.pop("frame_rate", None)
+    asked = sampling.get("max_frames")
+    sampling["max_frames"] = limits.max_frames if asked is None else min(int(asked), limits.max_frames)
+    if isinstance(value, Clip):
+        clip = value
+    elif isinstance(value, (str, os.PathLike)):
+        path = os.fspath(value)
+        shown = repr(name) if name else "the uploaded video"
+        size = check_path(path, shown)
+        if size > limits.max_video_file_bytes:
+            raise InputError(f"The video file is {size:,} bytes, over the {limits.max_video_file_bytes / 2**20:.0f} MB "
+                             "limit. Cut it shorter or save it smaller and try again.", "file_too_large")
+        info = probe_video(path, name=shown, frame_rate=rate)
+        _check_frame(info.width, info.height, limits)
+        if info.frames:
+            kept = len(sample_indices(info.frames, info.fps, **sampling))
+            _check_clip_pixels(kept, info.width, info.height, limits)
+        clip = load_clip(path, frame_rate=rate, name=shown, **sampling)
+    elif value is None:
+        raise InputError("No video: give a video file, a list of frames or an arr_coc.video.Clip.", "video_missing")
+    else:
+        clip = load_clip(value, frame_rate=rate, **sampling)
+    _check_frame(clip.width, clip.height, limits)
+    n = clip.num_frames
+    if n < limits.min_frames:
+        raise InputError(f"The video has {n} frame{'s' if n != 1 else ''}: a one-frame clip is an image, pass it as an "
+                         f"image (a video needs at least {limits.min_frames} frames).", "video_too_short")
+    if n > limits.max_frames:
+        raise InputError(f"The video has {n} frames, more than the {limits.max_frames} a video may keep: sample it "
+                         f"(fps=2.0, or num_frames={limits.max_frames} or fewer).", "video_too_long")
+    _check_clip_pixels(n, clip.width, clip.height, limits)
+    return clip
+
+
+def _check_frame(w: int, h: int, limits: InputLimits) -> None:
+    if w * h > limits.max_decode_pixels:
+        raise InputError(f"The video's frames are {w}x{h} px ({w * h / 1e6:.0f} megapixels): too large to decode here "
+                         f"(limit {limits.max_decode_pixels / 1e6:.0f} MP). Downscale it and try again.",
+                         "video_too_large")
+    if w * h < limits.min_image_pixels:
+        side = math.isqrt(limits.min_image_pixels)
+        raise InputError(f"The video's frames are {w}x{h} px: too small to show anything. Give frames of at least "
+                         f"{side}x{side} px (one visual token covers {side}x{side} px).", "video_too_small")
+    if max(w, h) / min(w, h) > limits.max_aspect:
+        raise InputError(f"The video's frames are {w}x{h} px, an aspect ratio of {max(w, h) / min(w, h):,.0f}:1: too "
+                         f"thin (Qwen-VL takes up to {limits.max_aspect:.0f}:1). Crop it closer to the region of "
+                         "interest.", "video_too_thin")
+
+
+def _check_clip_pixels(n: int, w: int, h: int, limits: InputLimits) -> None:
+    if n * w * h > limits.max_clip_pixels:
+        raise InputError(f"The video's {n} sampled frames of {w}x{h} px hold {n * w * h / 1e6:.0f} megapixels, over the "
+                         f"{limits.max_clip_pixels / 1e6:.0f} MP a video may hold: sample fewer frames (a lower fps or "
+                         "num_frames) or downscale it.", "video_too_large")
 
 
 # ----------------------------------------------------------------------------- after the answer
