@@ -80,6 +80,21 @@ def carry_matrix(cut: torch.Tensor, decay: float) -> torch.Tensor:
     return torch.where(same, weights, torch.zeros_like(weights))
 
 
+def carry(relevance: torch.Tensor, cut: torch.Tensor, decay: float, mode: str = "max") -> torch.Tensor:
+    """relevance [t, h, w] carried over the groups of each scene: "mean", exponential smoothing (W @ r);
+    "max", the decayed maximum max_k a**(g - k) r_k over the scene's groups k <= g (a cell stays relevant for a
+    while after its object moved on, and the current group's relevance is never lowered)."""
+    t = relevance.shape[0]
+    flat = relevance.reshape(t, -1)
+    if mode == "mean":
+        return (carry_matrix(cut, decay) @ flat).reshape(relevance.shape)
+    idx = torch.arange(t, device=cut.device)
+    scene = cut.long().cumsum(0)
+    same = (scene[:, None] == scene[None, :]) & (idx[None, :] <= idx[:, None])
+    weights = torch.where(same, decay ** (idx[:, None] - idx[None, :]).clamp(min=0).float(), torch.zeros(()))
+    return (weights[:, :, None] * flat[None]).amax(1).reshape(relevance.shape)
+
+
 def time_weights(question: str | None, t: int, cue: float, device: torch.device) -> torch.Tensor:
     """[t]: exp(cue * s * position), position from -1 (first group) to 1 (last), s = +1 for a question about the
     end, -1 about the start, 0 otherwise (or both)."""
@@ -96,7 +111,7 @@ def clip_signals(relevance: torch.Tensor, colours: torch.Tensor, question: str |
     t = relevance.shape[0]
     motion = motion_of(colours)
     cut = scene_cuts(colours, config.cut_threshold)
-    carried = (carry_matrix(cut, config.decay) @ relevance.reshape(t, -1)).reshape(relevance.shape)
+    carried = carry(relevance, cut, config.decay, config.carry)
     fresh = cut[:, None, None] | (motion >= config.static_threshold)
     weight = time_weights(question, t, config.time_cue, relevance.device)
     score = carried * torch.where(fresh, 1.0, config.static_weight) * weight[:, None, None]
