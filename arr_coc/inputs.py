@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from .budget import DEFAULT_BUDGET, MAX_COUNT, Budget, BudgetError, parse_budget
 from .cancel import Cancelled, checkpoint
+from .errors import InputError
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -73,14 +74,6 @@ class InputLimits:
 
 
 LIMITS = InputLimits()
-
-
-class InputError(ValueError):
-    """A problem with an input; the message is for the user as it is. `code` names the case."""
-
-    def __init__(self, message: str, code: str = "invalid"):
-        super().__init__(message)
-        self.code = code
 
 
 def limits_for(processor: Any = None, limits: InputLimits = LIMITS) -> InputLimits:

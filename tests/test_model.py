@@ -340,10 +340,12 @@ def test_from_pretrained_offline_folder(tiny_vlm, make_image, family, tmp_path, 
     with caplog.at_level(logging.WARNING, logger="arr_coc.qwen.processing"):
         w = ARRCOCQwen.from_pretrained(str(tmp_path))
     assert w.family == family and not any(p.requires_grad for p in w.model.parameters()) and not w.model.training
-    if isinstance(w.processor, ImageOnlyQwenProcessor):  # no torchvision here: quiet until a video is passed
+    if isinstance(w.processor, ImageOnlyQwenProcessor):  # no torchvision here: our processor reads videos itself
         assert "torchvision" not in caplog.text and "image-only" not in caplog.text
-        with pytest.raises(ValueError, match="torchvision"):
-            w.processor(text=["a video"], videos=[[make_image(56, 56, 0)] * 2])
+        from arr_coc.video import load_clip
+        enc = w.processor(text=["<|vision_start|><|video_pad|><|vision_end|>"],
+                          videos=[load_clip([make_image(56, 56, 0)] * 2)])
+        assert enc["video_grid_thw"].shape == (1, 3) and int(enc["video_grid_thw"][0, 0]) == 1
     ref = _wrapper(tiny_vlm, family)
     img = make_image(120, 150, 0)
     assert w.generate(img, Q, budget=0.25, method="grid", max_new_tokens=4)[0] == \

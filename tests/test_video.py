@@ -279,3 +279,36 @@ def test_kept_cells_follow_the_target_through_a_pan(shipped):
     carry, none = summary(runs["carry"]), summary(runs["none"])
     assert carry["coverage"] >= 0.6, carry
     assert carry["jitter"] <= none["jitter"] + 1e-9, (carry, none)
+
+
+# -- end to end: a clip through the project's own video processor -----------------------------------------
+
+def _clip(n: int = 8, seed: int = 0):
+    from arr_coc.video import load_clip
+    rng = np.random.default_rng(seed)
+    frames = np.full((n, 84, 112, 3), 200, np.uint8)
+    for k in range(n):                                  # a dark square moving right, 8 px per frame
+        frames[k, 30:50, 10 + 8 * k: 30 + 8 * k] = (20, 40, 200)
+    frames += rng.integers(0, 8, frames.shape, dtype=np.uint8)
+    return load_clip(frames)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_answers_a_clip_and_keep_all_is_the_stock_model(tiny_vlm, make_image, family):
+    """`generate(clip, question)` reads a video (not a multi-image prompt); with every token kept its prefill is the
+    stock model's on the processor's tensors, and a batch of the clip and an image gives each the answer alone."""
+    model, processor = tiny_vlm(family)
+    wrapper = ARRCOCQwen(model, processor)
+    clip = _clip()
+    inputs = wrapper.build_inputs([[clip]], ["What moves?"])
+    assert "pixel_values_videos" in inputs and int(inputs["video_grid_thw"][0, 0]) == 4
+    with torch.no_grad():
+        stock = model(**inputs).logits
+    assert torch.equal(wrapper.forward_pruned(method="none", **inputs).logits, stock)
+    alone, trace = wrapper.generate(clip, "What moves?", budget=0.3, max_new_tokens=3)
+    assert trace.clip_per_image == [0] * 4 and len(trace.kept_per_group) == 1
+    image = make_image(56, 84, seed=1)
+    answers, traces = wrapper.generate([clip, image], ["What moves?", "What colour is it?"], budget=0.3,
+                                       max_new_tokens=3)
+    assert answers[0] == alone and traces[0].kept_indices[0].tolist() == trace.kept_indices[0].tolist()
+    assert answers[1] == wrapper.generate(image, "What colour is it?", budget=0.3, max_new_tokens=3)[0]

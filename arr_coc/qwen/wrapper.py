@@ -38,7 +38,7 @@ from .encoding import EncodeConfig, EncodeMode, as_encode_config
 from .foveation import Gist, encode_gist, foveate, merge_gists
 from .loading import MODEL_CLASSES, LayerSpec, build_layer, load_vlm
 from .preparing import PromptTokens, Unpruned, patch_images, selection_context, unpruned
-from .processing import IM_END, VISION_END, QwenProcessor, encode_prompts
+from .processing import IM_END, VISION_END, QwenProcessor, encode_prompts, video_sampling
 from .rewrite import (PrunedInputs, VisualRows, expand_budgets, model_tensors, rewrite,
                       validate_kept)
 from .selecting import Choice, run_selector
@@ -362,7 +362,8 @@ class ARRCOCQwen:
         if len(images) != len(questions):
             raise ValueError(f"got {len(images)} image entries for {len(questions)} questions; pass one per question")
         item_images = [list(im) if isinstance(im, (list, tuple)) else ([] if im is None else [im]) for im in images]
-        item_images, questions, _ = check_items(item_images, questions, limits_for(self.processor))
+        item_images, questions, _ = check_items(item_images, questions, limits_for(self.processor),
+                                                sampling=video_sampling(self.processor))
         max_new_tokens = check_max_new_tokens(max_new_tokens)   # issue 39: the validator's words, not transformers'
         inputs = self.build_inputs(item_images, questions)
         sequences, new_tokens, traces = self._generate_from_inputs(
@@ -381,7 +382,7 @@ class ARRCOCQwen:
                               budget_mode: BudgetMode | None = None, encode: EncodeConfig | EncodeMode | None = None,
                               **gen_kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
         """-> (sequences as generate returns them on the pruned prompt, new tokens only, traces)."""
-        if inputs.get("pixel_values") is None:  # text-only: nothing to prune
+        if inputs.get("pixel_values") is None and inputs.get("pixel_values_videos") is None:  # text only
             kw = {"do_sample": False, "pad_token_id": self.pad_token_id, **gen_kwargs}
             kw = stopping_kwargs(kw)
             with torch.no_grad():

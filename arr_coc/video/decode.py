@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from ..cancel import Cancelled, checkpoint
-from ..inputs import InputError
+from ..errors import InputError
 from .clip import Clip
 
 # What `arr_coc.inputs.check_items` reads as a video when a path is given where an image could be. GIF is
