@@ -8,6 +8,11 @@ the project's own video processor (tests/test_video_input.py checks that one).
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -312,3 +317,42 @@ def test_generate_answers_a_clip_and_keep_all_is_the_stock_model(tiny_vlm, make_
                                        max_new_tokens=3)
     assert answers[0] == alone and traces[0].kept_indices[0].tolist() == trace.kept_indices[0].tolist()
     assert answers[1] == wrapper.generate(image, "What colour is it?", budget=0.3, max_new_tokens=3)[0]
+
+
+def _write_mp4(path, frames, rate: int = 4) -> None:
+    import av
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("mpeg4", rate=rate)
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        for f in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+
+
+def test_cli_ask_video_and_its_refusals(tiny_vlm, tmp_path, capsys):
+    """`ask --video` answers a clip with one budget over its groups; a truncated file, a missing one and a one-frame
+    clip are refused with their message and exit 2, no traceback."""
+    model, processor = tiny_vlm("qwen2_vl")
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    processor.save_pretrained(str(folder))
+    clip = tmp_path / "clip.mp4"
+    _write_mp4(clip, _clip(8).frames)
+    from arr_coc.cli import main
+    assert main(["ask", "--model", str(folder), "--video", str(clip), "--question", "What moves?", "--budget", "0.3",
+                 "--max-new-tokens", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["frames"] == 4 and len(out["kept_per_group"]) == 2 and sum(out["kept_per_group"]) == out["kept_tokens"]
+    assert out["kept_tokens"] == round(0.3 * out["total_tokens"])
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(clip.read_bytes()[: clip.stat().st_size // 2])
+    one = tmp_path / "one.mp4"
+    _write_mp4(one, _clip(1).frames)
+    for path, words in ((broken, "truncated|damaged|could not|incomplete"), (tmp_path / "nope.mp4", "not|no such"),
+                        (one, "one frame|image")):
+        run = subprocess.run([sys.executable, "-m", "arr_coc", "ask", "--model", str(folder), "--video", str(path),
+                              "--question", "What moves?"], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+        assert re.search(words, run.stderr, re.I), run.stderr

@@ -1,6 +1,7 @@
-"""`python -m arr_coc ask`: answer one question about one image, baseline or pruned.
+"""`python -m arr_coc ask`: answer one question about one image or one video clip, baseline or pruned.
 
     python -m arr_coc ask --image cat.png --question "What colour is the cat?" --budget 0.1
+    python -m arr_coc ask --video clip.mp4 --question "What moves?" --budget 0.1 --encode before
     python -m arr_coc ask --model Qwen/Qwen2-VL-2B-Instruct --image cat.png --question ... --json
     python -m arr_coc ask --model Qwen/Qwen2.5-VL-7B-Instruct --device cuda --dtype bfloat16 \
         --attn-implementation flash_attention_2 --image cat.png --question ...
@@ -19,7 +20,12 @@ from .args import add_budget_mode, add_encode, add_runtime, budget_arg, encode_o
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="Qwen2-VL / Qwen2.5-VL / Qwen3-VL folder or hub id (default: the model under checkpoints/)")
-    parser.add_argument("--image", required=True, help="image file")
+    visual = parser.add_mutually_exclusive_group(required=True)
+    visual.add_argument("--image", help="image file")
+    visual.add_argument("--video", help="video file (mp4, webm, avi, mkv, mov, gif): one budget for the whole clip")
+    parser.add_argument("--fps", type=float, default=None,
+                        help="--video: frames sampled per second (default: the model's own rule, 2 for Qwen)")
+    parser.add_argument("--num-frames", type=int, default=None, help="--video: sample this many frames instead")
     parser.add_argument("--question", required=True)
     parser.add_argument("--budget", type=budget_arg, default=None,
                         help="share of visual tokens to keep (0.1, 10%%) or a token count (64, 64tok); "
@@ -54,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens = check_max_new_tokens(args.max_new_tokens)
         question, notes = check_question(args.question)
         layer = resolve_layer(model_path, args.arr_coc, encode)
-        opened = open_image(args.image, name=args.image)
+        opened = open_image(args.image, name=args.image) if args.video is None else None
+        if args.video is None and (args.fps is not None or args.num_frames is not None):
+            raise InputError("--fps and --num-frames sample a video: pass --video PATH", "video_options")
     except (InputError, LayerNotFound) as exc:
         return refuse(exc)
     from arr_coc.qwen import ARRCOCQwen
@@ -73,10 +81,15 @@ def run(args: argparse.Namespace) -> int:
     try:  # e.g. --whole-windows on a tower without window attention: said before any image work
         encode.check_family(wrapper.family)
     except ValueError as exc:
-        opened.close()
+        if opened is not None:
+            opened.close()
         return refuse(exc)
-    try:  # issue 27: decoded and normalised with this model's limits
-        image, info = finish_image(opened, limits_for(wrapper.processor))
+    try:  # issue 27: decoded and normalised with this model's limits; a video sampled by the model's rule
+        if args.video is not None:
+            image, info_notes = load_video(args, wrapper.processor), []
+        else:
+            image, info = finish_image(opened, limits_for(wrapper.processor))
+            info_notes = info.notes
     except InputError as exc:
         return refuse(exc)
     budget: Any = 1.0 if args.method == "none" else args.budget
@@ -95,7 +108,10 @@ def run(args: argparse.Namespace) -> int:
         "vision_s": round(trace.vision_s, 4),
         "runtime": wrapper.runtime.describe(),   # as loaded, e.g. "cpu, bfloat16, sdpa"
     }
-    result["notes"] = notes = notes + info.notes + answer_notes(answer, question, wrapper.tokenizer)  # issue 27
+    if args.video is not None:
+        result["kept_per_group"] = trace.kept_per_group[0]
+        result["frames"] = image.num_frames
+    result["notes"] = notes = notes + info_notes + answer_notes(answer, question, wrapper.tokenizer)  # issue 27
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if args.json:
@@ -105,7 +121,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"kept {trace.kept_tokens}/{trace.total_tokens} visual tokens ({100 * trace.kept_ratio:.0f}%), "
               f"{trace.total_s:.2f} s (prefill {trace.prefill_s:.2f} s), method {args.method}, budget {trace.budget}"
               + (f" [fallback: {trace.error}]" if trace.error else ""), file=sys.stderr)
+        if args.video is not None:
+            print(f"{image.num_frames} frames, tokens kept per temporal group: {trace.kept_per_group[0]}", file=sys.stderr)
     return 0
+
+
+def load_video(args: argparse.Namespace, processor: Any) -> Any:
+    """The --video clip, checked by the one validator and sampled by the model's rule (--fps / --num-frames)."""
+    from arr_coc.inputs import check_clip, limits_for
+    from arr_coc.qwen.processing import video_sampling
+
+    sampling = dict(video_sampling(processor))
+    if args.fps is not None:
+        sampling["fps"] = args.fps
+    if args.num_frames is not None:
+        sampling["num_frames"] = args.num_frames
+    return check_clip(args.video, limits_for(processor), name=args.video, sampling=sampling)
 
 
 def refuse(exc: Exception) -> int:
