@@ -138,7 +138,8 @@ class TemporalConfig:
     """How a video clip's budget is spread over its temporal groups (`arr_coc.temporal`)."""
 
     decay: float = 0.8             # share of the carried relevance kept from group to group (0: none)
-    carry: str = "max"             # "max": decayed maximum over the scene's groups; "mean": exponential smoothing
+    carry: str = "max"             # "max": decayed maximum; "motion": smoothing where a cell did not change, the
+                                   # decayed maximum where it did; "mean": smoothing everywhere (temporal.carry)
     cut_threshold: float = 0.6     # histogram L1 distance (0..2) from the previous group that starts a scene
     static_threshold: float = 0.02  # mean |colour change| of a cell under which it did not change
     static_weight: float = 0.25    # score multiplier of an unchanged cell (its earlier token stands in)
@@ -147,7 +148,8 @@ class TemporalConfig:
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.decay < 1.0, f"temporal decay={self.decay} must be in [0, 1)")
-        _check(self.carry in ("max", "mean"), f"temporal carry={self.carry!r} must be 'max' or 'mean'")
+        _check(self.carry in ("motion", "max", "mean"),
+               f"temporal carry={self.carry!r} must be 'motion', 'max' or 'mean'")
         _check(0.0 <= self.static_weight <= 1.0, f"static_weight={self.static_weight} must be in [0, 1]")
         _check(self.min_per_group >= 0, f"min_per_group={self.min_per_group} must be >= 0")
 

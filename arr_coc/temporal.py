@@ -9,9 +9,10 @@ time has, on the layer's device, a fixed number of ops per clip:
 - **scene cut** [t]: the group's colour histogram (4 levels per channel over its cells) moved more than
   `cut_threshold` in L1 from the previous group's; a pan moves the cells but keeps the histogram, a cut
   replaces it;
-- **carried relevance**: r~_g = a * r~_(g-1) + (1 - a) * r_g inside a scene, r~ = r at its first group
-  (the design's mitigation for "the allocation jumps around, answers change frame to frame"), written as
-  one [t, t] weight matrix so it is a single matmul;
+- **carried relevance** inside a scene, reset at its first group (the design's mitigation for "the allocation
+  jumps around, answers change frame to frame"): by default the decayed maximum, max(r_g, a r~_(g-1)), which
+  never lowers the current group's relevance; smoothing (r~_g = a r~_(g-1) + (1 - a) r_g) everywhere or only
+  where a cell's content did not change are the other two `carry` modes (measured in docs/RESULTS.md);
 - **static cells** (motion under `static_threshold` after a scene's first group) are paid once: their
   score is scaled by `static_weight`, so the earlier token of the same content stands in for them;
 - **the question's place in time**: words about the start ("first", "beginning", ...) or the end ("last",
@@ -80,19 +81,36 @@ def carry_matrix(cut: torch.Tensor, decay: float) -> torch.Tensor:
     return torch.where(same, weights, torch.zeros_like(weights))
 
 
-def carry(relevance: torch.Tensor, cut: torch.Tensor, decay: float, mode: str = "max") -> torch.Tensor:
-    """relevance [t, h, w] carried over the groups of each scene: "mean", exponential smoothing (W @ r);
-    "max", the decayed maximum max_k a**(g - k) r_k over the scene's groups k <= g (a cell stays relevant for a
-    while after its object moved on, and the current group's relevance is never lowered)."""
+def carry(relevance: torch.Tensor, cut: torch.Tensor, decay: float, mode: str = "max",
+          changed: torch.Tensor | None = None) -> torch.Tensor:
+    """relevance [t, h, w] carried over the groups of each scene (reset at a cut):
+
+    "mean"    exponential smoothing, r~_g = a r~_(g-1) + (1 - a) r_g (one [t, t] matmul): steady between near
+              ties, but a moving object's new cells start low (it lags);
+    "max"     the decayed maximum, r~_g = max(r_g, a r~_(g-1)): the current relevance is never lowered, what was
+              relevant fades, but a near tie still flips;
+    "motion"  both, per cell: smoothing where the cell's content did not change since the last group (a static
+              object's relevance is noise around one value: hold the choice), the decayed maximum where it
+              changed (`changed` [t, h, w] bool: follow what moves, a pan included). A loop over the groups, a
+              few elementwise ops each.
+    """
     t = relevance.shape[0]
     flat = relevance.reshape(t, -1)
     if mode == "mean":
         return (carry_matrix(cut, decay) @ flat).reshape(relevance.shape)
-    idx = torch.arange(t, device=cut.device)
-    scene = cut.long().cumsum(0)
-    same = (scene[:, None] == scene[None, :]) & (idx[None, :] <= idx[:, None])
-    weights = torch.where(same, decay ** (idx[:, None] - idx[None, :]).clamp(min=0).float(), torch.zeros(()))
-    return (weights[:, :, None] * flat[None]).amax(1).reshape(relevance.shape)
+    if mode == "max":
+        idx = torch.arange(t, device=cut.device)
+        scene = cut.long().cumsum(0)
+        same = (scene[:, None] == scene[None, :]) & (idx[None, :] <= idx[:, None])
+        weights = torch.where(same, decay ** (idx[:, None] - idx[None, :]).clamp(min=0).float(), torch.zeros(()))
+        return (weights[:, :, None] * flat[None]).amax(1).reshape(relevance.shape)
+    moved = torch.ones_like(flat, dtype=torch.bool) if changed is None else changed.reshape(t, -1)
+    out = [flat[0]]
+    for g in range(1, t):
+        held = decay * out[-1]
+        step = torch.where(moved[g], torch.maximum(flat[g], held), held + (1.0 - decay) * flat[g])
+        out.append(torch.where(cut[g], flat[g], step))
+    return torch.stack(out).reshape(relevance.shape)
 
 
 def time_weights(question: str | None, t: int, cue: float, device: torch.device) -> torch.Tensor:
@@ -111,8 +129,8 @@ def clip_signals(relevance: torch.Tensor, colours: torch.Tensor, question: str |
     t = relevance.shape[0]
     motion = motion_of(colours)
     cut = scene_cuts(colours, config.cut_threshold)
-    carried = carry(relevance, cut, config.decay, config.carry)
     fresh = cut[:, None, None] | (motion >= config.static_threshold)
+    carried = carry(relevance, cut, config.decay, config.carry, fresh)
     weight = time_weights(question, t, config.time_cue, relevance.device)
     score = carried * torch.where(fresh, 1.0, config.static_weight) * weight[:, None, None]
     return ClipSignals(motion, cut, carried, score, weight)

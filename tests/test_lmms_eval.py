@@ -253,8 +253,8 @@ def test_unsupported_requests_raise_not_implemented_with_what_to_do(lm, tasks):
     for messages, why in (
         ([{"role": "system", "content": [{"type": "text", "text": "Be brief."}]}, user], "system prompt"),
         ([user, {"role": "assistant", "content": [{"type": "text", "text": "red"}]}, user], "conversation"),
-        ([{"role": "user", "content": [{"type": "video", "url": "clip.mp4"}, {"type": "text", "text": "?"}]}],
-         "images only"),
+        ([{"role": "user", "content": [{"type": "audio", "url": "clip.wav"}, {"type": "text", "text": "?"}]}],
+         "no audio"),
     ):
         bad = _with_args(inst, (inst.args[0], lambda doc, m=messages: m, *inst.args[2:]))
         with pytest.raises(NotImplementedError, match=why):
@@ -264,6 +264,19 @@ def test_unsupported_requests_raise_not_implemented_with_what_to_do(lm, tasks):
 
 
 # -- model arguments and the pure request functions --------------------------------------------------------
+
+
+def test_video_requests_reach_generate_as_paths():
+    """A video task's visual (a file path, or a chat part of type video) goes to `generate` as the path, which reads
+    it as a clip; an audio file is still refused (negative control)."""
+    from arr_coc.harness.requests import _image, prompt_from_messages
+
+    assert _image("/data/videomme/clip.mp4") == "/data/videomme/clip.mp4"
+    prompt = prompt_from_messages([{"role": "user", "content": [{"type": "video", "url": "v.webm"},
+                                                                  {"type": "text", "text": "What happens?"}]}])
+    assert prompt.images == ("v.webm",) and prompt.question == "What happens?"
+    with pytest.raises(NotImplementedError, match="neither an image nor a video"):
+        _image("/data/clip.wav")
 
 
 def test_model_args_are_checked_before_the_model_loads():

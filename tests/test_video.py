@@ -20,7 +20,7 @@ import torch
 from arr_coc.config import TemporalConfig
 from arr_coc.qwen.units import visual_units
 from arr_coc.qwen.wrapper import ARRCOCQwen
-from arr_coc.temporal import allocate, carry_matrix, clip_signals, scene_cuts, time_weights
+from arr_coc.temporal import allocate, carry, carry_matrix, clip_signals, scene_cuts, spread_clip, time_weights
 
 from conftest import FAMILIES
 
@@ -182,6 +182,12 @@ def test_carried_relevance_resets_at_a_scene_cut():
     assert torch.all(w[3:, :3] == 0) and torch.all(w[:3, 3:] == 0)     # nothing crosses the cut
     no_reset = carry_matrix(torch.tensor([True, False, False, False, False]), 0.5)
     assert no_reset[3, :3].sum() > 0.4                                 # negative control: without it, it would
+    relevance = torch.zeros(5, 2, 2)
+    relevance[:3, 0, 0] = 1.0                                           # relevant in the first scene only
+    for mode in ("max", "motion", "mean"):
+        assert float(carry(relevance, cut, 0.8, mode)[3, 0, 0]) == 0.0, mode          # nothing crosses the cut
+        one_scene = torch.tensor([True, False, False, False, False])
+        assert float(carry(relevance, one_scene, 0.8, mode)[3, 0, 0]) > 0.1, mode     # negative control
 
 
 def test_scene_cut_is_a_new_histogram_not_a_pan():
@@ -207,36 +213,41 @@ def test_time_weights_follow_the_question():
 
 
 def test_static_cells_are_paid_once_and_carry_smooths():
-    """A cell that did not change since the previous group scores static_weight of a changed one; carry-over
-    makes the relevance change less from group to group than the raw relevance does."""
+    """A cell that did not change since the previous group scores static_weight of a changed one; carried relevance
+    is the decayed maximum (never below the group's own), or with carry="mean" a smoothing that changes less from
+    group to group than the raw relevance."""
     t, h, w = 6, 4, 4
     g = torch.Generator().manual_seed(0)
     relevance = torch.rand(t, h, w, generator=g)
     colours = torch.zeros(t, 3, h, w)
     colours[:, :, 0, 0] = torch.arange(t).float()[:, None] / t          # only cell (0, 0) changes
-    sig = clip_signals(relevance, colours, None, TemporalConfig(decay=0.5, static_weight=0.25))
+    sig = clip_signals(relevance, colours, None, TemporalConfig(decay=0.5, static_weight=0.25, carry="motion"))
     assert torch.allclose(sig.score[1:, 1:, 1:], 0.25 * sig.carried[1:, 1:, 1:])
     assert torch.allclose(sig.score[1:, 0, 0], sig.carried[1:, 0, 0])
+    assert torch.all(sig.carried[:, 0, 0] >= relevance[:, 0, 0])         # a changed cell is never lowered ("max")
+    assert torch.all(sig.carried[1:, 0, 0] >= 0.5 * sig.carried[:-1, 0, 0] - 1e-6)  # what was relevant fades
+    torch.testing.assert_close(sig.carried[1:, 1:, 1:], 0.5 * sig.carried[:-1, 1:, 1:] + 0.5 * relevance[1:, 1:, 1:])
+    smooth = clip_signals(relevance, colours, None, TemporalConfig(decay=0.5, carry="mean")).carried
     raw = (relevance[1:] - relevance[:-1]).abs().mean()
-    assert (sig.carried[1:] - sig.carried[:-1]).abs().mean() < 0.7 * raw
+    assert (smooth[1:] - smooth[:-1]).abs().mean() < 0.7 * raw           # "mean": exponential smoothing
 
 
 def test_carry_over_stops_the_allocation_jumping_between_near_ties():
-    """The design's failure mode: two objects of almost equal relevance whose order flips from group to group by
-    noise. Per-group selection jumps between them; carried relevance keeps the first choice (negative control:
-    decay 0, nothing carried, jumps)."""
+    """The design's failure mode: two still objects of almost equal relevance whose order flips from group to group
+    by noise. Per-group selection jumps between them; relevance smoothed where nothing changed (carry="motion")
+    keeps the first choice (negative controls: nothing carried, and the default decayed maximum, both jump)."""
     t, h, w = 8, 4, 4
     relevance = torch.zeros(t, h, w)
     relevance[:, 0, 0] = 0.90 + 0.02 * (torch.arange(t) % 2)           # object A: 0.90, 0.92, 0.90, ...
     relevance[:, 3, 3] = 0.92 - 0.02 * (torch.arange(t) % 2)           # object B: 0.92, 0.90, 0.92, ...
-    colours = torch.rand(t, 3, h, w, generator=torch.Generator().manual_seed(0))  # everything changes: no static cells
+    colours = torch.full((t, 3, h, w), 0.5)                              # the objects stay put: their relevance is noise
 
-    def picks(decay: float) -> list[int]:
-        keep, _ = spread_clip(relevance, colours, None, t, TemporalConfig(decay=decay, min_per_group=1))
+    def picks(decay: float, mode: str) -> list[int]:
+        keep, _ = spread_clip(relevance, colours, None, t, TemporalConfig(decay=decay, carry=mode, min_per_group=1))
         return [int(k.reshape(-1).nonzero()[0]) for k in keep]
 
-    assert len(set(picks(0.8))) == 1
-    assert len(set(picks(0.0))) == 2
+    assert len(set(picks(0.8, "motion"))) == 1 and len(set(picks(0.8, "mean"))) == 1
+    assert len(set(picks(0.0, "motion"))) == 2 and len(set(picks(0.8, "max"))) == 2
 
 
 @pytest.fixture(scope="module")
@@ -263,7 +274,7 @@ def test_kept_cells_follow_the_target_through_a_pan(shipped):
     <color> <shape>?", no word about time): at 10% of the clip's cells, the kept cells cover most of the object in
     every group (the pan moves it across the grid), and carrying relevance over does not make the kept set change
     more from group to group than per-group selection does."""
-    from arr_coc.evaluation.coherence import clip_coherence, summary, target_over_time, without_carry
+    from arr_coc.evaluation.coherence import clip_coherence, named_object, summary, without_carry
     from arr_coc.shapes.video import make_clip_item
 
     layer, embed = shipped
@@ -273,11 +284,10 @@ def test_kept_cells_follow_the_target_through_a_pan(shipped):
     while len(runs["carry"]) < 6 and index < 400:
         frames, rec, track = make_clip_item(seed=0, split="val", index=index)
         index += 1
-        target = target_over_time(track, rec["boxes_over_time"])
-        if rec["pan"] is None or len(target[0]) != 1 or rec["n_frames"] < 6:   # one object, seen from the start
+        picked = named_object(rec, track)
+        if picked is None:
             continue
-        actor = next(a for i, a in enumerate(track.actors) if track.present(i, 0) and tuple(track.box_at(i, 0)) == target[0][0])
-        question = f"Is there a {actor.color} {actor.shape}?"
+        target, question = picked
         for name, cfg in (("carry", config), ("none", without_carry(config))):
             runs[name].append(clip_coherence(layer, frames, target, question, embed(question), 0.1, cfg))
     assert len(runs["carry"]) == 6
@@ -356,3 +366,41 @@ def test_cli_ask_video_and_its_refusals(tiny_vlm, tmp_path, capsys):
                               "--question", "What moves?"], capture_output=True, text=True, timeout=120)
         assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
         assert re.search(words, run.stderr, re.I), run.stderr
+
+
+def test_a_budget_list_has_one_entry_per_image_or_video(tiny_vlm, make_image):
+    """An item with an image and a clip takes [image budget, clip budget]; the clip's budget covers all its groups."""
+    model, processor = tiny_vlm("qwen2_vl")
+    wrapper = ARRCOCQwen(model, processor)
+    clip, image = _clip(8), make_image(56, 112, seed=2)
+    _, trace = wrapper.generate([[image, clip]], ["What moves?"], budget=[[0.5, 0.1]], max_new_tokens=1)
+    trace = trace[0]
+    assert trace.clip_per_image == [-1, 0, 0, 0, 0]
+    assert trace.kept_per_image[0] == round(0.5 * trace.total_per_image[0])
+    assert sum(trace.kept_per_image[1:]) == round(0.1 * sum(trace.total_per_image[1:]))
+    with pytest.raises(ValueError, match="2 images or videos but 3 budgets"):
+        wrapper.generate([[image, clip]], ["What moves?"], budget=[[0.5, 0.1, 0.2]], max_new_tokens=1)
+
+
+def test_eval_on_a_video_split_reports_every_method_with_its_whole_prefill_cost(tiny_vlm, tmp_path, capsys):
+    """`eval --data <a gen-data --video split>` runs the video methods and counts the whole prefill: the tower on
+    what was encoded + ARR-COC's own work + the LM prefill, as a share of the full model's."""
+    from arr_coc.cli import main
+
+    model, processor = tiny_vlm("qwen2_vl")
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    processor.save_pretrained(str(folder))
+    assert main(["gen-data", "--video", "--out", str(tmp_path / "v"), "--split", "test", "--n", "3", "--frames", "4",
+                 "--canvas", "336x336"]) == 0
+    out = tmp_path / "r.json"
+    assert main(["eval", "--model", str(folder), "--data", str(tmp_path / "v" / "test.jsonl"), "--methods",
+                 "none,arr_coc@before,evs,oracle", "--budgets", "0.1", "--max-new-tokens", "2", "--quiet",
+                 "--arr-coc-weights", "untrained", "--out", str(out)]) == 0
+    rows = {(r["method"], r["encode"]): r for r in json.loads(out.read_text())["results"]}
+    assert rows[("none", "after")]["cost"] == 1.0 and rows[("none", "after")]["agree"] == 1.0
+    assert rows[("arr_coc", "before")]["cost"] < 0.5 < rows[("evs", "after")]["cost"] < 1.0
+    assert rows[("arr_coc", "before")]["kept_share"] == pytest.approx(0.1, abs=0.02)
+    assert main(["eval", "--model", str(folder), "--data", str(tmp_path / "v" / "test.jsonl"), "--methods", "fastv",
+                 "--quiet", "--out", str(out)]) == 2
+    assert "cannot run on a video split" in capsys.readouterr().err

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from .args import add_budget_mode, add_encode, add_runtime, budgets_arg, encode_config, fail, runtime
 
@@ -75,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
     if args.arr_coc_weights is None:
         # the shipped trained layer for this encoding, embedded model only
         args.arr_coc_weights = resolve_layer(model, None, encode_config(args))
+    if is_video_split(args.data):
+        return run_video(args, run_on, model)
     try:
         if args.arr_coc_weights is not None:   # issue 39: a layer that is not there, before the model loads
             args.arr_coc_weights = check_layer_folder(args.arr_coc_weights)
@@ -130,4 +133,44 @@ def run(args: argparse.Namespace) -> int:
     failed = [f"{r['method']} @ {r['budget']}" for r in report["results"] if r.get("status") == "failed"]
     if failed:
         print(f"eval: {len(failed)} row(s) failed: {', '.join(failed)} (see 'error' in {args.out})", file=sys.stderr)
+    return 0
+
+
+def is_video_split(path: str) -> bool:
+    """A ShapesVQA-video JSONL (`gen-data --video`): its first record names a clip and its boxes over time."""
+    import json
+
+    try:
+        with open(path) as f:
+            first = json.loads(next((line for line in f if line.strip()), "{}"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(first, dict) and "video" in first and "boxes_over_time" in first
+
+
+def run_video(args: argparse.Namespace, run_on: Any, model: str) -> int:
+    """`eval` on a video split: every video method at the budgets (`arr_coc.evaluation.video`)."""
+    from arr_coc.evaluation.report import write_json
+    from arr_coc.evaluation.video import VIDEO_METHODS, evaluate_video, read_video_records, table
+    from arr_coc.qwen import ARRCOCQwen
+
+    methods = list(VIDEO_METHODS) if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in VIDEO_METHODS]
+    if unknown:
+        print(f"eval: error: {unknown} cannot run on a video split; choose from {list(VIDEO_METHODS)}", file=sys.stderr)
+        return 2
+    from arr_coc.paths import UNTRAINED
+
+    records = read_video_records(args.data, args.limit)
+    layer = None if args.arr_coc_weights == UNTRAINED else args.arr_coc_weights   # one layer for every arr_coc row
+    wrapper = ARRCOCQwen.from_pretrained(model, arr_coc=layer, device=run_on.device, dtype=run_on.dtype,
+                                         attn_implementation=run_on.attn_implementation)
+    report = evaluate_video(wrapper, records, methods, [b for b in args.budgets if b != 1.0],
+                            batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, progress=not args.quiet)
+    write_json(report, args.out)
+    print(table(report))
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table(report) + "\n")
+    print(f"wrote {args.out} ({len(report['results'])} rows, {report['n']} clips)")
     return 0

@@ -80,6 +80,17 @@ def target_over_time(track: Any, boxes_over_time: Sequence[Sequence[Sequence[flo
     return [[tuple(track.box_at(i, t)) for i in sorted(ids) if track.present(i, t)] for t in range(track.n_frames)]
 
 
+def named_object(rec: dict[str, Any], track: Any) -> tuple[list[list[tuple]], str] | None:
+    """(the target in every frame, a question naming it) for a panning clip whose answer is one object seen from
+    the first frame, asked as the image set asks ("Is there a <color> <shape>?", no word about time); else None."""
+    target = target_over_time(track, rec["boxes_over_time"])
+    if rec["pan"] is None or len(target[0]) != 1 or rec["n_frames"] < 6:
+        return None
+    actor = next(a for i, a in enumerate(track.actors)
+                 if track.present(i, 0) and tuple(track.box_at(i, 0)) == target[0][0])
+    return target, f"Is there a {actor.color} {actor.shape}?"
+
+
 def summary(results: Sequence[ClipCoherence]) -> dict[str, float]:
     cov = [c for r in results for c in r.coverage if c is not None]
     stand = [c for r in results for c in r.covered if c is not None]
@@ -94,4 +105,4 @@ def without_carry(config: TemporalConfig) -> TemporalConfig:
     return dataclasses.replace(config, decay=0.0)
 
 
-__all__ = ["ClipCoherence", "clip_coherence", "group_pictures", "summary", "target_over_time", "without_carry"]
+__all__ = ["ClipCoherence", "clip_coherence", "group_pictures", "named_object", "summary", "target_over_time", "without_carry"]

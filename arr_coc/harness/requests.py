@@ -14,9 +14,10 @@ split). The second element tells the layouts apart: a dict is the simple layout'
 the chat layout's doc_to_messages. Multi-round and agentic requests have 7 elements; they are refused.
 
 The wrapper renders Qwen's chat template itself from (images, question), so a chat request must be one
-user turn: its images (in order) and its text parts (joined as the template joins them, with nothing in
-between). A system prompt, an assistant turn (few-shot as chat), a video or an audio clip cannot be said
-that way and raises NotImplementedError naming what was sent.
+user turn: its images and videos (in order; a video is a file path, read by the wrapper with the model's own
+sampling rule) and its text parts (joined as the template joins them, with nothing in between). A system
+prompt, an assistant turn (few-shot as chat) or an audio clip cannot be said that way and raises
+NotImplementedError naming what was sent.
 """
 
 from __future__ import annotations
@@ -135,10 +136,12 @@ def prompt_from_messages(messages: Any) -> Prompt:
             texts.append(str(part.get("text", "")))
         elif kind == "image":
             images.append(part.get("url", part.get("image")))
+        elif kind == "video":
+            images.append(_image(part.get("url", part.get("video"))))
         else:
             raise NotImplementedError(
-                f"the request holds {kind!r} content; arr_coc prunes the visual tokens of images only (no video or "
-                "audio): choose an image task")
+                f"the request holds {kind!r} content; arr_coc prunes the visual tokens of images and videos only "
+                "(no audio): choose an image or video task")
     return Prompt("".join(texts), tuple(images))
 
 
@@ -200,12 +203,17 @@ def _key(gen_kwargs: Mapping[str, Any]) -> str:
 
 
 def _image(visual: Any) -> Any:
-    """A visual of doc_to_visual that is an image (PIL, or a path with an image extension, as lmms-eval reads
-    them); a video or an audio clip (a dict, another path) is refused."""
+    """A visual of doc_to_visual: an image (PIL, or a path with an image extension, as lmms-eval reads them) or a
+    video file path (mp4, webm, ...: `generate` reads it as a clip, sampled by the model's rule, one budget over
+    it); an audio clip or anything else (a dict, another path) is refused."""
+    from ..video.decode import is_video_path
+
+    if isinstance(visual, str) and is_video_path(visual):
+        return visual
     if isinstance(visual, dict) or (isinstance(visual, str) and os.path.splitext(visual)[1].lower() not in IMAGE_EXTS):
         raise NotImplementedError(
-            f"doc_to_visual returned {str(visual)[:80]!r}, a video or audio clip; arr_coc prunes the visual tokens of "
-            "images only: choose an image task")
+            f"doc_to_visual returned {str(visual)[:80]!r}, neither an image nor a video file; arr_coc prunes the "
+            "visual tokens of images and videos: choose an image or video task")
     return visual
 
 

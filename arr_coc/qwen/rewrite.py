@@ -184,11 +184,14 @@ def image_spans(is_image: torch.Tensor, attention_mask: torch.Tensor) -> list[tu
     return spans
 
 
-def expand_budgets(budget: BudgetSpec, item_of_image: list[int], batch: int) -> list[Budget | None]:
-    """One budget per image: a scalar for all, or one entry per row (scalar or per-image list).
+def expand_budgets(budget: BudgetSpec, item_of_image: list[int], batch: int,
+                   visual_of_image: list[int] | None = None) -> list[Budget | None]:
+    """One budget per image: a scalar for all, or one entry per row (scalar or per-visual list).
 
     Each budget goes through the one parser (`parse_budget`: numbers or strings like "10%"); None
-    entries stay None (the selector's default).
+    entries stay None (the selector's default). The pruning path's "images" are visual units (a video reaches
+    it as its temporal groups): visual_of_image gives each unit its visual's place in its row, so a per-row
+    list has one entry per image or video, and a video's entry is its clip's budget.
     """
     parse = lambda x: None if x is None else parse_budget(x)  # noqa: E731
     if budget is None or isinstance(budget, (int, float, str)):
@@ -196,16 +199,18 @@ def expand_budgets(budget: BudgetSpec, item_of_image: list[int], batch: int) -> 
     budget = list(budget)
     if len(budget) != batch:
         raise ValueError(f"got {len(budget)} budgets for a batch of {batch}; pass one per question (or one for all)")
+    if visual_of_image is None:
+        visual_of_image, seen = [], {}
+        for b in item_of_image:
+            visual_of_image.append(seen.get(b, 0))
+            seen[b] = visual_of_image[-1] + 1
     out: list[Budget | None] = []
-    seen: dict[int, int] = {}
-    for b in item_of_image:
+    for b, j in zip(item_of_image, visual_of_image):
         entry = budget[b]
-        j = seen.get(b, 0)
-        seen[b] = j + 1
         if isinstance(entry, (list, tuple)):
-            n_img = item_of_image.count(b)
-            if len(entry) != n_img:
-                raise ValueError(f"question {b} has {n_img} images but {len(entry)} budgets")
+            n_visual = 1 + max(v for r, v in zip(item_of_image, visual_of_image) if r == b)
+            if len(entry) != n_visual:
+                raise ValueError(f"question {b} has {n_visual} images or videos but {len(entry)} budgets")
             out.append(parse(entry[j]))
         else:
             out.append(parse(entry))

@@ -49,6 +49,16 @@ class Units:
         return VIDEO in self.kind
 
     @property
+    def visual_index(self) -> list[int]:
+        """Per unit, its image's or video's place among its row's visuals (a video's groups share one)."""
+        out, seen = [], {}
+        for (row, _, _), kind, group in zip(self.spans, self.kind, self.group):
+            if kind == IMAGE or group == 0:
+                seen[row] = seen.get(row, -1) + 1
+            out.append(seen[row])
+        return out
+
+    @property
     def clips(self) -> list[list[int]]:
         """Per video, its units in group order."""
         out: dict[int, list[int]] = {}

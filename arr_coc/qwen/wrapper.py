@@ -191,7 +191,7 @@ class ARRCOCQwen:
             raise ValueError(f"method {name!r} cannot prune a video: it reads the unpruned prompt's layout itself; "
                              f"choose one of {video_methods()} for videos")
         batch = unpruned(self.model, self.tokens, inputs, encode_all=not before, clock=clock)
-        budgets = expand_budgets(budget, batch.item_of_image, batch.rows)
+        budgets = expand_budgets(budget, batch.item_of_image, batch.rows, batch.units.visual_index)
         gist, gist_failed, gist_s = None, {}, 0.0
         if before and fn is not None and encoding.gist > 0:
             t0 = time.perf_counter()
