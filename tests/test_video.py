@@ -107,7 +107,6 @@ def test_batch_of_a_video_and_an_image_equals_each_alone(tiny_vlm, make_image, m
     video = video_inputs(model, processor, t=4, question="What happens at the end?")
     image = wrapper.build_inputs([[make_image(56, 84, seed=3)]], ["What colour is the square?"])
     alone = [wrapper.forward_pruned(method=method, budget=0.3, **x) for x in (video, image)]
-    from arr_coc.qwen.processing import encode_prompts  # noqa: F401  (the image row is the processor's)
     both = _stack(video, image, pad=wrapper.pad_token_id)
     out = wrapper.forward_pruned(method=method, budget=0.3, **both)
     kept = [k.tolist() for k in out.pruned.kept_indices]
