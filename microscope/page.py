@@ -208,7 +208,15 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
     examples = read_examples() if examples is None else examples
     # Every request's model work runs here (not on Gradio's thread pool), so it can be told to stop.
     workers = ThreadPoolExecutor(max_workers=max(2, scope.admission.max_requests), thread_name_prefix="ask")
-    answer = _maybe_gpu(lambda *args: handler.ask(scope, *args).outputs())
+    def respond(*args):   # a clip, when one was uploaded, replaces the image (microscope/video.py)
+        *request, clip = args
+        if clip:
+            from microscope.video import ask_video
+
+            return ask_video(scope, clip, request[1], request[2], request[3], request[5], tuple(request[6:])).outputs()
+        return handler.ask(scope, *request).outputs()
+
+    answer = _maybe_gpu(respond)
 
     def work(token: CancelToken, args: tuple) -> tuple:
         with cancellable(token):
@@ -218,11 +226,11 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
                 release_memory()
 
     async def run_ask(image, question, arr_coc, budget, adaptive, method, encode, layer, compare_layer,
-                      compare_encode, gist, margin, periphery, request: gr.Request):
+                      compare_encode, gist, margin, periphery, video=None, request: gr.Request = None):
         token = CancelToken()
         job = asyncio.get_running_loop().run_in_executor(
             workers, work, token, (image, question, arr_coc, budget, adaptive, method, encode, layer, compare_layer,
-                                   compare_encode, gist, margin, periphery))
+                                   compare_encode, gist, margin, periphery, video))
         watcher = asyncio.create_task(lifetime.watch(demo, lifetime.current_event_id(),
                                                      getattr(request, "session_hash", None), token, WATCH_EVERY_S))
         try:
@@ -255,6 +263,12 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
                 image = _hand_raw_uploads_to_the_handler(gr.Image(
                     label="image", type="filepath", image_mode=None, format="png", sources=["upload", "clipboard"],
                     elem_id="image", height=340))
+                with gr.Accordion("video clip (replaces the image)", open=False, elem_id="video-box"):
+                    # a file input, not gr.Video: that one converts uploads with a system ffmpeg, which the
+                    # project does not need (PyAV decodes the clip, arr_coc.video)
+                    video = gr.File(label="video (mp4, webm, avi, mkv, mov, gif)", file_count="single", type="filepath",
+                                    file_types=[".mp4", ".webm", ".avi", ".mkv", ".mov", ".gif"], elem_id="video",
+                                    height=120)
                 question = _hand_raw_values_to_the_handler(gr.Textbox(
                     label="question", placeholder="What color is the circle?", lines=1, max_lines=4,
                     elem_id="question"))
@@ -345,7 +359,7 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
                    channels, trace, error]
         assert len(outputs) == len(OUTPUT_NAMES)
         inputs = [image, question, arr_toggle, budget, adaptive, method, encode, layer, compare_layer,
-                  compare_encode, gist, margin, periphery]
+                  compare_encode, gist, margin, periphery, video]
         gr.on([run.click, question.submit], run_ask, inputs=inputs, outputs=outputs,
               js=slider_max_as_text(len(inputs), inputs.index(budget)),
               api_name="ask", concurrency_limit=concurrency)

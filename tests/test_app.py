@@ -356,8 +356,26 @@ def test_client_api_describes_ask(live):
     info = live.view_api(print_info=False, return_format="dict")
     params = [p["parameter_name"] for p in info["named_endpoints"]["/ask"]["parameters"]]
     assert params == ["image", "question", "arr_coc", "budget", "adaptive", "method", "encode", "layer",
-                      "compare_layer", "compare_encode", "gist", "margin", "periphery"]
+                      "compare_layer", "compare_encode", "gist", "margin", "periphery", "video"]
     assert len(info["named_endpoints"]["/ask"]["returns"]) == len(handler.OUTPUT_NAMES)
+
+
+def test_client_asks_about_a_video(live, tmp_path):
+    """Through the page's API, as the browser sends it: a clip in the video input is answered (the image is ignored),
+    its table row lists the tokens per temporal group."""
+    import numpy as np
+    from gradio_client import handle_file
+    from PIL import Image as PILImage
+
+    frames = [PILImage.fromarray(np.full((112, 140, 3), 40 * k, np.uint8)) for k in range(6)]
+    path = tmp_path / "clip.gif"
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=500)
+    out = live.predict(image=None, question="What changes?", budget=0.25, video=handle_file(str(path)),
+                       api_name="/ask")
+    baseline, arr, stats, error = out[0], out[1], out[3], out[-1]
+    assert "A video: 6 frames" in error and baseline and arr
+    rows = {row[0]: row[1:] for row in stats["data"]}
+    assert len(rows["tokens per temporal group"][0].split()) == 3
 
 
 def test_client_keyword_call_as_documented(live):
@@ -442,3 +460,37 @@ def test_kept_per_budget_shows_how_the_layer_scaled_the_budget():
     # with a periphery the LM reads more tokens than were chosen: the budget compares with the chosen cells
     assert readout.kept_per_budget(SimpleNamespace(budget=0.25, total_tokens=256, kept_tokens=98,
                                                    kept_indices=[torch.arange(64)])) == "1.00x"
+
+
+def test_a_video_clip_is_answered_side_by_side(scope, tmp_path):
+    """An uploaded clip replaces the image: the baseline and config A answer it, the table gives the tokens per
+    temporal group, the strip shows every group, and a damaged clip is refused with its message (nothing else
+    runs)."""
+    import numpy as np
+    from PIL import Image as PILImage
+
+    from microscope.video import ask_video
+
+    frames = np.full((8, 112, 140, 3), 210, np.uint8)
+    for k in range(8):
+        frames[k, 40:70, 10 + 12 * k: 40 + 12 * k] = (200, 30, 30)
+    path = tmp_path / "clip.gif"
+    pictures = [PILImage.fromarray(f) for f in frames]
+    pictures[0].save(path, save_all=True, append_images=pictures[1:], duration=500)
+    result = ask_video(scope, str(path), "What moves?", True, 0.25, "arr_coc")
+    assert not result.error.startswith("**Error"), result.error
+    assert result.answer_baseline and result.answer_arr
+    rows = {row[0]: row for row in result.stats}
+    groups = rows["tokens per temporal group"]
+    assert len(groups[1].split()) == 4 and len(groups[2].split()) == 4        # baseline and A: four groups each
+    kept, total = (int(x) for x in rows["visual tokens kept"][2].split(" / "))
+    assert kept == round(0.25 * total) and sum(int(x) for x in groups[2].split()) == kept
+    strip = PILImage.open(result.heatmap)
+    assert strip.size[0] > 3 * strip.size[1]                                    # the groups side by side
+    assert result.record["config_A"]["kept_per_group"] == [[int(x) for x in groups[2].split()]]
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 64)
+    refused = ask_video(scope, str(broken), "What moves?", True, 0.25, "arr_coc")
+    assert refused.error.startswith("**Error:**") and not refused.answer_baseline
+    refused = ask_video(scope, str(path), "What moves?", True, 0.25, "fastv")
+    assert "cannot prune a video" in refused.error
