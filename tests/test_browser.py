@@ -183,3 +183,26 @@ def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
     page.click("#run")
     page.wait_for_function(f"() => {{ const r = {STATS_ROW}('budget'); return r && r[2] !== '0.25'; }}")
     assert page.evaluate(f"() => {STATS_ROW}('budget')") == ["budget", "1.0", "1.0", "1.0"]
+
+
+def test_a_video_clip_in_the_browser(page, tmp_path):
+    """A ShapesVQA-video clip uploaded in the video box is answered by the baseline and both configs; the strips
+    show the temporal groups (ARR_COC_SCREENSHOT=1 writes docs/app_video_screenshot.png)."""
+    from arr_coc.shapes.video import make_clip_item, save_clip
+
+    frames, record, _ = make_clip_item(seed=0, split="test", index=2)     # "What color is the shape that moves?"
+    clip = save_clip(frames, tmp_path / "clip.gif")
+    page.locator("#video-box").get_by_text("video clip (replaces the image)").click()
+    page.set_input_files("#video input[type=file]", str(clip))
+    page.fill("#question textarea", record["question"])
+    page.click("#run")
+    page.wait_for_function("() => document.querySelector('#error').innerText.includes('A video:')", timeout=TIMEOUT_MS)
+    row = page.evaluate(f"() => {STATS_ROW}('tokens per temporal group')")
+    assert row is not None and len(row[1].split()) == record["n_frames"] // 2
+    for elem_id in ("heatmap", "resolution-a"):
+        _wait_images(page, elem_id, 1)
+    page.evaluate("window.scrollTo(0, 0)")
+    out = ROOT / "docs" / "app_video_screenshot.png" if os.environ.get("ARR_COC_SCREENSHOT") == "1" \
+        else tmp_path / "app_video.png"
+    page.screenshot(path=str(out), full_page=True)
+    assert out.stat().st_size > 20_000
