@@ -65,7 +65,9 @@ def scene_cuts(colours: torch.Tensor, threshold: float, levels: int = 4) -> torc
     t = colours.shape[0]
     q = (colours.clamp(0, 1) * (levels - 1e-6)).long()                           # [t, 3, h, w]
     bins = (q[:, 0] * levels + q[:, 1]) * levels + q[:, 2]                        # [t, h, w]
-    hist = F.one_hot(bins.reshape(t, -1), levels ** 3).float().mean(1)            # [t, levels**3]
+    flat = bins.reshape(t, -1)
+    hist = torch.zeros(t, levels ** 3, device=colours.device).scatter_add_(   # [t, levels**3]; one_hot would read
+        1, flat, torch.full(flat.shape, 1.0 / flat.shape[1], device=colours.device))   # its indices back (a sync)
     moved = (hist[1:] - hist[:-1]).abs().sum(-1) > threshold
     return torch.cat([torch.ones(1, dtype=torch.bool, device=colours.device), moved])
 
@@ -102,7 +104,7 @@ def carry(relevance: torch.Tensor, cut: torch.Tensor, decay: float, mode: str = 
         idx = torch.arange(t, device=cut.device)
         scene = cut.long().cumsum(0)
         same = (scene[:, None] == scene[None, :]) & (idx[None, :] <= idx[:, None])
-        weights = torch.where(same, decay ** (idx[:, None] - idx[None, :]).clamp(min=0).float(), torch.zeros(()))
+        weights = torch.pow(decay, (idx[:, None] - idx[None, :]).clamp(min=0).float()) * same
         return (weights[:, :, None] * flat[None]).amax(1).reshape(relevance.shape)
     moved = torch.ones_like(flat, dtype=torch.bool) if changed is None else changed.reshape(t, -1)
     out = [flat[0]]
@@ -132,7 +134,8 @@ def clip_signals(relevance: torch.Tensor, colours: torch.Tensor, question: str |
     fresh = cut[:, None, None] | (motion >= config.static_threshold)
     carried = carry(relevance, cut, config.decay, config.carry, fresh)
     weight = time_weights(question, t, config.time_cue, relevance.device)
-    score = carried * torch.where(fresh, 1.0, config.static_weight) * weight[:, None, None]
+    paid = fresh.float() * (1.0 - config.static_weight) + config.static_weight       # 1 if fresh, else static_weight
+    score = carried * paid * weight[:, None, None]
     return ClipSignals(motion, cut, carried, score, weight)
 
 
@@ -148,9 +151,8 @@ def allocate(score: torch.Tensor, k: int, min_per_group: int = 1) -> torch.Tenso
     if floor > 0:
         forced.scatter_(1, flat.topk(floor, dim=1, sorted=False).indices, True)
     ranked = torch.where(forced, torch.full_like(flat, float("inf")), flat).reshape(-1)
-    keep = torch.zeros_like(ranked, dtype=torch.bool)
-    keep[torch.sort(ranked, descending=True, stable=True).indices[:k]] = True
-    return keep.reshape(score.shape)
+    top = torch.sort(ranked, descending=True, stable=True).indices[:k]
+    return torch.zeros_like(ranked, dtype=torch.bool).index_fill_(0, top, True).reshape(score.shape)
 
 
 def spread_clip(relevance: torch.Tensor, colours: torch.Tensor, question: str | None, k: int,

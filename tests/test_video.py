@@ -403,3 +403,45 @@ def test_eval_on_a_video_split_reports_every_method_with_its_whole_prefill_cost(
     assert main(["eval", "--model", str(folder), "--data", str(tmp_path / "v" / "test.jsonl"), "--methods", "fastv",
                  "--quiet", "--out", str(out)]) == 2
     assert "cannot run on a video split" in capsys.readouterr().err
+
+
+def test_the_time_stage_reads_nothing_back(tiny_vlm):
+    """Spreading the budget over time queues its work on the device: no host sync before the one read of all the
+    clips' decisions, host data only through `grid.upload` (negative control: a one-hot histogram, which checks
+    its indices on the host, is caught)."""
+    import torch.nn.functional as F
+
+    import arr_coc.temporal as temporal
+    from arr_coc.evaluation.opcount import OpCounter
+    from arr_coc.methods.arrcoc import decide_over_time, layer_batch_of
+    from arr_coc.qwen.preparing import selection_context, unpruned
+
+    model, processor = tiny_vlm("qwen2_vl")
+    wrapper = ARRCOCQwen(model, processor)
+    inputs = wrapper.build_inputs([[_clip(8)], [_clip(6, seed=1)]], ["What moves at the end?", "What moves?"])
+    batch = unpruned(model, wrapper.tokens, inputs, encode_all=False)
+    ctx = selection_context(model, lambda: wrapper.arr_coc_layer, wrapper.tokens, processor, batch, None,
+                            [0.2] * len(batch.n_tokens), None, 0)
+    layer = wrapper.arr_coc_layer
+    lb = layer_batch_of(ctx, layer)
+    out = layer.run(lb, ctx.budgets)
+    decide_over_time(ctx, layer, lb, out)                                     # warm
+    with OpCounter() as ops:
+        decide_over_time(ctx, layer, lb, out)
+    assert ops.syncs == 0 and ops.host_tensors == 0, ops.sync_sites
+    assert ops.uploads == 2                                                   # one per clip: its groups' rows
+
+    def one_hot_cuts(colours, threshold, levels=4):
+        q = (colours.clamp(0, 1) * (levels - 1e-6)).long()
+        bins = (q[:, 0] * levels + q[:, 1]) * levels + q[:, 2]
+        hist = F.one_hot(bins.reshape(len(colours), -1), levels ** 3).float().mean(1)
+        return torch.cat([torch.ones(1, dtype=torch.bool), (hist[1:] - hist[:-1]).abs().sum(-1) > threshold])
+
+    original = temporal.scene_cuts
+    temporal.scene_cuts = one_hot_cuts
+    try:
+        with OpCounter() as caught:
+            decide_over_time(ctx, layer, lb, out)
+    finally:
+        temporal.scene_cuts = original
+    assert caught.syncs > 0

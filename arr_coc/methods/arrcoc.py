@@ -27,7 +27,7 @@ import torch
 
 from ..batch import LayerBatch
 from ..budget import BudgetMode, resolve_count
-from ..grid import GridBatch
+from ..grid import GridBatch, upload
 from ..stopwatch import lap
 from ..selection import (Selection, SelectionContext, Selector, VLMHandles, choose_before_encoding, handles_video,
                          register_selector)
@@ -74,23 +74,9 @@ def spread_over_time(ctx: SelectionContext, layer: ARRCOCLayer, batch: LayerBatc
     """Each clip's kept cells from one budget over its t * h * w cells (`arr_coc.temporal`): the groups' relevance
     carried over time, unchanged cells paid once, the question's place in time; one transfer for all clips. A clip
     any of whose groups fell back (non-finite scores) keeps the per-group result."""
-    config = layer.config.temporal
-    clips = [u for u in ctx.clip_units() if all(out.fallback[i] != "keep_all" for i in u)]
+    clips, masks, signals = decide_over_time(ctx, layer, batch, out)
     if not clips:
         return out
-    px = batch.work.px
-    colours = cell_colours(batch.work.pixels, px)                      # [F, 3, Hm, Wm] (frame = unit)
-    masks, signals = [], []
-    for units in clips:
-        h, w = ctx.grid_hw[units[0]]
-        rows = torch.tensor(units, device=colours.device)
-        budget = ctx.budgets[units[0]]
-        k = resolve_count(layer.config.attending.budget if budget is None else budget, len(units) * h * w)
-        keep, sig = spread_clip(out.relevance.index_select(0, rows)[:, :h, :w],
-                                colours.index_select(0, rows)[..., :h, :w],
-                                ctx.questions[units[0]] if ctx.questions else None, k, config)
-        masks.append(keep.reshape(-1))
-        signals.append(sig)
     flat = torch.cat(masks).cpu().numpy()                              # the one transfer
     at = 0
     kept, budgets, keep_mask = list(out.kept_indices), out.budgets.clone(), out.keep_mask.clone()
@@ -98,12 +84,35 @@ def spread_over_time(ctx: SelectionContext, layer: ARRCOCLayer, batch: LayerBatc
         h, w = ctx.grid_hw[units[0]]
         for i in units:
             cells = np.flatnonzero(flat[at: at + h * w])
-            at += h * w
             kept[i], budgets[i] = torch.from_numpy(cells), len(cells)
             keep_mask[i] = False
-            keep_mask[i, :h, :w] = torch.from_numpy(flat[at - h * w: at].reshape(h, w))
+            keep_mask[i, :h, :w] = torch.from_numpy(flat[at: at + h * w].reshape(h, w))
+            at += h * w
     return dataclasses.replace(out, kept_indices=kept, budgets=budgets, keep_mask=keep_mask,
                                temporal=[(units, sig) for units, sig in zip(clips, signals)])
+
+
+def decide_over_time(ctx: SelectionContext, layer: ARRCOCLayer, batch: LayerBatch, out: ARRCOCOutput
+                     ) -> tuple[list[list[int]], list[torch.Tensor], list]:
+    """The clips' decisions queued on the layer's device, nothing read back: (each clip's images, its keep mask
+    flattened over (t, h, w), its `temporal.ClipSignals`)."""
+    config = layer.config.temporal
+    clips = [u for u in ctx.clip_units() if all(out.fallback[i] != "keep_all" for i in u)]
+    if not clips:
+        return [], [], []
+    colours = cell_colours(batch.work.pixels, batch.work.px)           # [F, 3, Hm, Wm] (frame = unit)
+    masks, signals = [], []
+    for units in clips:
+        h, w = ctx.grid_hw[units[0]]
+        rows = upload(np.asarray(units, dtype=np.int64), colours.device)
+        budget = ctx.budgets[units[0]]
+        k = resolve_count(layer.config.attending.budget if budget is None else budget, len(units) * h * w)
+        keep, sig = spread_clip(out.relevance.index_select(0, rows)[:, :h, :w],
+                                colours.index_select(0, rows)[..., :h, :w],
+                                ctx.questions[units[0]] if ctx.questions else None, k, config)
+        masks.append(keep.reshape(-1))
+        signals.append(sig)
+    return clips, masks, signals
 
 
 @register_selector("arr_coc")
