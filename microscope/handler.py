@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from arr_coc.inputs import LIMITS, InputLimits, empty_answer_notes, finish_image
+from arr_coc.answer_notes import empty_answer_notes
+from arr_coc.inputs import LIMITS, InputLimits, finish_image
 from microscope.admission import Admission
 from microscope.configs import RunConfig, read_configs
 from microscope.inputs import InputError, check_method, check_question, open_upload, read_budget, read_flag, reason

@@ -287,7 +287,7 @@ def test_the_foreign_script_note_is_only_for_foreign_characters():
     """The embedded model reads a small vocabulary: an unknown plain-ASCII word is not a foreign script."""
     from transformers import AutoTokenizer
 
-    from arr_coc.inputs import answer_notes
+    from arr_coc.answer_notes import answer_notes
     from arr_coc.paths import default_model_path
     from arr_coc.qwen.processing import IM_END, IM_START
 

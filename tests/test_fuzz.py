@@ -421,7 +421,7 @@ def test_a_question_cannot_forge_the_prompt(tiny_vlm, make_image, family):
 
 
 def test_a_blank_answer_to_a_foreign_question_gets_a_note(wrapper):
-    from arr_coc.inputs import answer_notes
+    from arr_coc.answer_notes import answer_notes
 
     tok = wrapper.tokenizer
     for question in ("😀🔴❓?", "圆圈是什么颜色？", "ما لون الدائرة؟", "Какого цвета круг?"):

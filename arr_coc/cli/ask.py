@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from arr_coc.inputs import (InputError, answer_notes, check_encode, check_max_new_tokens, check_method,
+    from arr_coc.answer_notes import answer_notes
+    from arr_coc.inputs import (InputError, check_encode, check_max_new_tokens, check_method,
                                 check_question, finish_image, limits_for, open_image)
     from arr_coc.paths import CHECKPOINTS, LayerNotFound, default_model_path, resolve_layer
 
