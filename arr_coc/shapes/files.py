@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -12,6 +12,37 @@ from .layout import draw_hard, parse_canvas
 from .vocabulary import DEFAULT_CANVAS, DEFAULT_HARD_RATE, Canvas
 
 PNG_COMPRESS_LEVEL = 3  # zlib level: ~2x faster than 6 for ~15% larger files; bytes fixed per zlib build
+
+
+def check_split(split: str, n: int, workers: int, canvas: Canvas) -> None:
+    """What every split writer (images, video) refuses before any work: its name, size, workers and canvas."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if not split or not all(c.isalnum() or c in "_-" for c in split):
+        raise ValueError(f"split {split!r} must be a plain name of letters, digits, '_' or '-' (it names files)")
+    parse_canvas(canvas)
+
+
+def run_jobs(fn: Callable[[Any], dict], jobs: Sequence[Any], workers: int, bar: Any = None) -> list[dict]:
+    """fn over the jobs, in this process or a pool of `workers`, the records in job (index) order; a tqdm `bar`
+    is advanced per record."""
+    import contextlib
+
+    records: list[dict] = []
+    with contextlib.ExitStack() as stack:
+        results: Iterator[dict] = map(fn, jobs)
+        if workers > 1:
+            import multiprocessing
+
+            pool = stack.enter_context(multiprocessing.get_context().Pool(workers))
+            results = pool.imap(fn, jobs, chunksize=8)  # imap keeps index order
+        for record in results:
+            records.append(record)
+            if bar is not None:
+                bar.update(1)
+    return records
 
 
 def _write_one(args: tuple[str, str, int, int, Canvas, float]) -> dict:
@@ -35,13 +66,7 @@ def write_split(
     """
     from ..data.jsonl import write_jsonl
 
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    if not split or not all(c.isalnum() or c in "_-" for c in split):
-        raise ValueError(f"split {split!r} must be a plain name of letters, digits, '_' or '-' (it names files)")
-    parse_canvas(canvas)  # fail before spawning anything
+    check_split(split, n, workers, canvas)  # fail before spawning anything
     draw_hard(np.random.Generator(np.random.PCG64(0)), "color", hard_rate)  # validates hard_rate
     out = Path(out_dir)
     (out / "images").mkdir(parents=True, exist_ok=True)
@@ -52,22 +77,8 @@ def write_split(
         from tqdm import tqdm  # lazily: only the CLI wants a bar
 
         bar = tqdm(total=n, desc=f"gen-data {split}", unit="img")
-    records: list[dict] = []
     try:
-        if workers == 1:
-            results: Iterator[dict] = map(_write_one, jobs)
-            for record in results:
-                records.append(record)
-                if bar is not None:
-                    bar.update(1)
-        else:
-            import multiprocessing
-
-            with multiprocessing.get_context().Pool(workers) as pool:
-                for record in pool.imap(_write_one, jobs, chunksize=8):  # imap keeps index order
-                    records.append(record)
-                    if bar is not None:
-                        bar.update(1)
+        records = run_jobs(_write_one, jobs, workers, bar)
     finally:
         if bar is not None:
             bar.close()

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
 
-from ..layout import parse_canvas
+from ..files import check_split, run_jobs
 from ..vocabulary import DEFAULT_CANVAS, Canvas
 from .spec import VideoOptions
 
@@ -31,13 +30,7 @@ def write_video_split(out_dir: str | Path, split: str = "test", n: int = 2000, s
     """
     from ...data.jsonl import write_jsonl
 
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    if not split or not all(c.isalnum() or c in "_-" for c in split):
-        raise ValueError(f"split {split!r} must be a plain name of letters, digits, '_' or '-' (it names files)")
-    parse_canvas(canvas)
+    check_split(split, n, workers, canvas)
     opts = (opts or VideoOptions()).checked()
     out = Path(out_dir)
     (out / "clips").mkdir(parents=True, exist_ok=True)
@@ -45,18 +38,6 @@ def write_video_split(out_dir: str | Path, split: str = "test", n: int = 2000, s
 
     from tqdm import tqdm
 
-    records: list[dict] = []
     with tqdm(total=n, desc=f"gen-data --video {split}", unit="clip", disable=not progress) as bar:
-        if workers == 1:
-            results: Iterator[dict] = map(_write_one, jobs)
-            for record in results:
-                records.append(record)
-                bar.update(1)
-        else:
-            import multiprocessing
-
-            with multiprocessing.get_context().Pool(workers) as pool:
-                for record in pool.imap(_write_one, jobs, chunksize=8):
-                    records.append(record)
-                    bar.update(1)
+        records = run_jobs(_write_one, jobs, workers, bar)
     return write_jsonl(records, out / f"{split}.jsonl")
