@@ -111,11 +111,7 @@ class SelectionContext:
 
     def clip_units(self) -> list[list[int]]:
         """Per video in the context, its images (temporal groups) in group order."""
-        out: dict[int, list[int]] = {}
-        for i, c in enumerate(self.clips):
-            if c >= 0:
-                out.setdefault(c, []).append(i)
-        return [sorted(out[c], key=lambda i: self.groups[i]) for c in sorted(out)]
+        return clip_members(self.clips, self.groups)
 
     def __len__(self) -> int:
         return len(self.grid_hw)
@@ -169,6 +165,15 @@ BUILTIN: dict[str, str] = {
 }
 
 SELECTORS: dict[str, Selector] = {}
+
+
+def clip_members(clips: Sequence[int], groups: Sequence[int]) -> list[list[int]]:
+    """Per video (clip id >= 0, in id order), the indices of its temporal groups in group order."""
+    out: dict[int, list[int]] = {}
+    for i, c in enumerate(clips):
+        if c >= 0:
+            out.setdefault(c, []).append(i)
+    return [sorted(out[c], key=lambda i: groups[i]) for c in sorted(out)]
 
 
 def register_selector(name: str, fn: Selector | None = None, *, overwrite: bool = False):

@@ -182,7 +182,8 @@ def summarise(rows: dict[tuple[str, str, float], Row], records: Sequence[dict[st
             "notes": {"cost": "whole prefill FLOPs (vision tower on what was encoded + ARR-COC's own work + packing + "
                               "LM prefill) as a share of the full model's",
                       "agree": "share of items answered as the full model answers them",
-                      "vs_full": "paired 95% interval of the accuracy difference against the full model (normal)"}}
+                      "vs_full": "paired 95% interval of the accuracy difference against the full model (normal)",
+                      "seconds": "wall time of the row over all batches, FLOP counting included (not a latency)"}}
 
 
 def table(report: dict[str, Any]) -> str:

@@ -115,7 +115,7 @@ def unpruned(model: PreTrainedModel, tokens: PromptTokens, inputs: dict[str, tor
     merge = int(model.config.vision_config.spatial_merge_size)
     units = visual_units(mm, mask, host.get("image_grid_thw"), host.get("video_grid_thw"), merge)
     if units.has_video:   # the image path reads the units' patches as pictures, in unit order
-        inputs["pixel_values"] = unit_pixels(inputs, units, upload)
+        inputs["pixel_values"] = unit_pixels(inputs, units)
         inputs["image_grid_thw"] = upload(units.grid_thw, dev)
     lap(clock, "prompt")
     t0 = time.perf_counter()

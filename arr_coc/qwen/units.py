@@ -21,6 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..grid import upload
+from ..selection import clip_members
+
 IMAGE, VIDEO = 1, 2   # mm_token_type_ids' values
 
 
@@ -61,11 +64,7 @@ class Units:
     @property
     def clips(self) -> list[list[int]]:
         """Per video, its units in group order."""
-        out: dict[int, list[int]] = {}
-        for i, c in enumerate(self.clip):
-            if c >= 0:
-                out.setdefault(c, []).append(i)
-        return [out[c] for c in sorted(out)]
+        return clip_members(self.clip, self.group)
 
 
 def pad_runs(mm: np.ndarray, mask: np.ndarray) -> list[tuple[int, int, int, int]]:
@@ -124,7 +123,7 @@ def visual_units(mm_token_type_ids: torch.Tensor, attention_mask: torch.Tensor, 
                  np.concatenate(rows).astype(np.int64) if videos else None)
 
 
-def unit_pixels(inputs: dict[str, torch.Tensor], units: Units, upload) -> torch.Tensor:
+def unit_pixels(inputs: dict[str, torch.Tensor], units: Units) -> torch.Tensor:
     """The units' patch rows on the VLM's device, in unit order: `pixel_values` itself for images only, else one
     gather from the images' and videos' rows."""
     if units.rows is None:
