@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..grid import upload
+from ..saccade import SaccadeConfig
 from ..stopwatch import Stopwatch, lap
 
 if TYPE_CHECKING:
@@ -59,6 +60,8 @@ class EncodeConfig:
                chosen cell is encoded whole (its window layers then see exactly their stock inputs);
                the window's other cells are context, encoded and dropped like the margin (union
                with it). Windows are the full grid's, as the tower assigns them (`cell_windows`).
+    saccade    "before" only: how many looks (`SaccadeConfig.passes`, 1 = one look) and how each further
+               one is decided and aimed (`arr_coc.saccade`); a mapping of its fields is accepted.
     """
 
     mode: EncodeMode = "after"
@@ -66,8 +69,10 @@ class EncodeConfig:
     margin: int = 0
     periphery: bool = False
     windows: bool = False
+    saccade: SaccadeConfig = SaccadeConfig()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "saccade", SaccadeConfig.of(self.saccade))
         if self.mode not in ENCODE_MODES:
             raise ValueError(f"encode mode {self.mode!r} is not one of {list(ENCODE_MODES)}")
         if not 0.0 <= self.gist < 1.0:
@@ -75,12 +80,17 @@ class EncodeConfig:
         if self.margin < 0:
             raise ValueError(f"margin={self.margin} must be >= 0 cells")
         before_only = [s for s, on in ((f"gist={self.gist}", self.gist > 0), (f"margin={self.margin}", self.margin > 0),
-                                       ("windows=True (--whole-windows)", self.windows)) if on]
+                                       ("windows=True (--whole-windows)", self.windows),
+                                       (f"passes={self.passes} (--passes)", self.passes > 1)) if on]
         if self.mode == "after" and before_only:
             raise ValueError(f"mode='before' (--encode before) is needed for {', '.join(before_only)}, which choose "
                              "what the tower encodes before selection; with 'after' every patch is encoded anyway")
         if self.periphery and self.gist <= 0:
             raise ValueError("periphery=True shows the language model the gist: it needs gist > 0")
+
+    @property
+    def passes(self) -> int:
+        return self.saccade.passes
 
     def check_family(self, family: str) -> None:
         """Refuse what this VLM family cannot do (before any encoding work): whole windows need Qwen2.5-VL."""

@@ -164,6 +164,25 @@ class PrunedInputs:
             position_ids=position_ids if position_ids is not None else self.position_ids,
         )
 
+    def rows(self, rows: Sequence[int]) -> PrunedInputs:
+        """Batch rows `rows` on their own (their images renumbered), left padding trimmed to the longest of them."""
+        rows = list(rows)
+        at = torch.as_tensor(rows, dtype=torch.long)
+        lengths = [self.lengths[b] for b in rows]
+        cols = slice(self.input_ids.shape[1] - max(lengths), None)
+        imgs = [i for i, r in enumerate(self.item_of_image) if r in rows]
+        new_row = {b: j for j, b in enumerate(rows)}
+        deep = self.deepstack_features
+        on = lambda t: t[at.to(t.device)][:, cols] if t.dim() == 2 else t[:, at.to(t.device)][:, :, cols]  # noqa: E731
+        return dataclasses.replace(
+            self, input_ids=on(self.input_ids), attention_mask=on(self.attention_mask),
+            position_ids=on(self.position_ids), orig_index=on(self.orig_index),
+            image_features=tuple(self.image_features[i] for i in imgs),
+            deepstack_features=None if deep is None else [tuple(layer[i] for i in imgs) for layer in deep],
+            kept_indices=[self.kept_indices[i] for i in imgs], item_of_image=[new_row[self.item_of_image[i]] for i in imgs],
+            grid_hw=[self.grid_hw[i] for i in imgs], lengths=lengths,
+            unit_kind=None if self.unit_kind is None else [self.unit_kind[i] for i in imgs])
+
     @property
     def kept_counts(self) -> list[int]:
         return [int(k.numel()) for k in self.kept_indices]

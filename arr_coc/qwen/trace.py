@@ -31,6 +31,25 @@ GRID_REASON = "low-structure image: its tokens were spread over an even grid ins
 
 
 @dataclass
+class Look:
+    """One look of encode="before" for one item (`Trace.looks`; passes > 1): what it added and what followed."""
+
+    cells: list[torch.Tensor]        # per image: cells this look added to what the LM reads (look 1: its choice)
+    encoded: list[torch.Tensor]      # per image: cells the tower encoded on this look (never one encoded before)
+    prompt_tokens: int               # the prompt the LM prefilled on this look
+    uncertainty: float               # of the first answer token after this look (`arr_coc.saccade.uncertainty`)
+    strength: float                  # the gate's soft decision, sigmoid((uncertainty - threshold) * sharpness)
+    go: bool                         # the gate's hard decision: look again (strength > 0.5)
+    saccade: bool                    # another look followed (go, and passes were left)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"added_per_image": [int(c.numel()) for c in self.cells],
+                "encoded_per_image": [int(c.numel()) for c in self.encoded], "prompt_tokens": self.prompt_tokens,
+                "uncertainty": round(self.uncertainty, 6), "strength": round(self.strength, 6), "go": self.go,
+                "saccade": self.saccade}
+
+
+@dataclass
 class Trace:
     """What happened to one item (one question with its images).
 
@@ -70,6 +89,9 @@ class Trace:
     # and that group's index in its video.
     clip_per_image: list[int] = field(default_factory=list)
     group_per_image: list[int] = field(default_factory=list)
+    # encode="before" with passes > 1: every look in order (the first one's choice, then each saccade);
+    # kept_indices / encoded_cells / kept_tokens are then the union over the looks. Empty with one look.
+    looks: list[Look] = field(default_factory=list)
 
     @property
     def kept_per_group(self) -> list[list[int]]:
@@ -125,6 +147,7 @@ class Trace:
             # the cells each image's question needs, by the layer's extent head (None: it has none)
             "extent_per_image": None if self.arr_coc is None or self.arr_coc.extent is None
             else [round(float(c), 2) for c in self.arr_coc.extent],
+            "looks": [look.to_dict() for look in self.looks],
         }
 
 

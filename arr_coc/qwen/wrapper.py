@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence, Union
 
 import torch
@@ -35,7 +36,7 @@ from ..runtime import Runtime
 from ..stopwatch import Stopwatch
 from ..selection import Selector, get_selector, selector_name, selects_before_encoding, selects_video, video_methods
 from .encoding import EncodeConfig, EncodeMode, as_encode_config
-from .foveation import Gist, encode_gist, foveate, merge_gists
+from .foveation import Foveated, Gist, encode_gist, foveate, merge_gists
 from .loading import MODEL_CLASSES, LayerSpec, build_layer, load_vlm
 from .preparing import PromptTokens, Unpruned, patch_images, selection_context, unpruned
 from .processing import IM_END, VISION_END, QwenProcessor, encode_prompts, video_sampling
@@ -55,6 +56,22 @@ logger = logging.getLogger(__name__)
 # a list of strings with num_return_sequences > 1.
 Answer = Union[str, list[str]]
 Answers = Union[tuple[Answer, Trace], Answer, tuple[list[Answer], list[Trace]], list[Answer]]
+
+
+@dataclass
+class Prepared:
+    """One look's result: what `prepare` returns (pruned, traces) and what a saccade builds on."""
+
+    pruned: PrunedInputs
+    traces: list[Trace]
+    batch: Unpruned
+    choice: Choice
+    fovea: Foveated | None               # encode="before": the encoded cells and their tokens
+    gist: Gist | None
+    encoding: EncodeConfig
+    budgets: list[Budget | None]
+    budget_mode: BudgetMode | None = None
+    selector: Selector | None = None      # what chose (None: given cells or every cell)
 
 
 class ARRCOCQwen:
@@ -168,7 +185,25 @@ class ARRCOCQwen:
         encode: EncodeConfig | EncodeMode | None = None,
         clock: Stopwatch | None = None,
     ) -> tuple[PrunedInputs, list[Trace]]:
-        """Encode, select, rewrite the inputs. Returns the pruned inputs and per-item traces.
+        """Encode, select, rewrite the inputs (one look). Returns the pruned inputs and per-item traces;
+        `prepare_state`'s docstring says what each argument does."""
+        state = self.prepare_state(inputs, budget, method, kept_indices, budget_mode, strict, encode, clock)
+        return state.pruned, state.traces
+
+    @torch.no_grad()
+    def prepare_state(
+        self,
+        inputs: dict[str, torch.Tensor],
+        budget: BudgetSpec = None,
+        method: str | Selector = "arr_coc",
+        kept_indices: Sequence[torch.Tensor] | None = None,
+        budget_mode: BudgetMode | None = None,
+        strict: bool = False,
+        encode: EncodeConfig | EncodeMode | None = None,
+        clock: Stopwatch | None = None,
+    ) -> Prepared:
+        """Encode, select, rewrite the inputs; -> `Prepared` (the pruned inputs, per-item traces and what a
+        further look needs: the batch, the choice, the foveal encoding).
 
         budget: one budget for every image, or one entry per batch row (a budget, or a list with
         one budget per image of that row); passed to the selector untouched (arr_coc.budget).
@@ -228,8 +263,9 @@ class ARRCOCQwen:
         timing = {"vision_s": batch.vision_s, "gist_s": gist_s, "select_s": select_s,
                   "arr_coc_s": select_s + clock.seconds["packing"], "total_s": time.perf_counter() - t_start,
                   "stages_s": dict(clock.seconds)}
-        return pruned, item_traces(name, budgets, budget_mode, batch, choice, lm_cells, pruned, encoding.mode, fovea,
-                                   gist, timing)
+        traces = item_traces(name, budgets, budget_mode, batch, choice, lm_cells, pruned, encoding.mode, fovea, gist,
+                             timing)
+        return Prepared(pruned, traces, batch, choice, fovea, gist, encoding, budgets, budget_mode, fn)
 
     def _selector(self, method: str | Selector, kept_indices: Sequence[torch.Tensor] | None,
                   before: bool) -> tuple[str, Selector | None]:
@@ -381,7 +417,8 @@ class ARRCOCQwen:
     def _generate_from_inputs(self, inputs: dict[str, torch.Tensor], budget: BudgetSpec, method: str | Selector,
                               budget_mode: BudgetMode | None = None, encode: EncodeConfig | EncodeMode | None = None,
                               **gen_kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
-        """-> (sequences as generate returns them on the pruned prompt, new tokens only, traces)."""
+        """-> (sequences as generate returns them on the pruned prompt, new tokens only, traces). With passes > 1
+        the looks' prompts differ, so the sequences are the new tokens alone."""
         if inputs.get("pixel_values") is None and inputs.get("pixel_values_videos") is None:  # text only
             kw = {"do_sample": False, "pad_token_id": self.pad_token_id, **gen_kwargs}
             kw = stopping_kwargs(kw)
@@ -393,16 +430,22 @@ class ARRCOCQwen:
                             prompt_tokens=int(m.sum()), new_tokens=seqs.shape[1] - S)
                       for m in inputs.get("attention_mask", torch.ones_like(inputs["input_ids"]))]
             return seqs, seqs[:, S:], traces[: seqs.shape[0] // r]
-        pruned, traces = self.prepare(inputs, budget=budget, method=method, budget_mode=budget_mode, encode=encode)
-        seqs, prefill_s = self.generate_pruned(pruned, **gen_kwargs)
-        S2 = pruned.input_ids.shape[1]
-        new = seqs[:, S2:]
+        if as_encode_config(encode).passes > 1:      # look again where one look was not enough (saccades.py)
+            from .saccades import look
+
+            looked = look(self, inputs, budget, method, budget_mode, encode=encode, **gen_kwargs)
+            seqs = new = looked.new_tokens
+            traces, prefill_s = looked.traces, sum(p.prefill_s for p in looked.passes)
+        else:
+            pruned, traces = self.prepare(inputs, budget=budget, method=method, budget_mode=budget_mode, encode=encode)
+            seqs, prefill_s = self.generate_pruned(pruned, **gen_kwargs)
+            new = seqs[:, pruned.input_ids.shape[1]:]
         r = int(gen_kwargs.get("num_return_sequences", 1))
         eos = self.model.generation_config.eos_token_id
         eos = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
         for b, tr in enumerate(traces):
             tr.new_tokens = count_new(new[b * r].tolist(), eos, self.pad_token_id)
-            tr.prefill_s = prefill_s
+            tr.prefill_s = prefill_s      # passes > 1: every look's prefill
         return seqs, new, traces
 
     def model_generate(
