@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("arr_coc.cli.convert", "convert GQA, TextVQA, VQAv2, POPE, RefCOCO or COCO files to JSONL"),
     "train": ("arr_coc.cli.train", "train ARR-COC's scorers against a frozen VLM (stage 1 or 2)"),
     "train-vlm": ("arr_coc.cli.train_vlm", "train the embedded Qwen2-VL-architecture model on ShapesVQA"),
+    "train-saccade": ("arr_coc.cli.train_saccade", "train the saccade gate (when to look again) against the frozen VLM"),
     "eval": ("arr_coc.cli.eval", "accuracy vs. visual-token budget: ARR-COC beside the anchor methods"),
     "bench": ("arr_coc.cli.bench", "whole-prefill cost (vision tower, ARR-COC, LM) per encode mode and budget at real widths"),
 }
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None or module is None:
         parser.print_help()
         return 2
-    if args.command in ("ask", "eval", "bench", "train", "train-vlm"):
+    if args.command in ("ask", "eval", "bench", "train", "train-vlm", "train-saccade"):
         from arr_coc.runtime import keep_large_buffers
 
         keep_large_buffers()

@@ -52,12 +52,40 @@ def add_encode(parser: argparse.ArgumentParser) -> None:
                         help="--encode before, Qwen2.5-VL only: encode every vision attention window that holds a "
                              "chosen cell whole (its window layers are then exact); the window's other cells are "
                              "context, not passed to the language model (with --margin: the union)")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="--encode before: looks per item (default 1). With 2+, an item whose first answer token "
+                             "is uncertain looks again: more cells, encoded and read, and the LM answers again")
+    parser.add_argument("--saccade-gate", default=None, metavar="PATH",
+                        help="--passes 2+: a trained gate (gate.json from `train-saccade`: threshold, sharpness, "
+                             "signal, target, budget); the --saccade-* options below override its fields")
+    parser.add_argument("--saccade-budget", type=budget_arg, default=None,
+                        help="--passes 2+: cells each saccade adds per image, a share (0.03) or a count (12tok)")
+    parser.add_argument("--saccade-target", choices=("next", "ring", "grow"), default=None,
+                        help="--passes 2+: next = the most relevant cells not yet encoded; ring = the kept cells' neighbours first; "
+                             "grow = the selector's choice at the first budget plus the saccade's")
+    parser.add_argument("--saccade-signal", choices=("margin", "entropy"), default=None,
+                        help="--passes 2+: the first answer token's uncertainty the gate reads")
+    parser.add_argument("--saccade-threshold", type=float, default=None,
+                        help="--passes 2+: look again when the uncertainty is above it")
+
+
+def saccade_options(args: argparse.Namespace) -> dict:
+    """The --passes / --saccade-* options as SaccadeConfig's fields (a gate file's first, the options over them)."""
+    from arr_coc.saccade import read_gate
+
+    fields = read_gate(args.saccade_gate) if getattr(args, "saccade_gate", None) else {}
+    fields["passes"] = getattr(args, "passes", 1)
+    for name in ("budget", "target", "signal", "threshold"):
+        value = getattr(args, f"saccade_{name}", None)
+        if value is not None:
+            fields[name] = value
+    return fields
 
 
 def encode_options(args: argparse.Namespace) -> dict:
     """The --encode options as EncodeConfig's fields, for the validator (`arr_coc.inputs.check_encode`)."""
     return {"mode": args.encode, "gist": args.gist, "margin": args.margin, "periphery": args.periphery,
-            "windows": args.whole_windows}
+            "windows": args.whole_windows, "saccade": saccade_options(args)}
 
 
 def encode_config(args: argparse.Namespace, method: str | None = None):
@@ -67,7 +95,7 @@ def encode_config(args: argparse.Namespace, method: str | None = None):
 
     try:
         return check_encode(method, encode_options(args))
-    except InputError as exc:
+    except (InputError, ValueError) as exc:     # ValueError: a --saccade-gate file that is not one
         fail(args, str(exc))
 
 

@@ -15,7 +15,8 @@ logger = logging.getLogger(__name__)
 
 
 def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    """FLOPs of the CPU flash SDPA kernel (torch has no formula for it): QK^T + AV, full matrix."""
+    """FLOPs of an SDPA kernel: QK^T + AV, full matrix, over the query's heads (the CPU flash kernel has no torch
+    formula; the CUDA ones have one that refuses grouped-query attention)."""
     b, h, s_q, d = query_shape
     s_k, d_v = key_shape[-2], value_shape[-1]
     return 2 * b * h * s_q * s_k * d + 2 * b * h * s_q * s_k * d_v
@@ -30,6 +31,13 @@ def flop_counter():
     op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if op is not None:
         mapping[op] = _cpu_sdpa_flops
+    # CUDA kernels: torch's own formula asserts the key has the query's heads, which grouped-query attention
+    # (Qwen2-VL-2B's LM: 12 query heads, 2 key/value heads) breaks; the count depends on the query's heads only.
+    for name in ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_cudnn_attention"):
+        op = getattr(torch.ops.aten, name, None)
+        if op is not None:
+            mapping[op] = _cpu_sdpa_flops
     return FlopCounterMode(display=False, custom_mapping=mapping)
 
 
@@ -47,18 +55,19 @@ class CountedSelector:
         self.fn = fn
         self.__name__ = name
         self.selects_before_encoding = selects_before_encoding(fn)
-        self.ctx: SelectionContext | None = None
+        self.contexts: list[SelectionContext] = []
 
     def __call__(self, ctx: SelectionContext) -> Selection | Any:
-        self.ctx = ctx
+        self.contexts.append(ctx)
         return self.fn(ctx)
 
     def flops(self) -> int | None:
-        """The selector's FLOPs on its last context; None (unknown) when they cannot be counted."""
-        if self.ctx is None:
+        """The selector's FLOPs over every context it ran on (a saccade may choose again); None (unknown) when
+        they cannot be counted."""
+        if not self.contexts:
             return 0
         try:
-            return count_flops(self.fn, self.ctx)[1]
+            return sum(count_flops(self.fn, ctx)[1] for ctx in self.contexts)
         except Exception as exc:  # noqa: BLE001 - an unknown count is reported as unknown, never as 0
             logger.warning("could not count the FLOPs of %s (%s); reporting them as unknown", self.__name__, exc)
             return None

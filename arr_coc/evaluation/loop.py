@@ -123,6 +123,7 @@ class _Rows:
     vision_flops: list[int] = dataclasses.field(default_factory=list)      # per item: gist + tower, as run
     latency: list[float] = dataclasses.field(default_factory=list)   # per item, one entry per batch
     fallback: list[str | None] = dataclasses.field(default_factory=list)   # per item: None | "grid" | "keep_all"
+    looks: list[int] = dataclasses.field(default_factory=list)       # per item: passes it took (1: no saccade)
     errors: list[str] = dataclasses.field(default_factory=list)      # distinct failures of the method
 
     def extend(self, other: _Rows) -> None:
@@ -231,7 +232,10 @@ def evaluate(wrapper: ARRCOCQwen, records: Sequence[VQARecord], methods: Sequenc
                                  "encoded cells (encode before); attention included",
             "e2e_flops_mean": "vision_flops_mean + prefill_flops_mean: the whole prefill (vision tower, selector, LM)",
             "latency_s_median": "per item: processor + vision tower + selection + rewrite + LM prefill; median "
-                                "over batches",
+                                "over batches. passes > 1: up to the final answer's first token (every earlier "
+                                "look in full, its decoding included)",
+            "passes_mean": "encode before with passes > 1: looks per item (1: no saccade); saccade_share: items "
+                           "that looked more than once; each look's tower and LM prefill are in the FLOPs",
             "coverage": "share of the JSONL boxes' cells kept, mean over items with boxes; null for downscale",
             "full_coverage": "share of the items with boxes whose box cells were all kept; null for downscale",
             "total_tokens_mean": "visual tokens of the ORIGINAL image (downscale reports its smaller image's "
@@ -259,6 +263,9 @@ def run_one(wrapper: ARRCOCQwen, plan: MethodPlan, batch: Sequence[VQARecord], i
     t0 = time.perf_counter()
     run = plan.for_batch(wrapper, batch, images, inputs, build_s, budget, grids)
     prep_s = run.prep_s if run.inputs is inputs else time.perf_counter() - t0
+    if encode is not None and encode.passes > 1 and plan.selects_before and run.method != "none":
+        return run_looks(wrapper, run, batch, images, prep_s, budget, grids, max_new_tokens, flops_memo, strict,
+                         budget_mode, encode)
     t1 = time.perf_counter()
     try:
         with run.around, torch.no_grad():
@@ -282,6 +289,7 @@ def run_one(wrapper: ARRCOCQwen, plan: MethodPlan, batch: Sequence[VQARecord], i
     answers = wrapper.tokenizer.batch_decode(sequences[:, pruned.input_ids.shape[1]:], skip_special_tokens=True)
     unit = downscale.pixel_unit(getattr(wrapper.processor, "image_processor", wrapper.processor))
     for b, (rec, tr) in enumerate(zip(batch, traces)):
+        rows.looks.append(1)
         rows.correct.append(score_record(answers[b].strip(), rec))
         rows.answers.append(answers[b].strip())
         rows.coverage.append(None)
@@ -306,21 +314,70 @@ def run_one(wrapper: ARRCOCQwen, plan: MethodPlan, batch: Sequence[VQARecord], i
     return rows
 
 
+def run_looks(wrapper: ARRCOCQwen, run: Any, batch: Sequence[VQARecord], images: Sequence[Any], prep_s: float,
+              budget: Budget, grids: Sequence[tuple[int, int]], max_new_tokens: int, flops_memo: dict[Any, int],
+              strict: bool, budget_mode: BudgetMode | None, encode: EncodeConfig) -> _Rows:
+    """`run_one` for encode="before" with passes > 1 (`arr_coc.qwen.saccades.look`): every look's tower and LM
+    prefill is counted for the items that took it; latency is the time to the final answers' first token."""
+    import torch
+
+    from ..data import score_record
+    from ..geometry import box_cell_set
+    from ..methods import downscale
+    from ..qwen import SelectorFailed
+    from ..qwen.saccades import look
+    from .vision_cost import vision_flops
+
+    rows = _Rows()
+    try:
+        with run.around, torch.no_grad():
+            looked = look(wrapper, run.inputs, budget, run.method, budget_mode, strict, encode,
+                          max_new_tokens=max_new_tokens)
+    except SelectorFailed as exc:
+        rows.errors.append(str(exc))
+        return rows
+    traces = looked.traces
+    if strict and any(fb == "keep_all" for tr in traces for fb in tr.fallback):
+        rows.errors.append(next(tr.error for tr in traces if "keep_all" in tr.fallback) or "kept every token")
+        return rows
+    rows.latency.append((prep_s + looked.ttft_s) / len(batch))
+    select_flops = run.counted.flops() if run.counted is not None else 0
+    vision = vision_flops(wrapper, run.inputs, traces, encode.gist, flops_memo)
+    answers = wrapper.tokenizer.batch_decode(looked.new_tokens, skip_special_tokens=True)
+    unit = downscale.pixel_unit(getattr(wrapper.processor, "image_processor", wrapper.processor))
+    for b, (rec, tr) in enumerate(zip(batch, traces)):
+        prefill = 0
+        for p in looked.passes:                               # every prompt this item was prefilled with
+            if b in p.rows:
+                length = p.pruned.lengths[p.rows.index(b)]
+                if length not in flops_memo:
+                    flops_memo[length] = count_flops(wrapper.prefill, p.pruned.rows([p.rows.index(b)]),
+                                                     logits_to_keep=1)[1]
+                prefill += flops_memo[length]
+        per_item = None if select_flops is None else select_flops / len(batch)
+        rows.looks.append(len(tr.looks))
+        rows.correct.append(score_record(answers[b].strip(), rec))
+        rows.answers.append(answers[b].strip())
+        rows.coverage.append(None)
+        rows.types.append(rec.type or "other")
+        rows.kept.append(int(tr.kept_tokens))
+        rows.encoded.append(sum(int(c.numel()) for c in tr.encoded_cells))
+        rows.total.append(int(grids[b][0] * grids[b][1]))
+        rows.fallback.append(next((fb for fb in tr.fallback if fb), None))
+        rows.prefill_flops.append(None if per_item is None else prefill + per_item)
+        rows.selector_flops.append(per_item)
+        rows.vision_flops.append(vision[b])
+        if rec.boxes:
+            h, w = grids[b]
+            cells = box_cell_set(rec.boxes, (h, w), (w * unit, h * unit), images[b].size)
+            if cells:
+                rows.coverage[-1] = len(set(int(i) for i in tr.kept_indices[0].tolist()) & cells) / len(cells)
+    return rows
+
+
 def _row_inputs(pruned: PrunedInputs, b: int) -> PrunedInputs:
     """Row b of a left-padded PrunedInputs on its own (no padding), for per-item FLOPs."""
-    m = pruned.attention_mask[b].bool()
-    imgs = [i for i, r in enumerate(pruned.item_of_image) if r == b]
-    deep = pruned.deepstack_features
-    return dataclasses.replace(
-        pruned,
-        input_ids=pruned.input_ids[b:b + 1, m], attention_mask=pruned.attention_mask[b:b + 1, m],
-        position_ids=pruned.position_ids[:, b:b + 1, m], orig_index=pruned.orig_index[b:b + 1, m],
-        image_features=tuple(pruned.image_features[i] for i in imgs),
-        deepstack_features=[tuple(layer[i] for i in imgs) for layer in deep] if deep is not None else None,
-        kept_indices=[pruned.kept_indices[i] for i in imgs], item_of_image=[0] * len(imgs),
-        grid_hw=[pruned.grid_hw[i] for i in imgs],
-        unit_kind=None if pruned.unit_kind is None else [pruned.unit_kind[i] for i in imgs],
-    )
+    return pruned.rows([b])
 
 
 def _mean(xs: Sequence[float]) -> float | None:
@@ -341,10 +398,13 @@ def summarise(method: str, budget: Budget, r: _Rows, error: str | None = None,
                 "coverage": None, "full_coverage": None, "kept_tokens_mean": None, "total_tokens_mean": None,
                 "prefill_flops_mean": None, "latency_s_median": None, "per_type": {}, "kept_share": None,
                 "selector_flops_mean": None, "n": 0, "n_with_boxes": 0, "fallbacks": {}, "correct": [],
-                "answers": [], "item_coverage": [], "item_kept": [], "item_encoded": [], "item_total": []}
+                "answers": [], "item_coverage": [], "item_kept": [], "item_encoded": [], "item_total": [],
+                "passes_mean": None, "saccade_share": None, "per_type_looks": {}, "item_looks": []}
     by_type: dict[str, list[float]] = defaultdict(list)
-    for t, c in zip(r.types, r.correct):
+    looks_by_type: dict[str, list[int]] = defaultdict(list)
+    for t, c, n in zip(r.types, r.correct, r.looks):
         by_type[t].append(c)
+        looks_by_type[t].append(n)
     kept, total = _mean(r.kept), _mean(r.total)
     covered = [c for c in r.coverage if c is not None]  # the items with boxes
     return {
@@ -363,6 +423,11 @@ def summarise(method: str, budget: Budget, r: _Rows, error: str | None = None,
         "e2e_flops_mean": _known_mean([None if p is None else p + v for p, v in zip(r.prefill_flops, r.vision_flops)]),
         "latency_s_median": float(statistics.median(r.latency)) if r.latency else None,
         "per_type": {t: _mean(v) for t, v in sorted(by_type.items())},
+        # passes > 1: mean looks per item and the share of items that made a saccade, overall and per type
+        "passes_mean": _mean(r.looks),
+        "saccade_share": _mean([float(n > 1) for n in r.looks]),
+        "per_type_looks": {t: {"passes_mean": _mean(v), "saccade_share": _mean([float(n > 1) for n in v])}
+                           for t, v in sorted(looks_by_type.items())},
         "kept_share": kept / total if kept is not None and total else None,
         "selector_flops_mean": _known_mean(r.selector_flops),
         "n": len(r.correct),
@@ -375,4 +440,5 @@ def summarise(method: str, budget: Budget, r: _Rows, error: str | None = None,
         "item_kept": list(r.kept),          # visual tokens the LM read (what the cost at another width needs)
         "item_encoded": list(r.encoded),    # cells the tower encoded at full resolution (after: the whole grid)
         "item_total": list(r.total),        # the full grid's merged cells
+        "item_looks": list(r.looks),        # looks the item took (1: no saccade)
     }

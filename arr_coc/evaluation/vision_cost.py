@@ -3,7 +3,7 @@
 "after": the tower on every patch of the item's image(s). "before": the gist (the tower on the
 downscaled copy) plus the tower on the encoded cells: the chosen ones and their context (the
 margin and, with whole windows, the rest of each Qwen2.5-VL window; `Trace.encoded_cells` holds
-them all). Counted off the clock by running the same calls again under `flop_counter` (the
+them all); with passes > 1, every look's tower pass on the cells it encoded (`Trace.looks`). Counted off the clock by running the same calls again under `flop_counter` (the
 tower's attention kernel included: tests/test_encoding.py checks the count against
 2 * 2 * n^2 * d per layer). Costs depend on the grid and the number of encoded cells only
 (Qwen2.5-VL aside: its window layers cost by which cells, so it is counted every time), so they
@@ -61,9 +61,10 @@ def vision_flops(wrapper: ARRCOCQwen, inputs: dict[str, torch.Tensor], traces: S
             if tr.encode == "after":
                 total += _memo(memo, ("after", grid), lambda: count_flops(model.model.get_image_features, pixels, g)[1])
                 continue
-            cells = tr.encoded_cells[j]
-            key = None if windowed else ("before", grid, int(cells.numel()))
-            total += _memo(memo, key, lambda: count_flops(encode_cells, model, pixels, g, [cells])[1])
+            looks = [look.encoded[j] for look in tr.looks] if tr.looks else [tr.encoded_cells[j]]
+            for cells in (c for c in looks if c.numel()):      # every look's tower pass (passes > 1), each its own
+                key = None if windowed else ("before", grid, int(cells.numel()))
+                total += _memo(memo, key, lambda: count_flops(encode_cells, model, pixels, g, [cells])[1])
             if tr.gist_grid:
                 total += _memo(memo, ("gist", grid, tuple(tr.gist_grid[j])), lambda: count_flops(
                     encode_gist, model, wrapper.processor,
