@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from .args import add_budget_mode, add_runtime, budgets_arg, runtime
+from .args import add_budget_mode, add_runtime, budget_arg, budgets_arg, runtime
 
 PRESETS = ("qwen2-vl-2b", "qwen2.5-vl-3b", "tiny", "tiny-qwen2.5")
 
@@ -55,6 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="time ARR-COC's own work stage by stage (un-patchify, texture, scorers, allocator, read, "
                              "packing) beside the tower and the LM prefill, with aten-op and host-sync counts, per image "
                              "size and batch size; the first of --budgets, the first of --encode")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="--stages with --encode before: looks per item (2+: saccades; the gate is forced open "
+                             "with --saccade-threshold -1, so every item pays for every look)")
+    parser.add_argument("--saccade-budget", type=budget_arg, default=0.05,
+                        help="--passes 2+: cells each saccade adds per image (default 0.05)")
+    parser.add_argument("--saccade-threshold", type=float, default=-1.0,
+                        help="--passes 2+: the gate's threshold (default -1: every item looks again)")
     parser.add_argument("--sizes", default="448,896",
                         help="--stages: image sides in px (ShapesVQA scenes, multiples of 28 up to 896), default 448,896")
     parser.add_argument("--batches", default="1,8", help="--stages: batch sizes, default 1,8")
@@ -122,12 +129,20 @@ def _stages(args: argparse.Namespace, run_on) -> int:
             raise ValueError(f"--sizes {args.sizes}: each side a multiple of 28 in [336, 896] (ShapesVQA canvases)")
         budget = next((b for b in args.budgets if b != 1.0), args.budgets[0])
         encode = args.encode.split(",")[0].strip()
+        if args.passes > 1:
+            from arr_coc.qwen.encoding import EncodeConfig
+            from arr_coc.saccade import SaccadeConfig
+
+            encode = EncodeConfig(encode, saccade=SaccadeConfig(passes=args.passes, budget=args.saccade_budget,
+                                                                threshold=args.saccade_threshold))
         wrapper, note = _stage_model(args, run_on)
     except ValueError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
     report = stage_bench(wrapper, sizes, batches, budget, encode, args.repeats or 3, args.seed, args.budget_mode,
-                         note=f"{note}; encode {encode}, budget {budget}")
+                         note=f"{note}; encode {getattr(encode, 'mode', encode)}, budget {budget}"
+                              + (f", {args.passes} looks (saccade budget {args.saccade_budget}, threshold "
+                                 f"{args.saccade_threshold})" if args.passes > 1 else ""))
     return _write(args, report, markdown_stages(report))
 
 
