@@ -6,7 +6,8 @@ A request runs the baseline (every visual token, encode "after") and up to two c
     B   ARR-COC with a layer and an encoding mode of its own, to compare with: after vs. before on one
         layer, or two trained layers (compare checkpoints, not only methods). "off" runs no B.
 
-Both read the same budget; the before mode's gist share, margin and periphery are shared too. Every
+Both read the same budget; the before mode's gist share, margin, periphery and looks (`SaccadeConfig.passes`,
+with the look-again threshold) are shared too. Every
 layer sits on its own `ARRCOCQwen` that shares the one VLM (as `arr_coc_trained` does in the
 evaluation), so a second layer costs its own weights only. The layers are the server's `--arr-coc`
 (first) and every `--compare-arr-coc`, by the names the page lists (`layer_label`).
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 ENCODE_CHOICES = ("after", "before")
 OFF = "off"                       # config B's layer choice that runs no B
 MAX_MARGIN = 4                    # rings of context cells; beyond a few the margin is the whole image
+MAX_LOOKS = 3                     # looks (passes) of the before mode: the first one and up to two saccades
+THRESHOLD_RANGE = (-1.0, 2.0)     # the look-again threshold: -1 looks again always, 1 or more never (uncertainty <= 1)
 
 
 @dataclass(frozen=True)
@@ -47,11 +50,13 @@ class RunConfig:
 
 
 def encode_text(encode: EncodeConfig) -> str:
-    """'after', or 'before' with what it adds: 'before (gist 0.25, margin 1, periphery)'."""
+    """'after', or 'before' with what it adds: 'before (gist 0.25, margin 1, periphery, 2 looks, threshold 0.27)'."""
     if encode.mode == "after":
         return "after"
+    looks = encode.saccade
     extras = ([f"gist {encode.gist:g}"] if encode.gist > 0 else []) + (
-        [f"margin {encode.margin}"] if encode.margin else []) + (["periphery"] if encode.periphery else [])
+        [f"margin {encode.margin}"] if encode.margin else []) + (["periphery"] if encode.periphery else []) + (
+        [f"{looks.passes} looks", f"threshold {round(looks.threshold, 2):g}"] if looks.passes > 1 else [])
     return "before" + (f" ({', '.join(extras)})" if extras else "")
 
 
@@ -114,22 +119,30 @@ def read_number(value: Any, name: str, default: float, low: float, high: float, 
     return int(number) if integer else number
 
 
-def read_encode(mode: str, gist: float, margin: int, periphery: bool) -> EncodeConfig:
+def read_encode(mode: str, gist: float, margin: int, periphery: bool, looks: int = 1,
+                threshold: float | None = None) -> EncodeConfig:
     """An EncodeConfig; its own refusals (periphery without a gist, ...) as InputError. The before mode's
-    settings mean nothing after: an "after" run gets the plain EncodeConfig."""
+    settings mean nothing after: an "after" run gets the plain EncodeConfig. One look (the default) is the
+    one-pass before mode exactly; more looks add `SaccadeConfig(passes=looks, threshold=threshold)`, the
+    library's defaults for the rest (saccade budget, target, signal, sharpness, tower memory)."""
     from arr_coc.inputs import check_encode
 
     if mode == "after":
         return check_encode(None, "after")
+    fields: dict[str, Any] = {"mode": "before", "gist": gist, "margin": margin, "periphery": periphery}
+    if looks > 1:
+        fields["saccade"] = {"passes": int(looks), **({} if threshold is None else {"threshold": float(threshold)})}
     try:
-        return check_encode(None, {"mode": "before", "gist": gist, "margin": margin, "periphery": periphery})
+        return check_encode(None, fields)
     except InputError as exc:
         raise InputError(f"{exc}.", exc.code) from None   # the page's messages are sentences
 
 
 def read_configs(scope: Microscope, method: str, encode: Any, layer: Any, compare_layer: Any, compare_encode: Any,
-                 gist: Any, margin: Any, periphery: Any, notes: list[str]) -> list[RunConfig]:
+                 gist: Any, margin: Any, periphery: Any, looks: Any = None, threshold: Any = None, *,
+                 notes: list[str]) -> list[RunConfig]:
     """[A] or [A, B] as the request asks (None: the page's defaults); notes say what was adjusted."""
+    from arr_coc.saccade import THRESHOLD_INIT
     from arr_coc.selection import get_selector, selects_before_encoding
     from microscope.inputs import read_flag
 
@@ -142,16 +155,22 @@ def read_configs(scope: Microscope, method: str, encode: Any, layer: Any, compar
     share = read_number(gist, "gist", 0.0, 0.0, 0.95)
     rings = read_number(margin, "margin", 0, 0, MAX_MARGIN, integer=True)
     fovea = read_flag(periphery, "periphery", False)
+    passes = read_number(looks, "looks", 1, 1, MAX_LOOKS, integer=True)
+    bar = read_number(threshold, "threshold", THRESHOLD_INIT, *THRESHOLD_RANGE)
     uses_before = "before" in (mode_a, mode_b if layer_b != OFF else "after")
     if uses_before:   # refused only when a run would use them
-        read_encode("before", share, rings, fovea)
+        read_encode("before", share, rings, fovea, passes, bar)
     if mode_a == "before" and method != "none" and not selects_before_encoding(get_selector(method)):
         notes.append(f"Method {method!r} reads the encoded visual tokens, so it cannot choose before the vision "
                      "tower: config A ran with encode after.")
         mode_a = "after"
-    configs = [RunConfig("A", layer_a, method, read_encode(mode_a, share, rings, fovea))]
+    looks_a = passes
+    if mode_a == "before" and passes > 1 and not method.startswith("arr_coc"):
+        notes.append(f"Method {method!r} has no relevance map to aim a saccade by: config A ran with one look.")
+        looks_a = 1
+    configs = [RunConfig("A", layer_a, method, read_encode(mode_a, share, rings, fovea, looks_a, bar))]
     if layer_b != OFF:
-        configs.append(RunConfig("B", layer_b, "arr_coc", read_encode(mode_b, share, rings, fovea)))
+        configs.append(RunConfig("B", layer_b, "arr_coc", read_encode(mode_b, share, rings, fovea, passes, bar)))
     return configs
 
 

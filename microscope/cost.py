@@ -2,10 +2,12 @@
 counted off the clock with the evaluation's counter, after the answers, so no latency includes it.
 
     vision    `arr_coc.evaluation.vision_cost.vision_flops`: the tower on every patch ("after"), or the
-              gist plus the tower on the encoded cells ("before"); the tower's attention counted
-    selector  the run's selector once more, under the counter, on the context it saw
+              gist plus the tower on the encoded cells ("before"; with more than one look, every look's
+              tower pass on the cells it encoded); the tower's attention counted
+    selector  the run's selector once more, under the counter, on the context(s) it saw
               (`arr_coc.evaluation.flops.CountedSelector`); 0 for the baseline
-    lm        the language model's prefill of a prompt of the run's length (`Trace.prompt_tokens`), with
+    lm        the language model's prefill of a prompt of the run's length (`Trace.prompt_tokens`; with
+              more than one look, one prefill per look, of that look's length: `Look.prompt_tokens`), with
               the logits of the last position only, as the evaluation counts it. Its FLOPs depend on the
               length only (tested against counting the real pruned prompt), so it is counted on a text
               prompt of that length and memoised by length, like the vision costs by grid and cell count.
@@ -73,7 +75,8 @@ def count_run(wrapper: ARRCOCQwen, inputs: dict[str, Any], trace: Trace, counted
 
     vision = vision_flops(wrapper, inputs, [trace], gist_share, memo)[0]
     selector = counted.flops() if counted is not None else 0
-    return Flops(vision=int(vision), selector=selector, lm=lm_flops(wrapper, trace.prompt_tokens, memo))
+    lengths = [look.prompt_tokens for look in trace.looks] or [trace.prompt_tokens]   # every look's prefill
+    return Flops(vision=int(vision), selector=selector, lm=sum(lm_flops(wrapper, n, memo) for n in lengths))
 
 
 def build_inputs(wrapper: ARRCOCQwen, picture: Image, question: str) -> dict[str, Any]:

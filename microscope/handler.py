@@ -145,20 +145,22 @@ NO_COMPARE = "(config B is off)"
 def ask(scope: Microscope, image: Any, question: Any, arr_coc: Any = True, budget: Any = None,
         adaptive: Any = False, method: Any = "arr_coc", encode: Any = None, layer: Any = None,
         compare_layer: Any = None, compare_encode: Any = None, gist: Any = None, margin: Any = None,
-        periphery: Any = None) -> Result:
+        periphery: Any = None, looks: Any = None, threshold: Any = None) -> Result:
     """The `ask` event: never raises; problems come back as `Result.error` (shown in the page).
 
     `budget` is what the page or an API client sent: a share (0.25, "0.25", "10%") or a token count
     (64, "64", "64tok"), read by `arr_coc.budget.parse_budget`. Every input but the image and the
     question is optional: None means the page's default (ARR-COC on, the library's budget, not adaptive,
     arr_coc, config A encoding after with the first layer, config B as `Microscope.default_compare`,
-    no gist, no margin, no periphery).
+    no gist, no margin, no periphery, one look). `looks` (1-3) and `threshold` are the before mode's saccades
+    (`arr_coc.saccade`): with more than one look, an answer whose first token's uncertainty is above the
+    threshold looks again, adding cells; every look is in the table, the trace and the FLOPs.
     """
     from arr_coc.cancel import Cancelled
 
     try:
         return _ask(scope, image, question, arr_coc, budget, adaptive, method,
-                    (encode, layer, compare_layer, compare_encode, gist, margin, periphery))
+                    (encode, layer, compare_layer, compare_encode, gist, margin, periphery, looks, threshold))
     except InputError as exc:
         return Result(error=f"**Error:** {exc}")
     except Cancelled:

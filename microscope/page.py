@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
 from microscope import handler, lifetime
-from microscope.configs import ENCODE_CHOICES, MAX_MARGIN, OFF, layer_for_mode
+from microscope.configs import ENCODE_CHOICES, MAX_LOOKS, MAX_MARGIN, OFF, THRESHOLD_RANGE, layer_for_mode
 from microscope.handler import OUTPUT_NAMES, Microscope
 from microscope.inputs import Refused, Unreadable, reason
 from microscope.memory import release_memory
@@ -202,6 +202,7 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
     import gradio as gr
 
     from arr_coc.budget import DEFAULT_BUDGET
+    from arr_coc.saccade import THRESHOLD_INIT
 
     from arr_coc.cancel import CancelToken, cancellable
 
@@ -209,7 +210,7 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
     # Every request's model work runs here (not on Gradio's thread pool), so it can be told to stop.
     workers = ThreadPoolExecutor(max_workers=max(2, scope.admission.max_requests), thread_name_prefix="ask")
     def respond(*args):   # a clip, when one was uploaded, replaces the image (microscope/video.py)
-        *request, clip = args
+        request, clip = list(args[:13]) + list(args[14:]), args[13]   # inputs: ..., periphery, video, looks, threshold
         if clip:
             from microscope.video import ask_video
 
@@ -226,11 +227,12 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
                 release_memory()
 
     async def run_ask(image, question, arr_coc, budget, adaptive, method, encode, layer, compare_layer,
-                      compare_encode, gist, margin, periphery, video=None, request: gr.Request = None):
+                      compare_encode, gist, margin, periphery, video=None, looks=None, threshold=None,
+                      request: gr.Request = None):
         token = CancelToken()
         job = asyncio.get_running_loop().run_in_executor(
             workers, work, token, (image, question, arr_coc, budget, adaptive, method, encode, layer, compare_layer,
-                                   compare_encode, gist, margin, periphery, video))
+                                   compare_encode, gist, margin, periphery, video, looks, threshold))
         watcher = asyncio.create_task(lifetime.watch(demo, lifetime.current_event_id(),
                                                      getattr(request, "session_hash", None), token, WATCH_EVERY_S))
         try:
@@ -299,7 +301,7 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
                 compare_layer = _hand_raw_values_to_the_handler(gr.Dropdown(
                     choices=[OFF, *layers], value=b_layer, label="config B: ARR-COC layer (off: no config B)",
                     elem_id="compare-layer", info="the layers this server was given (--arr-coc, --compare-arr-coc)"))
-                with gr.Accordion("encode before: gist, margin, periphery (A and B)", open=False,
+                with gr.Accordion("encode before: gist, margin, periphery, looks (A and B)", open=False,
                                   elem_id="before-settings"):
                     gist = _hand_raw_values_to_the_handler(gr.Slider(
                         0.0, MAX_GIST, value=0.0, step=0.05, label="gist: share of the tokens", elem_id="gist",
@@ -311,6 +313,15 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
                     periphery = gr.Checkbox(value=False, label="periphery", elem_id="periphery",
                                             info="the LM also reads the gist tokens of the regions not encoded "
                                                  "at full resolution (needs a gist)")
+                    looks = _hand_raw_values_to_the_handler(gr.Slider(
+                        1, MAX_LOOKS, value=1, step=1, label="looks: passes of the tower", elem_id="looks",
+                        info="1: one look; more: while the first answer token's uncertainty is above the "
+                             "threshold, look again at cells not encoded yet and answer again"))
+                    threshold = _hand_raw_values_to_the_handler(gr.Number(
+                        value=THRESHOLD_INIT, minimum=THRESHOLD_RANGE[0], maximum=THRESHOLD_RANGE[1], step=0.01,
+                        label="look-again threshold", elem_id="threshold",
+                        info="uncertainty = 1 - (p1 - p2) of the two likeliest first tokens; -1: always look again, "
+                             "1 or more: never"))
                 run = gr.Button("Ask both models", variant="primary", elem_id="run")
                 if examples:
                     gr.Examples(examples=[[e["image"], e["question"]] for e in examples], inputs=[image, question],
@@ -359,7 +370,7 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
                    channels, trace, error]
         assert len(outputs) == len(OUTPUT_NAMES)
         inputs = [image, question, arr_toggle, budget, adaptive, method, encode, layer, compare_layer,
-                  compare_encode, gist, margin, periphery, video]
+                  compare_encode, gist, margin, periphery, video, looks, threshold]
         gr.on([run.click, question.submit], run_ask, inputs=inputs, outputs=outputs,
               js=slider_max_as_text(len(inputs), inputs.index(budget)),
               api_name="ask", concurrency_limit=concurrency)

@@ -6,6 +6,11 @@ included, and the gist on its own), ARR-COC's own work (the selection: texture, 
 packing the chosen cells and the prompt), the language model's prefill, and the whole prefill = vision +
 ARR-COC's own work + LM prefill, which is what selecting before the tower saves on; FLOPs come from
 `microscope.cost` when the server counts them.
+
+A run that took more than one look (encode before, looks > 1: `Trace.looks`) adds one row per look, in
+order ("look 1", "look 2", ...): the cells it added to what the LM reads, the cells the tower encoded on it,
+the prompt it prefilled, the first answer token's uncertainty against the threshold, the gate's strength and
+the decision (`look_decision`); the trace's `looks` holds the same per look.
 """
 
 from __future__ import annotations
@@ -114,11 +119,55 @@ ROW_NAMES = [name for name, _, _ in ROWS]
 
 
 def stats_rows(base: Run, pruned: list[Pruned]) -> list[list[str]]:
-    """One row per ROWS entry: [name, baseline, config A, config B] ("-" for a config that did not run)."""
+    """One row per ROWS entry: [name, baseline, config A, config B] ("-" for a config that did not run), then,
+    when a config took more than one look, one row per look ("look 1", ...; `look_text`)."""
     columns = [p for p in pruned] + [None] * (2 - len(pruned))
-    return [[name, of_base(base)] + ["-" if p is None or p.run is None else of_run(p.run, p.config, base)
-                                     for p in columns]
+    rows = [[name, of_base(base)] + ["-" if p is None or p.run is None else of_run(p.run, p.config, base)
+                                   for p in columns]
             for name, of_base, of_run in ROWS]
+    tables = [looks_table(p.run.trace, p.config.encode.saccade.threshold) if p is not None and p.run is not None
+              else [] for p in columns]
+    for n in range(max(len(t) for t in tables)):
+        rows.append([f"look {n + 1}", "-"] + [look_text(t[n]) if n < len(t) else "-" for t in tables])
+    return rows
+
+
+# ----------------------------------------------------------------------------- the looks (encode before, looks > 1)
+
+
+LOOK_HEADERS = ["look", "cells added", "cells encoded", "prompt tokens", "uncertainty", "threshold", "strength",
+                "decision", "gate"]
+
+
+def look_decision(look: Any) -> str:
+    """Why a look was the last or not: the gate said go and a look followed; it said stop; it said go, no looks left."""
+    if look.saccade:
+        return "looked again"
+    return "stopped: no looks left" if look.go else "stopped: confident"
+
+
+def looks_table(t: Trace, threshold: float) -> list[list[str]]:
+    """One row per look of `t` in order (LOOK_HEADERS), the last field the gate's hard decision ("go" or "stop");
+    [] for a run with one look."""
+    return [[str(n), str(sum(int(c.numel()) for c in look.cells)), str(sum(int(c.numel()) for c in look.encoded)),
+             str(look.prompt_tokens), f"{look.uncertainty:.3f}", f"{threshold:.4g}", f"{look.strength:.3f}",
+             look_decision(look), "go" if look.go else "stop"]
+            for n, look in enumerate(getattr(t, "looks", None) or [], start=1)]
+
+
+def look_text(row: list[str]) -> str:
+    """A looks_table row as one cell of the stats table: what the look added and why it looked again or stopped."""
+    _, added, encoded, prompt, u, threshold, strength, decision, gate = row
+    above = ">" if gate == "go" else "<="            # the gate's decision: uncertainty above the threshold
+    cells = "cell" if added == "1" else "cells"
+    return (f"+{added} {cells} read, {encoded} encoded; {prompt} prompt tokens; uncertainty {u} {above} threshold "
+            f"{threshold} (strength {strength}): {decision}")
+
+
+def looks_record(t: Trace, threshold: float) -> list[dict[str, Any]]:
+    """The trace's looks (`Look.to_dict`), each with its number, the threshold and the decision in words."""
+    return [{"look": n, **look.to_dict(), "threshold": threshold, "decision": look_decision(look)}
+            for n, look in enumerate(t.looks, start=1)]
 
 
 # ----------------------------------------------------------------------------- the trace download
@@ -144,8 +193,9 @@ def cells_record(t: Trace) -> dict[str, Any]:
 
 def config_record(config: Any) -> dict[str, Any]:
     e = config.encode
+    looks = {"looks": e.passes, "threshold": e.saccade.threshold} if e.passes > 1 else {}
     return {"label": config.label, "layer": config.layer, "method": config.method,
-            "encode": {"mode": e.mode, "gist": e.gist, "margin": e.margin, "periphery": e.periphery}}
+            "encode": {"mode": e.mode, "gist": e.gist, "margin": e.margin, "periphery": e.periphery, **looks}}
 
 
 def run_record(p: Pruned, base: Run) -> dict[str, Any]:
@@ -156,7 +206,8 @@ def run_record(p: Pruned, base: Run) -> dict[str, Any]:
     t = p.run.trace
     entry = {"config": config_record(p.config), "answer": p.run.answer, **t.to_dict(),
              "kept_indices": [k.tolist() for k in t.kept_indices], "cells": cells_record(t),
-             "flops": p.run.flops.to_dict() if p.run.flops else None}
+             "flops": p.run.flops.to_dict() if p.run.flops else None,
+             "looks": looks_record(t, p.config.encode.saccade.threshold)}
     out = t.arr_coc
     if out is not None and getattr(out, "relevance", None) is not None:
         from arr_coc import viz

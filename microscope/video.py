@@ -62,7 +62,14 @@ def _ask_video(scope: Microscope, video: Any, question: Any, arr_on: Any, budget
         raise InputError(f"Method {method!r} cannot prune a video (it reads the unpruned prompt's layout); choose "
                          "arr_coc, evs, uniform_frames, random, grid, divprune or cdpruner for a clip.")
     notes: list[str] = []
-    configs = read_configs(scope, method, *(list(choices) + [None] * (7 - len(choices))), notes=notes)
+    configs = read_configs(scope, method, *(list(choices) + [None] * (9 - len(choices))), notes=notes)
+    if any(c.encode.passes > 1 for c in configs):   # a saccade adds cells of an image (arr_coc.qwen.saccades)
+        from dataclasses import replace
+
+        from arr_coc.saccade import SaccadeConfig
+
+        configs = [replace(c, encode=replace(c.encode, saccade=SaccadeConfig())) for c in configs]
+        notes.append("Looks again (saccades) apply to images: the clip was answered with one look.")
     question, q_notes = check_question(question, scope.limits)
     path = video if isinstance(video, str) else getattr(video, "path", None) or (video or {}).get("path")
     clip = check_clip(path, scope.limits, name=None, sampling=video_sampling(scope.wrapper.processor))

@@ -356,7 +356,7 @@ def test_client_api_describes_ask(live):
     info = live.view_api(print_info=False, return_format="dict")
     params = [p["parameter_name"] for p in info["named_endpoints"]["/ask"]["parameters"]]
     assert params == ["image", "question", "arr_coc", "budget", "adaptive", "method", "encode", "layer",
-                      "compare_layer", "compare_encode", "gist", "margin", "periphery", "video"]
+                      "compare_layer", "compare_encode", "gist", "margin", "periphery", "video", "looks", "threshold"]
     assert len(info["named_endpoints"]["/ask"]["returns"]) == len(handler.OUTPUT_NAMES)
 
 
