@@ -130,6 +130,12 @@ def test_a_batch_where_one_item_looks_again_equals_each_alone(tiny_vlm):
         assert t1.looks[-1].uncertainty == pytest.approx(tr.looks[-1].uncertainty, abs=1e-4)
 
 
+def _looks_at(vlm, inputs):
+    from arr_coc.qwen.saccades import look
+
+    return look(vlm, inputs, 0.25, "arr_coc", None, False, _looks(2, OPEN), max_new_tokens=2)
+
+
 def test_saccades_refuse_what_they_cannot_do(tiny_vlm):
     vlm = _vlm(tiny_vlm)
     with pytest.raises(ValueError, match="relevance map"):
@@ -138,6 +144,11 @@ def test_saccades_refuse_what_they_cannot_do(tiny_vlm):
         vlm.generate(*ITEMS, budget=0.1, encode=_looks(2, OPEN), max_new_tokens=2, num_beams=2)
     with pytest.raises(ValueError, match="before"):
         EncodeConfig("after", saccade={"passes": 2})
+    from test_video import video_inputs                        # a clip: refused before any work, with the reason
+
+    model, processor = tiny_vlm("qwen2_vl", "sdpa")
+    with pytest.raises(ValueError, match="images only.*passes=1"):
+        _looks_at(vlm, video_inputs(model, processor))
     for bad in ({"passes": 0}, {"target": "left"}, {"signal": "vibes"}, {"sharpness": 0.0}, {"budget": 1.5}):
         with pytest.raises(ValueError):
             SaccadeConfig(**bad)
@@ -175,6 +186,18 @@ def test_eval_counts_every_look_and_the_training_rows_predict_it_exactly(tmp_pat
         assert row["e2e_flops_mean"] == pytest.approx(sum(r["cost_2"] if r["u_margin"] > threshold else r["cost_1"]
                                                           for r in rows) / len(rows))
     assert rows[0]["cost_2"] > rows[0]["cost_1"]                # the open gate's second look is counted
+    image = read_jsonl(split)[0]
+    for passes, looks in (("1", None), ("2", 2)):              # ask --json says what each look did
+        import contextlib
+        import io
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["ask", "--model", str(tmp_path / "m"), "--image", str(image.image), "--question",
+                         image.question, "--encode", "before", "--passes", passes, "--saccade-threshold", str(OPEN),
+                         "--json"]) == 0
+        got = json.loads(out.getvalue().strip().splitlines()[-1])
+        assert (len(got["looks"]) if "looks" in got else None) == looks
 
 
 def test_fit_moves_the_threshold_to_where_a_second_look_helps():

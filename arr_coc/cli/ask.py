@@ -112,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     if args.video is not None:
         result["kept_per_group"] = trace.kept_per_group[0]
         result["frames"] = image.num_frames
+    if trace.looks:                            # --passes 2+: each look's cells, uncertainty and decision
+        result["looks"] = [look.to_dict() for look in trace.looks]
     result["notes"] = notes = notes + info_notes + answer_notes(answer, question, wrapper.tokenizer)  # issue 27
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
@@ -124,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
               + (f" [fallback: {trace.error}]" if trace.error else ""), file=sys.stderr)
         if args.video is not None:
             print(f"{image.num_frames} frames, tokens kept per temporal group: {trace.kept_per_group[0]}", file=sys.stderr)
+        for n, look in enumerate(trace.looks, 1):
+            print(f"look {n}: +{sum(int(c.numel()) for c in look.cells)} cells, uncertainty {look.uncertainty:.3f} "
+                  f"-> {'looked again' if look.saccade else 'stopped'}", file=sys.stderr)
     return 0
 
 

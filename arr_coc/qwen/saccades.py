@@ -165,6 +165,10 @@ def look(wrapper: ARRCOCQwen, inputs: dict[str, torch.Tensor], budget: Any = Non
             or int(gen_kwargs.get("num_beams", 1)) != 1:
         raise ValueError("passes > 1 decides each look from the greedy answer's first token: use greedy decoding "
                          "(no do_sample, num_beams or num_return_sequences > 1), or passes=1")
+    if inputs.get("pixel_values_videos") is not None:
+        raise ValueError("passes > 1 looks again at images only: a video's budget is spread over its temporal "
+                         "groups by the time stage, which a second look would have to re-run per clip; answer "
+                         "videos with passes=1 (docs/DESIGN.md, Saccades)")
     config = as_encode_config(encode).saccade
     memory = TowerMemory() if config.memory and config.passes > 1 and supports(wrapper.model) else None
     n_images = _n_units(inputs)
