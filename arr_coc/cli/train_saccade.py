@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     wrong = [r["correct_1"] < 1 for r in rows]
     scores = {s: auroc([r[f"u_{s}"] for r in rows], wrong) for s in ("margin", "entropy")}
     signal = max(scores, key=lambda s: scores[s]) if args.signal == "auto" else args.signal
+    before = {s: auroc([r[f"u_{s}"] for r in rows], wrong) for s in ("spread", "extent") if f"u_{s}" in rows[0]}
     with open(os.path.join(args.out, "train_log.jsonl"), "w") as log:
         gate, lines = fit(rows, signal, steps=args.steps, cost_weight=args.cost_weight, rate_weight=args.rate_weight,
                           target_rate=args.target_rate, log=log)
@@ -73,9 +74,11 @@ def run(args: argparse.Namespace) -> int:
     one = frontier(rows, signal, [2.0])[0]
     file = write_gate(args.out, trained, {
         "trained_on": args.data, "items": len(rows), "first_look_budget": args.budget, "auroc": scores,
+        "auroc_before_answering": before,
         "at_trained_threshold": point, "one_look": one, "final_loss": lines[-1]})
     _plot(curve, point, one, signal, os.path.join(args.out, "frontier.png"))
-    print(f"auroc of a wrong first answer: margin {scores['margin']:.3f}, entropy {scores['entropy']:.3f} -> {signal}")
+    print(f"auroc of a wrong first answer: margin {scores['margin']:.3f}, entropy {scores['entropy']:.3f} -> {signal}"
+          + "".join(f"; {k} (before answering) {v:.3f}" for k, v in before.items()))
     print(f"one look: accuracy {one['accuracy']:.4f} at {100 * one['cost']:.2f}% of the full prefill")
     print(f"trained gate (threshold {trained.threshold:.4f}, sharpness {trained.sharpness:.1f}): accuracy "
           f"{point['accuracy']:.4f} at {100 * point['cost']:.2f}%, {100 * point['saccade_share']:.1f}% of items look again")

@@ -99,6 +99,28 @@ def relevance_maps(first: Prepared, images: list[int]) -> dict[int, np.ndarray]:
         zip(images, (first.batch.grid_hw[i] for i in images)))}
 
 
+def _aim(wrapper: ARRCOCQwen, first: Prepared, images: list[int], kept: list[np.ndarray], encoded: list[np.ndarray],
+         clock: Stopwatch | None) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """Where a saccade looks: image -> (cells it adds to what the LM reads, cells the tower must encode for them:
+    the new cells + their context, minus every cell encoded before)."""
+    config, batch = first.encoding.saccade, first.batch
+    if config.target == "grow":
+        larger = _choose_again(wrapper, first, images, clock)
+    else:
+        relevance = relevance_maps(first, images) if images else {}
+    new, to_encode = {}, {}
+    for i in images:
+        g = batch.grid_hw[i]
+        if config.target == "grow":
+            c = np.setdiff1d(larger[i], kept[i]).astype(np.int64)
+        else:
+            c = saccade_cells(relevance[i], kept[i], g, config.budget, config.target)
+        context = cells_to_encode(wrapper.model, batch.grid_thw[i:i + 1], [g], [torch.from_numpy(c)],
+                                  first.encoding)[0].numpy()
+        new[i], to_encode[i] = c, np.setdiff1d(context, encoded[i]).astype(np.int64)
+    return new, to_encode
+
+
 def _choose_again(wrapper: ARRCOCQwen, first: Prepared, images: list[int], clock: Stopwatch | None
                   ) -> dict[int, np.ndarray]:
     """target "grow": image -> the cells the selector chooses for it at its first budget plus the saccade's."""
@@ -202,20 +224,7 @@ def look(wrapper: ARRCOCQwen, inputs: dict[str, torch.Tensor], budget: Any = Non
             break
         t_pass = time.perf_counter()
         images = [i for i, r in enumerate(batch.item_of_image) if r in rows and first.choice.fallback[i] != "keep_all"]
-        if config.target == "grow":
-            larger = _choose_again(wrapper, first, images, clock)
-        else:
-            relevance = relevance_maps(first, images) if images else {}
-        new, to_encode = {}, {}
-        for i in images:
-            g = batch.grid_hw[i]
-            if config.target == "grow":
-                c = np.setdiff1d(larger[i], kept[i]).astype(np.int64)
-            else:
-                c = saccade_cells(relevance[i], kept[i], g, config.budget, config.target)
-            context = cells_to_encode(wrapper.model, batch.grid_thw[i:i + 1], [g], [torch.from_numpy(c)],
-                                      first.encoding)[0].numpy()
-            new[i], to_encode[i] = c, np.setdiff1d(context, encoded[i]).astype(np.int64)
+        new, to_encode = _aim(wrapper, first, images, kept, encoded, clock)
         lap(clock, "saccade")                                             # aiming: ARR-COC's own work
         todo = [i for i in images if len(to_encode[i])]
         t_tower = time.perf_counter()

@@ -71,6 +71,7 @@ def collect(wrapper: ARRCOCQwen, records: Sequence[VQARecord], budget: float, sa
         gold = [tok(r.answers[0], add_special_tokens=False)["input_ids"][:1] or [0] for r in batch]
         gold_t = torch.as_tensor([g[0] for g in gold], device=looked.passes[0].first_logits.device)
         answers = [tok.batch_decode(p.answers, skip_special_tokens=True) for p in looked.passes]
+        first_kept = [sum(int(c.numel()) for c in tr.looks[0].cells) for tr in traces]
         stats = []
         for p in looked.passes:
             logp = torch.log_softmax(p.first_logits.float(), -1)
@@ -92,6 +93,7 @@ def collect(wrapper: ARRCOCQwen, records: Sequence[VQARecord], budget: float, sa
                 row[f"nll_{n + 1}"] = stats[n][2][j]
                 if n == 0:
                     row["u_margin"], row["u_entropy"] = stats[0][0][j], stats[0][1][j]
+                    row.update(map_signals(tr, first_kept[b]))
                 row[f"cost_{n + 1}"] = cost + (vision_1[b] if n == 0 else vision_2[b])
             if "correct_2" not in row:              # an image that fell back keeps every token: no second look
                 row.update(correct_2=row["correct_1"], nll_2=row["nll_1"], cost_2=row["cost_1"])
@@ -105,6 +107,21 @@ def collect(wrapper: ARRCOCQwen, records: Sequence[VQARecord], budget: float, sa
     if bar is not None:
         bar.close()
     return out
+
+
+def map_signals(trace: Any, kept: int) -> dict[str, float]:
+    """Two more candidate uncertainties from the selector, before any answer: the relevance map's spread (its
+    normalised entropy over the image's cells: 1 = flat) and the extent head's cells against what was kept
+    (predicted / kept; 0 without an extent head)."""
+    out = trace.arr_coc
+    if out is None:
+        return {"u_spread": 0.0, "u_extent": 0.0}
+    h, w = trace.grid_hw[0]
+    rel = out.relevance[0, :h, :w].float().flatten().clamp_min(0) + 1e-12
+    p = rel / rel.sum()
+    spread = float(-(p * p.log()).sum() / math.log(p.numel()))
+    extent = 0.0 if out.extent is None else float(out.extent[0]) / max(1, kept)
+    return {"u_spread": spread, "u_extent": extent}
 
 
 def frontier(rows: Sequence[dict[str, Any]], signal: str = "margin",
