@@ -38,6 +38,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count-balance", type=float, default=d.count_balance, metavar="CAP",
                         help="reweight count answers to a uniform 0-9 prior, each weight at most CAP (0 = off; default: %(default)s)")
     parser.add_argument("--vision-crop", type=int, default=d.vision_crop, help="vision-stage crop in cells (0 = whole images)")
+    video = parser.add_argument_group("--video: fine-tune a trained embedded model on ShapesVQA-video clips "
+                                      "(arr_coc/shapes/video_tuning.py; any device)")
+    video.add_argument("--video", action="store_true",
+                       help="grow the vocabulary by the video questions' words, then train on clips + images from "
+                            "--init (default checkpoints/shapes-qwen2vl) into --out")
+    video.add_argument("--video-steps", type=int, default=2000, help="--video: steps (default 2000)")
+    video.add_argument("--seconds", type=float, default=None, help="--video: stop after this many seconds")
+    video.add_argument("--clips", type=int, default=8, help="--video: clips per step (default 8)")
+    video.add_argument("--video-images", type=int, default=8, help="--video: images per step (default 8)")
+    video.add_argument("--video-lr", type=float, default=2e-4, help="--video: peak learning rate (default 2e-4)")
     add_runtime(parser)
     # The recipe trains a toy-width model on the CPU in float32 with its own supervised-attention kernel
     # (arr_coc.shapes.trainer): those are its defaults, and anything else is refused before training starts.
@@ -77,6 +87,17 @@ def run(args: argparse.Namespace) -> int:
     from arr_coc.shapes.trainer import train
     from arr_coc.shapes.vlm_config import VLMTrainConfig
 
+    if args.video:
+        from arr_coc.paths import EMBEDDED_MODEL
+        from arr_coc.shapes.video_tuning import run as tune
+
+        init = args.init or EMBEDDED_MODEL
+        if os.path.abspath(init) == os.path.abspath(args.out):
+            raise SystemExit("--video writes a new checkpoint: give --out a folder other than --init")
+        got = tune(init, args.out, args.video_steps, args.seconds, args.clips, args.video_images, args.video_lr,
+                   args.seed, device=runtime(args).device)
+        print(f"added {len(got['words_added'])} words; {got['steps']} steps; last {got['last']}; wrote {got['out']}")
+        return 0
     check_runtime(args)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     steps = tuple(int(s) for s in args.steps.split(","))
