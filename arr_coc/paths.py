@@ -14,6 +14,9 @@ from .persistence import LAYER_FILES, looks_like_hub_id, resolve_layer_folder   
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINTS = os.path.join(REPO_ROOT, "checkpoints")
 EMBEDDED_MODEL = os.path.join(CHECKPOINTS, "shapes-qwen2vl")    # the embedded Qwen2-VL-architecture VLM
+# EMBEDDED_MODEL fine-tuned on ShapesVQA-video clips (+ images), its vocabulary grown by the video words
+# (`train-vlm --video`, docs/TRAINING.md): the same 192-d embeddings, so the shipped layers read it too
+VIDEO_MODEL = os.path.join(CHECKPOINTS, "shapes-qwen2vl-video")
 SHIPPED_LAYER = os.path.join(CHECKPOINTS, "arr-coc-shapes")     # ARR-COC trained against EMBEDDED_MODEL
 # ARR-COC trained against EMBEDDED_MODEL for encode="before": it reads the texture array and the question only
 # (what it gets before the vision tower), docs/TRAINING.md
@@ -60,9 +63,12 @@ def check_layer_folder(folder: str | os.PathLike) -> str:
     return path
 
 
-def default_model_path() -> str | None:
-    """The embedded VLM, if this checkout ships it."""
-    return EMBEDDED_MODEL if os.path.isfile(os.path.join(EMBEDDED_MODEL, "config.json")) else None
+def default_model_path(video: bool = False) -> str | None:
+    """The embedded VLM, if this checkout ships it; for a video (video=True), its video fine-tune when shipped."""
+    for folder in ([VIDEO_MODEL] if video else []) + [EMBEDDED_MODEL]:
+        if os.path.isfile(os.path.join(folder, "config.json")):
+            return folder
+    return None
 
 
 def default_layer_path(encode: str = "after") -> str | None:
@@ -72,9 +78,11 @@ def default_layer_path(encode: str = "after") -> str | None:
 
 
 def is_embedded_model(model: str | os.PathLike | None) -> bool:
-    """True when `model` names the shipped embedded VLM folder (a hub id or another folder: False)."""
-    embedded = default_model_path()
-    return bool(model and embedded and os.path.isdir(model) and os.path.samefile(model, embedded))
+    """True when `model` names a shipped embedded VLM folder, the image one or its video fine-tune (a hub id or
+    another folder: False)."""
+    if not (model and os.path.isdir(model)):
+        return False
+    return any(os.path.isdir(f) and os.path.samefile(model, f) for f in (EMBEDDED_MODEL, VIDEO_MODEL))
 
 
 def layer_mode(encode: Any = "after") -> str:

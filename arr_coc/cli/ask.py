@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from arr_coc.paths import CHECKPOINTS, LayerNotFound, default_model_path, resolve_layer
 
     run_on = runtime(args)  # a wrong device / dtype / attention name, or no GPU for cuda: said before anything loads
-    model_path = args.model or default_model_path()
+    model_path = args.model or default_model_path(video=args.video is not None)
     if model_path is None:
         raise SystemExit(
             f"no embedded model found under {CHECKPOINTS}; pass --model PATH "

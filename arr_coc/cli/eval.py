@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from arr_coc.data import read_jsonl
     from arr_coc.evaluation.loop import evaluate, load_wrapper, resolve_methods
     from arr_coc.evaluation.report import accuracy_table, markdown_table, write_json, write_plot
-    from arr_coc.paths import EMBEDDED_MODEL, LayerNotFound, check_layer_folder, resolve_layer
+    from arr_coc.paths import EMBEDDED_MODEL, LayerNotFound, check_layer_folder, default_model_path, resolve_layer
     from arr_coc.training.distributed import LaunchError, Processes
 
     try:  # under torchrun / accelerate launch: the launcher's device, a share of the batches, rank 0 writes
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         args.max_new_tokens = check_max_new_tokens(args.max_new_tokens)
     except InputError as exc:
         fail(args, str(exc))
-    model = args.model or EMBEDDED_MODEL
+    model = args.model or (default_model_path(video=True) if is_video_split(args.data) else None) or EMBEDDED_MODEL
     if args.arr_coc_weights is None:
         # the shipped trained layer for this encoding, embedded model only
         args.arr_coc_weights = resolve_layer(model, None, encode_config(args))

@@ -177,8 +177,10 @@ def summarise(rows: dict[tuple[str, str, float], Row], records: Sequence[dict[st
             entry["relative"] = round(acc / max(1e-9, float(np.mean(full.correct))), 4)
         entry["by_type"] = {t: round(float(np.mean([c for c, r in zip(row.correct, records) if r["qtype"] == t])), 4)
                             for t in types}
+        entry["correct"] = [float(c) for c in row.correct]      # per clip, in `ids` order: what pairing needs
         out.append(entry)
-    return {"n": len(records), "results": out,
+    return {"n": len(records), "ids": [r.get("id") for r in records], "qtypes": [r["qtype"] for r in records],
+            "results": out,
             "notes": {"cost": "whole prefill FLOPs (vision tower on what was encoded + ARR-COC's own work + packing + "
                               "LM prefill) as a share of the full model's",
                       "agree": "share of items answered as the full model answers them",
