@@ -133,6 +133,12 @@ def decide(u: torch.Tensor, config: SaccadeConfig) -> torch.Tensor:
     return (u - config.threshold) * config.sharpness > 0
 
 
+def strength(u: float, config: SaccadeConfig) -> float:
+    """The soft decision of `config`'s gate for one uncertainty (what a trace shows): sigmoid((u - t) * k)."""
+    x = max(-60.0, min(60.0, (u - config.threshold) * config.sharpness))
+    return 1.0 / (1.0 + math.exp(-x))
+
+
 def ring(cells: np.ndarray, grid_hw: tuple[int, int]) -> np.ndarray:
     """Bool[h * w]: the 8-neighbours of `cells` (raster), the cells themselves excluded."""
     h, w = grid_hw

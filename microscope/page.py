@@ -38,6 +38,7 @@ MAX_GIST = 0.75                      # the gist slider's range only (a gist is a
 QUEUE_SIZE = 32
 DEFAULT_CONCURRENCY = 2              # model calls are serialised by a lock; the second slot overlaps I/O and drawing
 WATCH_EVERY_S = 0.25                 # how often a running request checks that its client is still connected
+CLIP_INPUT = 13                      # where the uploaded clip sits in the page's inputs (after periphery)
 STOP_WAIT_S = 3.0                    # how long a cancelled request waits for its work to stop before it lets go
 
 CSS = """
@@ -210,7 +211,8 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
     # Every request's model work runs here (not on Gradio's thread pool), so it can be told to stop.
     workers = ThreadPoolExecutor(max_workers=max(2, scope.admission.max_requests), thread_name_prefix="ask")
     def respond(*args):   # a clip, when one was uploaded, replaces the image (microscope/video.py)
-        request, clip = list(args[:13]) + list(args[14:]), args[13]   # inputs: ..., periphery, video, looks, threshold
+        at = CLIP_INPUT   # the page's inputs: ..., periphery, video, looks, threshold (API order kept for clients)
+        request, clip = list(args[:at]) + list(args[at + 1:]), args[at]
         if clip:
             from microscope.video import ask_video
 
@@ -371,6 +373,7 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
         assert len(outputs) == len(OUTPUT_NAMES)
         inputs = [image, question, arr_toggle, budget, adaptive, method, encode, layer, compare_layer,
                   compare_encode, gist, margin, periphery, video, looks, threshold]
+        assert inputs.index(video) == CLIP_INPUT
         gr.on([run.click, question.submit], run_ask, inputs=inputs, outputs=outputs,
               js=slider_max_as_text(len(inputs), inputs.index(budget)),
               api_name="ask", concurrency_limit=concurrency)

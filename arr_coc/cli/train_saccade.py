@@ -96,11 +96,8 @@ def _collect(args: argparse.Namespace, config, collect) -> list[dict]:
     model = args.model or EMBEDDED_MODEL
     layer = args.arr_coc or resolve_layer(model, None, EncodeConfig(mode="before"))
     records = read_jsonl(args.data)[: args.limit]
-    wrapper = load_wrapper(model, run_on.device, dtype=run_on.dtype, attn_implementation=run_on.attn_implementation)
-    if layer is not None:
-        from arr_coc.qwen.loading import build_layer
-
-        wrapper._arr_coc_layer = build_layer(layer, wrapper.text_hidden_size).to(wrapper.device)
+    wrapper = load_wrapper(model, run_on.device, dtype=run_on.dtype, attn_implementation=run_on.attn_implementation,
+                           arr_coc=layer)
     return collect(wrapper, records, args.budget, config, batch_size=args.batch_size)
 
 

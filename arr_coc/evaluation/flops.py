@@ -64,10 +64,13 @@ class CountedSelector:
     def flops(self) -> int | None:
         """The selector's FLOPs over every context it ran on (a saccade may choose again); None (unknown) when
         they cannot be counted."""
-        if not self.contexts:
-            return 0
+        calls = self.flops_per_call()
+        return None if calls is None else sum(calls)
+
+    def flops_per_call(self) -> list[int] | None:
+        """The selector's FLOPs on each context it ran on, in order; None (unknown) when they cannot be counted."""
         try:
-            return sum(count_flops(self.fn, ctx)[1] for ctx in self.contexts)
+            return [count_flops(self.fn, ctx)[1] for ctx in self.contexts]
         except Exception as exc:  # noqa: BLE001 - an unknown count is reported as unknown, never as 0
             logger.warning("could not count the FLOPs of %s (%s); reporting them as unknown", self.__name__, exc)
             return None

@@ -46,7 +46,7 @@ from .flops import count_flops
 from .plans import MethodPlan
 
 if TYPE_CHECKING:
-    from ..qwen import ARRCOCQwen, PrunedInputs
+    from ..qwen import ARRCOCQwen
     from ..training.distributed import Processes
 
 logger = logging.getLogger(__name__)
@@ -76,9 +76,10 @@ def resolve_methods(spec: str, arr_coc_weights: str | None = None) -> tuple[list
 
 
 def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int = 3, dtype: str = "auto",
-                 attn_implementation: str | None = None) -> ARRCOCQwen:
+                 attn_implementation: str | None = None, arr_coc: str | None = None) -> ARRCOCQwen:
     """ARRCOCQwen.from_pretrained with a clear error; retries a moment later if a checkpoint is mid-save.
 
+    arr_coc: the ARR-COC layer the wrapper builds (a folder, a hub id; None: the untrained layer).
     device / dtype / attn_implementation: `arr_coc.runtime`'s names (a wrong one raises RuntimeChoiceError
     at once, before anything loads; it is never retried).
     """
@@ -93,7 +94,7 @@ def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int =
                              "`python -m arr_coc train-vlm --out checkpoints/shapes-qwen2vl` or pass --model PATH")
     for attempt in range(attempts):
         try:
-            wrapper = ARRCOCQwen.from_pretrained(model, device=run.device, dtype=run.dtype,
+            wrapper = ARRCOCQwen.from_pretrained(model, arr_coc=arr_coc, device=run.device, dtype=run.dtype,
                                                  attn_implementation=run.attn_implementation)
             break
         except (HubUnreachable, RuntimeChoiceError):   # retrying changes neither
@@ -300,7 +301,7 @@ def run_one(wrapper: ARRCOCQwen, plan: MethodPlan, batch: Sequence[VQARecord], i
         rows.fallback.append(next((fb for fb in tr.fallback if fb), None))
         length = int(pruned.attention_mask[b].sum())
         if length not in flops_memo:
-            flops_memo[length] = count_flops(wrapper.prefill, _row_inputs(pruned, b), logits_to_keep=1)[1]
+            flops_memo[length] = count_flops(wrapper.prefill, pruned.rows([b]), logits_to_keep=1)[1]
         per_item = None if select_flops is None else select_flops / len(batch)
         rows.prefill_flops.append(None if per_item is None else flops_memo[length] + per_item)
         rows.selector_flops.append(per_item)
@@ -373,11 +374,6 @@ def run_looks(wrapper: ARRCOCQwen, run: Any, batch: Sequence[VQARecord], images:
             if cells:
                 rows.coverage[-1] = len(set(int(i) for i in tr.kept_indices[0].tolist()) & cells) / len(cells)
     return rows
-
-
-def _row_inputs(pruned: PrunedInputs, b: int) -> PrunedInputs:
-    """Row b of a left-padded PrunedInputs on its own (no padding), for per-item FLOPs."""
-    return pruned.rows([b])
 
 
 def _mean(xs: Sequence[float]) -> float | None:

@@ -153,9 +153,8 @@ def _oracle(wrapper: Any, inputs: dict[str, torch.Tensor], batch: Sequence[dict[
 
 
 def _prefill_flops(wrapper: Any, pruned: Any, b: int) -> int:
-    from .loop import _row_inputs
-
-    return count_flops(wrapper.prefill, _row_inputs(pruned, b), logits_to_keep=1)[1]
+    """The LM prefill of row b alone (no padding, last-position logits), as `eval` counts it."""
+    return count_flops(wrapper.prefill, pruned.rows([b]), logits_to_keep=1)[1]
 
 
 def summarise(rows: dict[tuple[str, str, float], Row], records: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..saccade import decide, grown, saccade_cells, uncertainty
+from ..saccade import decide, grown, saccade_cells, strength, uncertainty
 from ..stopwatch import Stopwatch, lap
 from .encoding import as_encode_config, cells_to_encode, encode_packed
 from .foveation import nearest_cells
@@ -269,18 +269,15 @@ def _final_traces(first: Prepared, passes: list[Pass], record: dict[int, list[tu
                   kept: list[np.ndarray], encoded: list[np.ndarray], lm_cells: list[np.ndarray],
                   periphery: list[np.ndarray], config: Any) -> list[Any]:
     """The first look's traces, updated to what every look kept and encoded, each with its `looks`."""
-    import math
-
     batch = first.batch
     for b, tr in enumerate(first.traces):
         imgs = [i for i, r in enumerate(batch.item_of_image) if r == b]
         mine = [p for p in passes if b in p.rows]
         looks = []
         for n, (p, (u, go)) in enumerate(zip(mine, record[b])):
-            strength = 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, (u - config.threshold) * config.sharpness))))
             looks.append(Look(cells=[torch.from_numpy(p.new_cells.get(i, np.empty(0, np.int64))) for i in imgs],
                               encoded=[torch.from_numpy(p.encoded.get(i, np.empty(0, np.int64))) for i in imgs],
-                              prompt_tokens=p.pruned.lengths[p.rows.index(b)], uncertainty=u, strength=strength,
+                              prompt_tokens=p.pruned.lengths[p.rows.index(b)], uncertainty=u, strength=strength(u, config),
                               go=go, saccade=n + 1 < len(mine)))
         tr.looks = looks
         tr.kept_indices = [torch.from_numpy(kept[i]) for i in imgs]

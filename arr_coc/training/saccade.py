@@ -59,7 +59,7 @@ def collect(wrapper: ARRCOCQwen, records: Sequence[VQARecord], budget: float, sa
         inputs = wrapper.build_inputs([[r.load_image()] for r in batch], [r.question for r in batch])
         counted = CountedSelector(get_selector(method), method)
         looked = look(wrapper, inputs, budget, counted, None, True, encode, max_new_tokens=8)
-        per_call = [count_flops(counted.fn, ctx)[1] for ctx in counted.contexts]   # [first look, "grow": choosing again]
+        per_call = counted.flops_per_call() or []        # [first look, "grow": choosing again]
         selector = [sum(per_call[:1]) / len(batch), sum(per_call[1:]) / len(batch)]
         traces = looked.traces
         first_only = [dataclasses.replace(tr, looks=tr.looks[:1]) for tr in traces]
