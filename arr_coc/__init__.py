@@ -30,6 +30,8 @@ _EXPORTS = {
     "generate_texture_array": "arr_coc.texture",
     "ARRCOCQwen": "arr_coc.qwen",
     "Trace": "arr_coc.qwen",
+    "Pruning": "arr_coc.pipeline",
+    "register_selector": "arr_coc.pipeline",
     "Budget": "arr_coc.budget",
     "BudgetError": "arr_coc.budget",
     "DEFAULT_BUDGET": "arr_coc.budget",
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from .config import ARRCOCConfig
     from .inputs import LIMITS, InputError, InputLimits
     from .layer import ARRCOCLayer, ARRCOCOutput
+    from .pipeline import Pruning, register_selector
     from .qwen import ARRCOCQwen, Trace
     from .texture import channel_names, generate_texture_array
     from .video.clip import Clip

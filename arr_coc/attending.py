@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .budget import Budget, BudgetError, BudgetMode, check_mode, resolve_count
+from .budget import Budget, BudgetError, BudgetMode, check_mode, count_of, resolve_count
 from .config import AttendingConfig
 from .grid import GridBatch, masked_median, upload
 
@@ -250,7 +250,7 @@ class TokenAllocator(nn.Module):
         mode = self.resolve_mode(budget_mode)
         budgets = _per_image(budget, len(grid))
         n_host = grid.cells
-        fixed = [resolve_count(cfg.budget if b is None else b, n) for b, n in zip(budgets, n_host)]
+        fixed = [count_of(cfg.budget if b is None else b, n) for b, n in zip(budgets, n_host)]
         adaptive = [mode == "adaptive" or (b is None and cfg.mode == "adaptive") for b in budgets]
         host = upload(np.array([fixed, n_host, adaptive], dtype=np.float64), relevance.device)   # [3, B]
         k, n = host[0], host[1]

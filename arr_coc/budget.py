@@ -122,12 +122,15 @@ def check_mode(mode: object) -> BudgetMode | None:
 
 
 def resolve_count(budget: Budget | None, n_tokens: int) -> int:
-    """Tokens to keep out of n_tokens: shares round half up, counts are capped at n_tokens, at least 1.
+    """Tokens to keep out of n_tokens for a budget from anywhere (checked first): shares round half up, counts
+    are capped at n_tokens, at least 1. None means DEFAULT_BUDGET."""
+    return count_of(check_budget(DEFAULT_BUDGET if budget is None else budget), n_tokens)
 
-    None means DEFAULT_BUDGET.
-    """
-    budget = check_budget(DEFAULT_BUDGET if budget is None else budget)
-    k = int(math.floor(budget * n_tokens + 0.5)) if isinstance(budget, float) else budget
+
+def count_of(budget: Budget, n_tokens: int) -> int:
+    """`resolve_count` of a budget already read (`parse_budget` / `check_budget`): the pipeline's, the selectors'
+    and the allocator's count, with no second check of what the edge read."""
+    k = int(math.floor(budget * n_tokens + 0.5)) if isinstance(budget, float) else int(budget)
     return max(1, min(n_tokens, k))
 
 

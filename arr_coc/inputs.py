@@ -1,4 +1,5 @@
-"""The one validator of what a user sends: images, videos, questions, budgets and methods.
+"""The one validator of what a user sends: images, videos and questions (budgets, methods and the encoding are
+read beside the method registry, in `arr_coc.pipeline.request`: `read_budget`, `check_method`, `check_encode`).
 
 `ARRCOCQwen.generate`, `python -m arr_coc ask` and the microscope app all check their inputs here, so the
 same input gets the same verdict and the same words everywhere. A problem is an `InputError` whose
@@ -38,14 +39,13 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .budget import DEFAULT_BUDGET, MAX_COUNT, Budget, BudgetError, parse_budget
+from .budget import MAX_COUNT
 from .cancel import Cancelled, checkpoint
 from .errors import InputError
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-    from .qwen.encoding import EncodeConfig
     from .video.clip import Clip
 
 FORMATS = "PNG, JPEG, WebP, BMP or GIF"
@@ -113,36 +113,6 @@ def check_question(question: Any, limits: InputLimits = LIMITS) -> tuple[str, li
     return kept, notes
 
 
-def check_budget(value: Any, default: Budget | None = None, limits: InputLimits = LIMITS,
-                 wire: bool = False) -> Budget | None:
-    """A budget as any caller writes it (0.25, "10%", 64, "64tok"), read by `arr_coc.budget.parse_budget`;
-    None (not given) is `default`. A refusal carries the budget parser's own message ("" is not a budget,
-    as on the command line and in `generate`). wire=True: it came over JSON (the app's API), where a whole
-    number is read as the text it was, so 1 is as ambiguous as "1" on the command line (`parse_budget`)."""
-    if value is None:
-        return default
-    try:
-        budget = parse_budget(value, wire=wire)
-    except BudgetError as exc:
-        raise InputError(str(exc), "budget") from None
-    if isinstance(budget, int) and budget > limits.max_budget_count:
-        raise InputError(f"budget={budget} as a token count is more than any image has (limit "
-                         f"{limits.max_budget_count:,}); write a share like 0.1, 1.0 or 10%, or a smaller count",
-                         "budget")
-    return budget
-
-
-def check_method(method: Any, default: str = "arr_coc") -> str:
-    """A selector name that `arr_coc.selection.get_selector` resolves (None, not given, is `default`)."""
-    from .selection import available_methods, unknown_method_message
-
-    if method is None:
-        return default
-    if not isinstance(method, str) or method not in available_methods():
-        raise InputError(unknown_method_message(method), "method")
-    return method
-
-
 def check_max_new_tokens(value: Any) -> int:
     """The answer's length limit: a whole number of tokens, at least 1. Refused here, in the validator's words,
     rather than by transformers halfway through a request (its ValueError was a traceback on the command line)."""
@@ -150,30 +120,6 @@ def check_max_new_tokens(value: Any) -> int:
         raise InputError(f"max_new_tokens={value!r} is not an answer length: give a whole number of tokens of at "
                          "least 1 (--max-new-tokens 32)", "max_new_tokens")
     return int(value)
-
-
-def check_encode(method: Any, encode: Any = None) -> EncodeConfig:
-    """What the vision tower encodes, for `method` -> an `EncodeConfig`. `encode` is an EncodeConfig, a mode
-    ("after", "before"), None ("after") or a mapping of EncodeConfig's fields (the command line's --encode,
-    --gist, --margin, --periphery, --whole-windows). Refused: settings that contradict each other (a gist
-    or a margin without encode before, a periphery without a gist), and encode before for a method that reads
-    the encoded visual tokens (FastV, VisionZip, ...), which cannot choose before the tower. method None or
-    "none" selects nothing, so only the settings are checked."""
-    from .qwen.encoding import EncodeConfig, as_encode_config
-
-    try:
-        config = EncodeConfig(**encode) if isinstance(encode, dict) else as_encode_config(encode)
-    except (TypeError, ValueError) as exc:
-        raise InputError(str(exc), "encode") from None
-    if config.mode == "before" and isinstance(method, str) and method != "none":
-        from .selection import available_methods, get_selector, selects_before_encoding
-
-        if not selects_before_encoding(get_selector(method)):
-            before = [m for m in available_methods() if m != "none" and selects_before_encoding(get_selector(m))]
-            raise InputError(f"method {method!r} reads the encoded visual tokens, so it cannot choose before the "
-                             "vision tower: run it with --encode after (encode='after'), or pick a method that "
-                             f"chooses before ({', '.join(before)})", "encode")
-    return config
 
 
 # ----------------------------------------------------------------------------- the image
@@ -514,29 +460,6 @@ def _to_8_bits(im: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------- a whole request
-
-
-@dataclass
-class CheckedRequest:
-    """Everything a request sends, checked, in the order the validator checks it."""
-
-    budget: Budget | None
-    method: str
-    question: str
-    image: Any                      # RGB PIL image, or None when no image was asked for
-    info: ImageInfo | None
-    notes: list[str]
-
-
-def validate(image: Any, question: Any, budget: Any = None, method: Any = None, limits: InputLimits = LIMITS,
-             name: str | None = None, default_budget: Budget | None = DEFAULT_BUDGET) -> CheckedRequest:
-    """Check a whole request in one fixed order (budget, method, question, image), so a request with
-    several problems gets the same first verdict everywhere. Raises InputError."""
-    checked_budget = check_budget(budget, default_budget, limits)
-    checked_method = check_method(method)
-    text, notes = check_question(question, limits)
-    picture, info = check_image(image, limits, name)
-    return CheckedRequest(checked_budget, checked_method, text, picture, info, notes + info.notes)
 
 
 def check_items(images: list[list[Any]], questions: list[Any], limits: InputLimits = LIMITS,

@@ -20,8 +20,9 @@ over the whole batch at once, in two steps:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, Union
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ import torch.nn as nn
 from .attending import Decision, TokenAllocator, finish_on_host
 from .balancing import AdaptiveTensionBalancer
 from .batch import LayerBatch, layer_batch
-from .budget import Budget, BudgetError, BudgetMode
+from .budget import Budget, BudgetError, BudgetMode, check_budget
 from .config import ARRCOCConfig
 from .extent import ExtentHead
 from .grid import GridBatch
@@ -156,6 +157,7 @@ class ARRCOCLayer(LayerPersistence, nn.Module):
         images = list(images)
         grid_hw = [(int(h), int(w)) for h, w in grid_hw]
         b = len(images)
+        budget = check_budgets(budget)      # the layer's own edge: `run` trusts what it is given
         if len(grid_hw) != b:
             raise ValueError(f"got {b} images but {len(grid_hw)} grids; pass one (h, w) per image")
         if query_embeds is not None and len(query_embeds) != b:
@@ -260,9 +262,44 @@ class ARRCOCLayer(LayerPersistence, nn.Module):
         )
 
 
+def check_budgets(budget: Budget | Sequence[Budget | None] | None) -> Budget | list[Budget | None] | None:
+    """A budget, or one per image, each checked (`arr_coc.budget.check_budget`); None entries stay None."""
+    if budget is None or isinstance(budget, (int, float, str)):
+        return None if budget is None else check_budget(budget)
+    return [None if b is None else check_budget(b) for b in budget]
+
+
 def _budget_of(budget: Budget | Sequence[Budget | None] | None, i: int) -> Budget | Sequence[Budget | None] | None:
     """Item i's budget, for a one-item retry."""
     return budget if budget is None or isinstance(budget, (int, float)) else [list(budget)[i]]
 
 
-__all__ = ["ARRCOCLayer", "ARRCOCOutput", "LayerDecision", "pad_grid"]
+
+# What `ARRCOCQwen(arr_coc=...)` accepts: a layer, a config, a folder of trained weights, or None (untrained).
+LayerSpec = Union[ARRCOCLayer, ARRCOCConfig, str, os.PathLike, None]
+
+
+def build_layer(spec: LayerSpec, text_hidden_size: int) -> ARRCOCLayer:
+    """The ARR-COC layer for a VLM whose question embeddings are `text_hidden_size` wide."""
+    d = text_hidden_size
+    if spec is None:
+        layer = ARRCOCLayer(ARRCOCConfig().with_query_dim(d))
+    elif isinstance(spec, ARRCOCConfig):
+        layer = ARRCOCLayer(spec if spec.knowing.query_dim == d else spec.with_query_dim(d))
+    elif isinstance(spec, (str, os.PathLike)):
+        layer = ARRCOCLayer.from_pretrained(os.fspath(spec))
+    elif isinstance(spec, ARRCOCLayer):
+        layer = spec
+    else:
+        raise TypeError(f"arr_coc must be an ARRCOCLayer, an ARRCOCConfig, a folder of trained weights or None; "
+                        f"got {type(spec).__name__}")
+    if hasattr(layer.participatory, "know_weights"):
+        layer.eval().participatory.know_weights()   # what the forward would otherwise read back from the GPU once
+    if layer.config.knowing.query_dim != d:
+        raise ValueError(
+            f"the ARR-COC layer expects question embeddings of width {layer.config.knowing.query_dim} but this "
+            f"VLM's text hidden size is {d}; train or build the layer with ARRCOCConfig().with_query_dim({d})")
+    return layer.eval()
+
+
+__all__ = ["ARRCOCLayer", "ARRCOCOutput", "LayerDecision", "LayerSpec", "build_layer", "check_budgets", "pad_grid"]

@@ -17,10 +17,14 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .layer import ARRCOCLayer
+
+class SavedLayer(Protocol):
+    """What the model card reads of a layer (`ARRCOCLayer` is one; it mixes `LayerPersistence` in)."""
+
+    config: Any
+    channel_names: list[str]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -42,7 +46,7 @@ class LayerCard:
     results: list[str] = field(default_factory=list)   # measured results, one Markdown line each
 
 
-def model_card(layer: ARRCOCLayer, card: LayerCard) -> str:
+def model_card(layer: SavedLayer, card: LayerCard) -> str:
     """The README.md written beside a saved layer (Hugging Face model-card front matter + Markdown)."""
     cfg = layer.config
     att = cfg.attending
@@ -95,7 +99,7 @@ class LayerPersistence:
     @classmethod
     def from_pretrained(cls, name_or_folder: str | os.PathLike, *, revision: str | None = None,
                         cache_dir: str | os.PathLike | None = None, local_files_only: bool | None = None,
-                        token: str | bool | None = None, **overrides: Any) -> ARRCOCLayer:
+                        token: str | bool | None = None, **overrides: Any) -> Any:
         """Load a folder written by `save_pretrained`, or a hub id ("owner/name", at `revision`) laid out
         the same way; `overrides` go to `ARRCOCConfig.replace` (e.g. `attending={"budget": 0.1}`)."""
         from safetensors.torch import load_file

@@ -133,3 +133,13 @@ def keep_large_buffers(limit: int = 1 << 30) -> bool:
         return bool(libc.mallopt(-3, int(limit))) and bool(libc.mallopt(-1, int(limit)))   # M_MMAP / M_TRIM_THRESHOLD
     except OSError:
         return False
+
+
+def add_arguments(parser: Any) -> None:
+    """--device, --dtype and --attn-implementation on an argparse parser, with this module's one meaning (every
+    command and the app take them)."""
+    parser.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default auto)")
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                        help="auto: float32 on cpu, bfloat16 on a GPU that has it, else float16 (default auto)")
+    parser.add_argument("--attn-implementation", default=None, choices=ATTN_IMPLEMENTATIONS,
+                        help="the VLM's attention kernels (default: transformers' own, sdpa)")

@@ -8,11 +8,13 @@ matplotlib is imported lazily (Agg backend) so importing arr_coc stays light.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from .layer import ARRCOCOutput
+from .output import ARRCOCOutput
 
 MAP_NAMES = ("information", "perspectival", "participatory", "relevance")
 
@@ -57,7 +59,7 @@ def outline_kept(image: Image.Image, kept: torch.Tensor | list[int], grid_hw: tu
     return out
 
 
-# One colour per `Trace.resolution` level (arr_coc.qwen.trace.RESOLUTION_LEVELS, coarsest first), blended into the
+# One colour per `Trace.resolution` level (arr_coc.resolution.RESOLUTION_LEVELS, coarsest first), blended into the
 # image at RESOLUTION_ALPHA: not encoded (dark), gist only (violet), periphery (blue), full resolution not read
 # (orange: the margin), full resolution read (green, the kept-token colour).
 RESOLUTION_COLOURS = ((25, 25, 25), (170, 100, 235), (30, 120, 255), (255, 150, 0), KEPT_OUTLINE)
@@ -71,8 +73,6 @@ def resolution_picture(image: Image.Image, codes: torch.Tensor, grid_hw: tuple[i
     the picture still shows the image. `tokens`: raster cells where the periphery's gist tokens stand
     (`Trace.periphery_cells`), marked with a white dot. `legend` adds a strip below naming the levels
     present, with counts, under `title` when one is given."""
-    from .qwen.trace import PERIPHERY, RESOLUTION_LEVELS
-
     h, w = grid_hw
     base = np.asarray(image.convert("RGB"), dtype=np.float64)                        # [H, W, 3]
     palette = np.asarray(RESOLUTION_COLOURS, dtype=np.float64)
@@ -88,14 +88,26 @@ def resolution_picture(image: Image.Image, codes: torch.Tensor, grid_hw: tuple[i
         draw.ellipse([x - r, y - r, x + r, y + r], fill=(255, 255, 255), outline=(0, 0, 0))
     if not legend:
         return out
+    key = level_legend(np.bincount(cells.reshape(-1), minlength=len(RESOLUTION_COLOURS)), out.size[0], title,
+                       len(marks))
+    both = Image.new("RGB", (out.size[0], out.size[1] + key.size[1]), (255, 255, 255))
+    both.paste(out, (0, 0))
+    both.paste(key, (0, out.size[1]))
+    return both
+
+
+def level_legend(counts: Sequence[int], width: int, title: str = "", periphery_tokens: int = 0) -> Image.Image:
+    """A strip naming the resolution levels present (counts[level] > 0), each with its colour and cell count, under
+    `title` when one is given; `periphery_tokens` dots are said beside the periphery level."""
     from PIL import ImageFont
 
-    present = [(lvl, int((cells == lvl).sum())) for lvl in range(len(RESOLUTION_LEVELS) - 1, -1, -1)
-               if (cells == lvl).any()]
-    size = int(min(22, max(11, out.size[0] // 30)))
+    from .resolution import PERIPHERY, RESOLUTION_LEVELS
+
+    present = [(lvl, int(counts[lvl])) for lvl in range(len(RESOLUTION_LEVELS) - 1, -1, -1) if counts[lvl] > 0]
+    size = int(min(22, max(11, width // 30)))
     font, row = ImageFont.load_default(size=size), size + 6
     top = row if title else 0
-    strip = Image.new("RGB", (out.size[0], top + row * len(present) + 6), (255, 255, 255))
+    strip = Image.new("RGB", (width, top + row * len(present) + 6), (255, 255, 255))
     draw = ImageDraw.Draw(strip)
     if title:
         draw.text((4, 4), title, fill=(0, 0, 0), font=font)
@@ -103,13 +115,10 @@ def resolution_picture(image: Image.Image, codes: torch.Tensor, grid_hw: tuple[i
         y = 3 + top + k * row
         draw.rectangle([4, y + 2, 4 + size, y + 2 + size], fill=RESOLUTION_COLOURS[lvl], outline=(0, 0, 0))
         text = f"{RESOLUTION_LEVELS[lvl]}: {n} cell{'s' if n != 1 else ''}"
-        if lvl == PERIPHERY and marks:
-            text += f", {len(marks)} token{'s' if len(marks) != 1 else ''} (dots)"
+        if lvl == PERIPHERY and periphery_tokens:
+            text += f", {periphery_tokens} token{'s' if periphery_tokens != 1 else ''} (dots)"
         draw.text((10 + size, y + 1), text, fill=(0, 0, 0), font=font)
-    both = Image.new("RGB", (out.size[0], out.size[1] + strip.size[1]), (255, 255, 255))
-    both.paste(out, (0, 0))
-    both.paste(strip, (0, out.size[1]))
-    return both
+    return strip
 
 
 def overlay_heatmap(image: Image.Image, out: ARRCOCOutput, i: int = 0, alpha: float = 0.5) -> Image.Image:

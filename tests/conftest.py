@@ -64,3 +64,15 @@ def shapes_image(height: int, width: int, seed: int = 0) -> Image.Image:
 def make_image():
     """`make_image(height, width, seed=0) -> PIL.Image` with a few shapes on a flat background."""
     return shapes_image
+
+
+def text_prefill_flops(wrapper, length: int) -> int:
+    """FLOPs of the language model's prefill of a text prompt of `length` tokens (last position's logits): the
+    independent reference for the LM cost the evaluation counts on the real pruned prompt."""
+    import torch
+
+    from arr_coc.evaluation.flops import count_flops
+
+    ids = torch.full((1, int(length)), int(wrapper.pad_token_id), dtype=torch.long, device=wrapper.device)
+    with torch.no_grad():
+        return count_flops(wrapper.model, input_ids=ids, attention_mask=torch.ones_like(ids), logits_to_keep=1)[1]

@@ -20,7 +20,7 @@ from _app_server import free_port, save_tiny_model, scene
 
 from arr_coc.cancel import Cancelled, CancelToken, cancellable, checkpoint, current_token
 from arr_coc.qwen import ARRCOCQwen
-from arr_coc.selection import SELECTORS
+from arr_coc.pipeline.selection import SELECTORS
 
 Q = "What color is the circle?"
 HANG_GUARD_S = 120

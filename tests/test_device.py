@@ -35,14 +35,13 @@ def before_vlm():
 def _layer_batch(vlm, n: int, canvas: str = "336x336"):
     """The shipped before-mode layer's padded batch for n generated scenes, built as the wrapper builds it."""
     from arr_coc.methods.arrcoc import layer_batch_of
-    from arr_coc.qwen.preparing import selection_context, unpruned
+    from arr_coc.pipeline.choose import context
     from arr_coc.shapes import make_item
 
     items = [make_item(5, "device", i, canvas=canvas) for i in range(n)]
     inputs = vlm.build_inputs([[it.image] for it in items], [it.record["question"] for it in items])
-    batch = unpruned(vlm.model, vlm.tokens, inputs, encode_all=False)
-    ctx = selection_context(vlm.model, lambda: vlm.arr_coc_layer, vlm.tokens, vlm.processor, batch, None,
-                            [0.1] * n, None, 0)
+    prompt = vlm.backend.read_prompt(inputs, encode_all=False)
+    ctx = context(vlm.backend, prompt, vlm.layer, None, [0.1] * n, None, 0)
     return layer_batch_of(ctx, vlm.arr_coc_layer)
 
 

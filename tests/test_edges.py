@@ -113,16 +113,16 @@ def test_an_exif_turned_photo_is_seen_upright_once(photos, orientation):
 
 
 def _generate_spy(monkeypatch) -> list:
-    """Record every trace `ARRCOCQwen.generate` returns (whatever path called it)."""
+    """Record every (answer, trace) `ARRCOCQwen.respond` returns (whatever path called it: `generate`, `ask`)."""
     traces = []
-    real = ARRCOCQwen.generate
+    real = ARRCOCQwen.respond
 
     def spy(self, *args, **kwargs):
-        answer, trace = real(self, *args, **kwargs)
-        traces.append((answer, trace))
-        return answer, trace
+        got = real(self, *args, **kwargs)
+        traces.append((got.answers[0], got.traces[0]))
+        return got
 
-    monkeypatch.setattr(ARRCOCQwen, "generate", spy)
+    monkeypatch.setattr(ARRCOCQwen, "respond", spy)
     return traces
 
 
@@ -269,7 +269,7 @@ def test_every_bad_argument_exits_2_with_one_line_before_any_work(command, extra
 
 
 def test_the_same_arguments_are_refused_by_the_python_api_in_the_same_words(wrapper, make_image):
-    from arr_coc.inputs import check_encode
+    from arr_coc.pipeline.request import check_encode
 
     with pytest.raises(InputError, match="max_new_tokens=0 is not an answer length"):
         wrapper.generate(make_image(84, 112), Q, max_new_tokens=0)
@@ -311,9 +311,9 @@ def test_the_app_names_the_run_whose_answer_was_empty(scope, monkeypatch, blank,
 
     real = handler._generate
 
-    def generate(scope, wrapper, image, question, method, *args, **kwargs):
-        run = real(scope, wrapper, image, question, method, *args, **kwargs)
-        if blank == "all" or (method == "none") == (blank == "none"):
+    def generate(scope, wrapper, image, question, pruning, *args, **kwargs):
+        run = real(scope, wrapper, image, question, pruning, *args, **kwargs)
+        if blank == "all" or (pruning.method == "none") == (blank == "none"):
             run.answer = ""
         return run
 

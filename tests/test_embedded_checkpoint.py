@@ -70,7 +70,7 @@ def test_encode_before_gets_the_layer_trained_for_it_unless_a_gist_or_a_layer_is
     """The before-mode layer reads the texture array and the question only (what exists before the tower);
     with a gist the selector reads tokens, which is what the after-mode layer was trained on."""
     from arr_coc.paths import SHIPPED_BEFORE_LAYER, SHIPPED_LAYER, UNTRAINED, resolve_layer
-    from arr_coc.qwen.encoding import EncodeConfig
+    from arr_coc.encode import EncodeConfig
 
     assert resolve_layer(DEFAULT_CHECKPOINT, None, "before") == SHIPPED_BEFORE_LAYER
     assert resolve_layer(DEFAULT_CHECKPOINT, None, EncodeConfig("before")) == SHIPPED_BEFORE_LAYER
@@ -168,7 +168,7 @@ def test_the_shipped_before_layer_finds_the_named_shape():
     from arr_coc.layer import ARRCOCLayer
     from arr_coc.paths import SHIPPED_BEFORE_LAYER
     from arr_coc.qwen import ARRCOCQwen
-    from arr_coc.qwen.encoding import EncodeConfig
+    from arr_coc.encode import EncodeConfig
     from arr_coc.training.widen import CHANNEL_INPUTS
 
     layer = ARRCOCLayer.from_pretrained(SHIPPED_BEFORE_LAYER)
@@ -203,7 +203,7 @@ def test_the_shipped_before_layer_spends_its_budget_where_the_question_needs_it(
     from arr_coc.layer import ARRCOCLayer
     from arr_coc.paths import SHIPPED_BEFORE_LAYER
     from arr_coc.qwen import ARRCOCQwen
-    from arr_coc.qwen.encoding import EncodeConfig
+    from arr_coc.encode import EncodeConfig
     from microscope import readout
 
     items = [make_item(3, "test", i) for i in range(80)]

@@ -11,7 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from arr_coc.qwen.encoding import EncodeConfig, dilate, encode_cells
+from arr_coc.encode import EncodeConfig
+from arr_coc.qwen.encoding import dilate, encode_cells
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 Q = "What color is the star?"
@@ -148,7 +149,7 @@ def _noise(h, w, seed):
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_before_with_every_cell_and_no_gist_gives_todays_logits(tiny_vlm, family, attn):
-    from arr_coc.qwen.encoding import EncodeConfig
+    from arr_coc.encode import EncodeConfig
 
     vlm = _noise_vlm(tiny_vlm, family, attn)
     inputs = vlm.build_inputs([[_noise(120, 150, 0)], [_noise(90, 200, 1)]], [Q, "How many stars are there?"])
@@ -161,7 +162,7 @@ def test_before_with_every_cell_and_no_gist_gives_todays_logits(tiny_vlm, family
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_before_encodes_only_the_chosen_cells_and_the_margin(tiny_vlm, family):
-    from arr_coc.qwen.encoding import EncodeConfig
+    from arr_coc.encode import EncodeConfig
 
     vlm = _noise_vlm(tiny_vlm, family)
     inputs = vlm.build_inputs([[_noise(224, 224, 0)]], [Q])
@@ -186,7 +187,7 @@ def test_before_batch_of_two_sizes_and_budgets_equals_each_alone(tiny_vlm):
 
 
 def test_periphery_adds_gist_tokens_for_the_regions_not_encoded(tiny_vlm):
-    from arr_coc.qwen.encoding import EncodeConfig
+    from arr_coc.encode import EncodeConfig
 
     vlm = _noise_vlm(tiny_vlm, "qwen2_vl")
     inputs = vlm.build_inputs([[_noise(336, 336, 2)]], [Q])
@@ -207,19 +208,20 @@ def test_methods_that_read_encoded_tokens_refuse_to_choose_before_the_tower(tiny
 
 
 def test_a_failing_gist_falls_back_for_that_image_only(tiny_vlm, monkeypatch):
-    from arr_coc.qwen import foveation
+    from arr_coc.pipeline import fovea
 
     vlm = _noise_vlm(tiny_vlm, "qwen2_vl")
     a, b = _noise(120, 150, 0), _noise(224, 168, 1)
-    real = foveation.encode_gist
+    real = fovea.encode_gist
     bad_size = tuple(vlm.build_inputs([[b]], [Q])["image_grid_thw"][0].tolist())
 
-    def flaky(model, processor, images, grid_hw, share):
-        if any(tuple(g) == (bad_size[1] // 2, bad_size[2] // 2) for g in grid_hw):
+    def flaky(backend, prompt, share, units=None):
+        units = range(len(prompt.grid_hw)) if units is None else units
+        if any(tuple(prompt.grid_hw[i]) == (bad_size[1] // 2, bad_size[2] // 2) for i in units):
             raise RuntimeError("gist exploded")
-        return real(model, processor, images, grid_hw, share)
+        return real(backend, prompt, share, units)
 
-    monkeypatch.setattr("arr_coc.qwen.wrapper.encode_gist", flaky)
+    monkeypatch.setattr(fovea, "encode_gist", flaky)
     _, traces = vlm.generate([a, b], [Q, Q], budget=0.25, encode=EncodeConfig("before", gist=0.25), max_new_tokens=1)
     assert traces[0].fallback[0] != "keep_all" and traces[0].kept_tokens < traces[0].total_tokens
     assert traces[1].fallback == ["keep_all"] and "gist exploded" in traces[1].error

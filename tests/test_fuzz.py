@@ -27,7 +27,9 @@ from PIL import Image
 from _app_server import free_port, save_tiny_model, scene
 
 from arr_coc.budget import BudgetError
-from arr_coc.inputs import LIMITS, InputError, check_budget, check_method, check_question, open_image, validate
+from arr_coc.inputs import LIMITS, InputError, check_question, open_image
+from arr_coc.pipeline.request import check_method, validate
+from arr_coc.pipeline.request import read_budget
 from arr_coc.qwen import ARRCOCQwen
 from arr_coc.qwen.processing import (ENDOFTEXT, IM_END, IM_START, IMAGE_TOKEN, VISION_END, VISION_START,
                                      encode_prompts, render_prompt)
@@ -355,13 +357,13 @@ def test_an_exif_rotated_image_is_shown_upright_everywhere(files, wrapper, live)
 
 def test_control_validators_say_the_same_as_the_parser():
     with pytest.raises(InputError, match="is not a budget") as info:
-        check_budget("abc")
+        read_budget("abc")
     with pytest.raises(BudgetError) as parsed:
         from arr_coc.budget import parse_budget
 
         parse_budget("abc")
     assert str(info.value) == str(parsed.value)
-    assert check_budget(None, 0.25) == 0.25 and check_method(None) == "arr_coc"
+    assert read_budget(None, 0.25) == 0.25 and check_method(None) == "arr_coc"
     assert check_question("  What\x00 color?  ") == ("What color?", ["Removed 1 control character (such as NUL) "
                                                                     "from the question."])
 

@@ -16,13 +16,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from arr_coc import methods
 from arr_coc.attending import topk_indices
 from arr_coc.budget import resolve_count
 from arr_coc.geometry import box_cells
 from arr_coc.methods import cdpruner, divprune, downscale, fastv, oracle, random_sampling, visionzip
 from arr_coc.qwen import ARRCOCQwen
-from arr_coc.selection import SELECTORS, get_selector
+from arr_coc.pipeline.selection import SELECTORS, get_selector
 
 from conftest import FAMILIES
 
@@ -72,12 +71,21 @@ def test_every_selector_returns_exactly_the_budget_ascending_unique(tiny_vlm, ma
 
 
 def test_method_list_and_registry():
-    assert methods.METHODS[0] == "none" and "arr_coc_trained" in methods.METHODS
+    from arr_coc.pipeline.selection import METHODS, methods_where
+
+    assert list(METHODS)[0] == "none" and "arr_coc_trained" in METHODS
     for name in ("fastv", "visionzip", "divprune", "cdpruner", "random", "grid", "arr_coc", "none"):
         assert callable(get_selector(name)) and name in SELECTORS   # loaded lazily, then registered
     for name in ("downscale", "oracle", "arr_coc_trained"):  # need more than a context: built per use
-        with pytest.raises(ValueError, match="unknown method"):
+        with pytest.raises(ValueError, match="needs more than a selection context"):
             get_selector(name)
+    with pytest.raises(ValueError, match="unknown method"):
+        get_selector("no_such_method")
+    # video support is a property of the method, read by every caller (eval's `all` on a clip split included)
+    assert {"grid", "divprune", "cdpruner", "evs", "arr_coc"} <= set(methods_where(video=True))
+    assert not {"fastv", "visionzip", "downscale"} & set(methods_where(video=True))
+    for name in methods_where(video=True, runnable=True):
+        assert getattr(get_selector(name), "handles_video") is True, name
 
 
 @pytest.mark.parametrize("method", ["fastv", "visionzip", "divprune", "cdpruner"])
@@ -193,9 +201,9 @@ def test_visionzip_merges_context_into_target_tokens(tiny_vlm, make_image):
     inputs = w.build_inputs([[make_image(224, 224, 4)]], [Q])
     ctx = _context(w, inputs, 0.5)
     v = ctx.visual_tokens[0]
-    with visionzip.LastBlockRecorder(w.model) as rec:          # the wrapper's own vision pass, recorded
-        pruned, _ = w.prepare(inputs, budget=0.5, method=visionzip.make_selector(rec))
-    standalone = visionzip.select(ctx)                         # re-runs the vision tower itself
+    pruned, _ = w.prepare(inputs, budget=0.5, method="visionzip")   # the pipeline's own vision pass, recorded
+    assert ctx.prompt.native.tower_record is None
+    standalone = visionzip.select(ctx)                         # no record: re-runs the vision tower itself
     assert torch.equal(pruned.kept_indices[0], standalone.kept[0])
     kept, out = standalone.kept[0], standalone.visual_tokens[0]
     changed = (out != v).any(dim=1).nonzero().squeeze(1)

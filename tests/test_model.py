@@ -19,7 +19,7 @@ import torch
 
 from arr_coc.budget import resolve_count
 from arr_coc.qwen import ARRCOCQwen, PrunedInputs
-from arr_coc.selection import SELECTORS, Selection, get_selector, register_selector
+from arr_coc.pipeline.selection import SELECTORS, Selection, get_selector, register_selector
 from arr_coc.qwen.processing import ImageOnlyQwenProcessor, unpatchify_images
 
 from conftest import FAMILIES

@@ -199,8 +199,8 @@ def test_every_method_keeps_the_vlms_dtype(family, dtype, model_dirs, make_image
     """The layer scores in float32 (its maps say so) while every token the language model reads, and every
     activation of its layers, stays in the VLM's dtype; no method fails or falls back in half precision."""
     from arr_coc.qwen import ARRCOCQwen
-    from arr_coc.qwen.encoding import EncodeConfig
-    from arr_coc.selection import available_methods
+    from arr_coc.encode import EncodeConfig
+    from arr_coc.pipeline.selection import available_methods
 
     wrapper = ARRCOCQwen.from_pretrained(model_dirs[family], dtype=dtype)
     want = getattr(torch, dtype)

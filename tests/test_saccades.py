@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from arr_coc.qwen.encoding import EncodeConfig
+from arr_coc.encode import EncodeConfig
 from arr_coc.saccade import SaccadeConfig, SaccadeGate, decide, ring, saccade_cells, uncertainty
 
 Q = "What colour is the circle?"
@@ -131,9 +131,9 @@ def test_a_batch_where_one_item_looks_again_equals_each_alone(tiny_vlm):
 
 
 def _looks_at(vlm, inputs):
-    from arr_coc.qwen.saccades import look
+    from arr_coc.pipeline import Pruning
 
-    return look(vlm, inputs, 0.25, "arr_coc", None, False, _looks(2, OPEN), max_new_tokens=2)
+    return vlm.answer(inputs, Pruning.of("arr_coc", 0.25, None, _looks(2, OPEN)), max_new_tokens=2)
 
 
 def test_saccades_refuse_what_they_cannot_do(tiny_vlm):

@@ -225,7 +225,7 @@ def test_feature_cache_reuses_the_vlms_features_until_the_vlm_or_data_change(set
 def test_features_for_encode_before_are_the_gists_tokens_and_keep_the_full_encoding_for_the_lm(setup):
     """train --gist: the layer learns from what it reads with encode='before' (the gist's token under each
     cell), while stage 2's language model keeps reading the full encoding."""
-    from arr_coc.qwen.foveation import encode_gist, nearest_cells
+    from arr_coc.pipeline.fovea import encode_gist, nearest_cells
 
     wrapper, data = setup
     records = list(read_jsonl(data))[:2]
@@ -235,7 +235,7 @@ def test_features_for_encode_before_are_the_gists_tokens_and_keep_the_full_encod
         assert g.lm_tokens is not None and torch.equal(g.lm_tokens, p.visual_tokens) and p.lm_tokens is None
         assert g.visual_tokens.shape == p.visual_tokens.shape and not torch.equal(g.visual_tokens, p.visual_tokens)
         h, w = g.grid_hw
-        ref = encode_gist(wrapper.model, wrapper.processor, [g.image.float() / 255], [(h, w)], 0.25)
+        ref = encode_gist(wrapper.backend, _prompt_of(wrapper, g.image.float() / 255), 0.25)
         assert torch.allclose(g.visual_tokens, ref.on_full_grid[0].float(), atol=1e-5)
         assert len(set(nearest_cells((h, w), ref.grid_hw[0]).tolist())) == ref.grid_hw[0][0] * ref.grid_hw[0][1]
 
@@ -301,3 +301,12 @@ def test_zero_steps_refit_only_the_budget_to_the_answers_extent(setup, tmp_path)
     answer = torch.tensor([float((f.target > 0).sum()) for f in items])
     assert state["budget_spread"]["extent_r2"] > 0.9
     assert torch.corrcoef(torch.stack([predicted.log1p(), answer.log1p()]))[0, 1] > 0.9
+
+
+def _prompt_of(wrapper, image):
+    """The prompt of one resized image ([3, H, W] in [0, 1]) as the pipeline reads it (no tower)."""
+    from PIL import Image
+
+    pixels = (image.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    inputs = wrapper.build_inputs([[Image.fromarray(pixels)]], ["What is it?"])
+    return wrapper.backend.read_prompt(inputs, encode_all=False)

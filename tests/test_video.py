@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from arr_coc.config import TemporalConfig
-from arr_coc.qwen.units import visual_units
+from arr_coc.qwen.prompt import visual_units
 from arr_coc.qwen.wrapper import ARRCOCQwen
 from arr_coc.temporal import allocate, carry, carry_matrix, clip_signals, scene_cuts, spread_clip, time_weights
 
@@ -398,8 +398,8 @@ def test_eval_on_a_video_split_reports_every_method_with_its_whole_prefill_cost(
                  "--arr-coc-weights", "untrained", "--out", str(out)]) == 0
     rows = {(r["method"], r["encode"]): r for r in json.loads(out.read_text())["results"]}
     assert rows[("none", "after")]["cost"] == 1.0 and rows[("none", "after")]["agree"] == 1.0
-    assert rows[("arr_coc", "before")]["cost"] < 0.5 < rows[("evs", "after")]["cost"] < 1.0
-    assert rows[("arr_coc", "before")]["kept_share"] == pytest.approx(0.1, abs=0.02)
+    assert rows[("arr_coc@before", "before")]["cost"] < 0.5 < rows[("evs", "after")]["cost"] < 1.0
+    assert rows[("arr_coc@before", "before")]["kept_share"] == pytest.approx(0.1, abs=0.02)
     assert main(["eval", "--model", str(folder), "--data", str(tmp_path / "v" / "test.jsonl"), "--methods", "fastv",
                  "--quiet", "--out", str(out)]) == 2
     assert "cannot run on a video split" in capsys.readouterr().err
@@ -414,14 +414,13 @@ def test_the_time_stage_reads_nothing_back(tiny_vlm):
     import arr_coc.temporal as temporal
     from arr_coc.evaluation.opcount import OpCounter
     from arr_coc.methods.arrcoc import decide_over_time, layer_batch_of
-    from arr_coc.qwen.preparing import selection_context, unpruned
+    from arr_coc.pipeline.choose import context
 
     model, processor = tiny_vlm("qwen2_vl")
     wrapper = ARRCOCQwen(model, processor)
     inputs = wrapper.build_inputs([[_clip(8)], [_clip(6, seed=1)]], ["What moves at the end?", "What moves?"])
-    batch = unpruned(model, wrapper.tokens, inputs, encode_all=False)
-    ctx = selection_context(model, lambda: wrapper.arr_coc_layer, wrapper.tokens, processor, batch, None,
-                            [0.2] * len(batch.n_tokens), None, 0)
+    prompt = wrapper.backend.read_prompt(inputs, encode_all=False)
+    ctx = context(wrapper.backend, prompt, wrapper.layer, None, [0.2] * len(prompt.n_tokens), None, 0)
     layer = wrapper.arr_coc_layer
     lb = layer_batch_of(ctx, layer)
     out = layer.run(lb, ctx.budgets)

@@ -20,7 +20,8 @@ import torch
 from PIL import Image
 
 from arr_coc.__main__ import main
-from arr_coc.qwen.encoding import EncodeConfig, cells_to_encode, dilate, encode_cells
+from arr_coc.encode import EncodeConfig
+from arr_coc.qwen.encoding import cells_to_encode, dilate, encode_cells
 
 Q = "What color is the star?"
 REFUSAL = "Qwen2.5-VL only"
@@ -261,7 +262,7 @@ def test_eval_with_whole_windows_counts_the_context_in_the_vision_flops(qwen25_d
 # ------------------------------------------------------------------------------- bench
 def test_bench_measures_cells_margin_and_whole_windows_side_by_side(tmp_path):
     from arr_coc.evaluation.bench_presets import PRESETS, build_model
-    from arr_coc.evaluation.vision_cost import vision_flops
+    from arr_coc.evaluation.cost import vision_flops
     from arr_coc.qwen import ARRCOCQwen
     from arr_coc.runtime import Runtime
     from arr_coc.shapes import make_item
@@ -291,7 +292,7 @@ def test_bench_measures_cells_margin_and_whole_windows_side_by_side(tmp_path):
     inputs = vlm.build_inputs([[image]], [record["question"]])
     _, traces = vlm.prepare(inputs, budget=0.25, encode=EncodeConfig("before", windows=True))
     assert traces[0].encoded_cells[0].numel() == windows["encoded_tokens"]
-    assert vision_flops(vlm, inputs, traces, 0.0, {}) == [windows["vision_flops"]]
+    assert vision_flops(vlm.backend, _prompt(vlm, inputs), traces, 0.0, {}) == [windows["vision_flops"]]
 
 
 def test_ask_and_eval_refuse_whole_windows_on_a_tower_without_windows(tmp_path, capsys, make_image):
@@ -308,3 +309,8 @@ def test_ask_and_eval_refuse_whole_windows_on_a_tower_without_windows(tmp_path, 
     assert main(["eval", "--model", str(tmp_path / "m"), "--data", str(split), "--methods", "arr_coc",
                  "--encode", "before", "--whole-windows", "--out", str(tmp_path / "r.json"), "--quiet"]) == 2
     assert "Qwen2.5-VL only" in capsys.readouterr().err and not (tmp_path / "r.json").exists()
+
+
+def _prompt(vlm, inputs):
+    """The prompt of `inputs` as the pipeline reads it (no tower): what the evaluation's cost counts against."""
+    return vlm.backend.read_prompt(inputs, encode_all=False)

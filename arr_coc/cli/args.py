@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import NoReturn
 
+from arr_coc.runtime import add_arguments as add_runtime  # noqa: F401 - the commands' --device/--dtype
+
 
 def budget_arg(text: str):
     """argparse type for one budget: `arr_coc.budget.parse_budget`, its message as argparse's error."""
@@ -83,15 +85,16 @@ def saccade_options(args: argparse.Namespace) -> dict:
 
 
 def encode_options(args: argparse.Namespace) -> dict:
-    """The --encode options as EncodeConfig's fields, for the validator (`arr_coc.inputs.check_encode`)."""
+    """The --encode options as EncodeConfig's fields, for the validator (`arr_coc.pipeline.request.check_encode`)."""
     return {"mode": args.encode, "gist": args.gist, "margin": args.margin, "periphery": args.periphery,
             "windows": args.whole_windows, "saccade": saccade_options(args)}
 
 
 def encode_config(args: argparse.Namespace, method: str | None = None):
     """The EncodeConfig the --encode options describe, checked by the library's validator for `method`
-    (`arr_coc.inputs.check_encode`); a bad combination exits 2 with one line, like argparse's errors."""
-    from arr_coc.inputs import InputError, check_encode
+    (`arr_coc.pipeline.request.check_encode`); a bad combination exits 2 with one line, like argparse's errors."""
+    from arr_coc.inputs import InputError
+    from arr_coc.pipeline.request import check_encode
 
     try:
         return check_encode(method, encode_options(args))
@@ -104,17 +107,6 @@ def fail(args: argparse.Namespace, message: str) -> NoReturn:
     command = getattr(args, "command", None)
     print(f"python -m arr_coc{' ' + command if command else ''}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
-
-
-def add_runtime(parser: argparse.ArgumentParser) -> None:
-    """--device, --dtype and --attn-implementation, with `arr_coc.runtime`'s one meaning."""
-    from arr_coc.runtime import ATTN_IMPLEMENTATIONS, DEVICE_HELP, DTYPE_CHOICES
-
-    parser.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default auto)")
-    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                        help="auto: float32 on cpu, bfloat16 on a GPU that has it, else float16 (default auto)")
-    parser.add_argument("--attn-implementation", default=None, choices=ATTN_IMPLEMENTATIONS,
-                        help="the VLM's attention kernels (default: transformers' own, sdpa)")
 
 
 def runtime(args: argparse.Namespace):

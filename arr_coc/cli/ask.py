@@ -43,10 +43,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from arr_coc.answer_notes import answer_notes
-    from arr_coc.inputs import (InputError, check_encode, check_max_new_tokens, check_method,
-                                check_question, finish_image, limits_for, open_image)
-    from arr_coc.paths import CHECKPOINTS, LayerNotFound, default_model_path, resolve_layer
+    from arr_coc.inputs import InputError
+    from arr_coc.paths import LayerNotFound
+
+    try:
+        plan = _plan(args)                     # every argument read before the model loads
+        wrapper = _load(args, plan)
+        visual, info_notes = _visual(args, plan, wrapper)
+    except (InputError, LayerNotFound, ValueError) as exc:
+        return refuse(exc)
+    got = wrapper.respond([visual], [plan.question], plan.pruning, max_new_tokens=plan.max_new_tokens)
+    _print(args, wrapper, got, visual, plan.question, plan.notes + info_notes)
+    return 0
+
+
+class _Plan:
+    """What `ask` read before the model loads (issues 27, 39: every argument through the one validator)."""
+
+    def __init__(self, model: str, run_on: Any, pruning: Any, question: str, notes: list[str], max_new_tokens: int,
+                 layer: Any, opened: Any):
+        self.model, self.run_on, self.pruning, self.question, self.notes = model, run_on, pruning, question, notes
+        self.max_new_tokens, self.layer, self.opened = max_new_tokens, layer, opened
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    from arr_coc.inputs import InputError, check_max_new_tokens, check_question, open_image
+    from arr_coc.paths import CHECKPOINTS, default_model_path, resolve_layer
+    from arr_coc.pipeline.request import Pruning, check_encode, check_method
 
     run_on = runtime(args)  # a wrong device / dtype / attention name, or no GPU for cuda: said before anything loads
     model_path = args.model or default_model_path(video=args.video is not None)
@@ -55,81 +78,85 @@ def run(args: argparse.Namespace) -> int:
             f"no embedded model found under {CHECKPOINTS}; pass --model PATH "
             "(a local Qwen-VL folder, or a hub id such as Qwen/Qwen2-VL-2B-Instruct when online)"
         )
-    try:  # issues 27, 39: every argument through the one validator (arr_coc.inputs), before the model loads
-        args.method = check_method(args.method)
-        encode = check_encode(args.method, encode_options(args))
-        max_new_tokens = check_max_new_tokens(args.max_new_tokens)
-        question, notes = check_question(args.question)
-        layer = resolve_layer(model_path, args.arr_coc, encode)
-        opened = open_image(args.image, name=args.image) if args.video is None else None
-        if args.video is None and (args.fps is not None or args.num_frames is not None):
-            raise InputError("--fps and --num-frames sample a video: pass --video PATH", "video_options")
-    except (InputError, LayerNotFound) as exc:
-        return refuse(exc)
+    args.method = check_method(args.method)
+    encode = check_encode(args.method, encode_options(args))
+    max_new_tokens = check_max_new_tokens(args.max_new_tokens)
+    question, notes = check_question(args.question)
+    layer = resolve_layer(model_path, args.arr_coc, encode)
+    if args.video is None and (args.fps is not None or args.num_frames is not None):
+        raise InputError("--fps and --num-frames sample a video: pass --video PATH", "video_options")
+    opened = open_image(args.image, name=args.image) if args.video is None else None
+    none = args.method == "none"            # the budget was read by argparse (`budget_arg`): once
+    pruning = Pruning.of(args.method, 1.0 if none else args.budget, args.budget_mode, None if none else encode,
+                         parsed=True)
+    return _Plan(model_path, run_on, pruning, question, notes, max_new_tokens, layer, opened)
+
+
+def _load(args: argparse.Namespace, plan: _Plan) -> Any:
     from arr_coc.qwen import ARRCOCQwen
     from arr_coc.runtime import RuntimeChoiceError
 
+    run_on = plan.run_on
     try:
-        wrapper = ARRCOCQwen.from_pretrained(model_path, arr_coc=layer,
-                                             device=run_on.device, dtype=run_on.dtype,
-                                             attn_implementation=run_on.attn_implementation)
+        wrapper = ARRCOCQwen.from_pretrained(plan.model, arr_coc=plan.layer, device=run_on.device,
+                                             dtype=run_on.dtype, attn_implementation=run_on.attn_implementation)
     except RuntimeChoiceError as exc:  # e.g. flash_attention_2 without a GPU: not the model's fault
         raise SystemExit(f"error: {exc}") from None
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SystemExit(f"could not load a Qwen-VL model from {model_path!r} ({first}); "
+        raise SystemExit(f"could not load a Qwen-VL model from {plan.model!r} ({first}); "
                          "pass --model PATH to a local model folder")
     try:  # e.g. --whole-windows on a tower without window attention: said before any image work
-        encode.check_family(wrapper.family)
-    except ValueError as exc:
-        if opened is not None:
-            opened.close()
-        return refuse(exc)
-    try:  # issue 27: decoded and normalised with this model's limits; a video sampled by the model's rule
-        if args.video is not None:
-            image, info_notes = load_video(args, wrapper.processor), []
-        else:
-            image, info = finish_image(opened, limits_for(wrapper.processor))
-            info_notes = info.notes
-    except InputError as exc:
-        return refuse(exc)
-    budget: Any = 1.0 if args.method == "none" else args.budget
-    answer, trace = wrapper.generate(image, question, budget=budget, method=args.method,
-                                     max_new_tokens=max_new_tokens, budget_mode=args.budget_mode,
-                                     encode=encode if args.method != "none" else None)
+        wrapper.check_encode(plan.pruning.encode)
+    except ValueError:
+        if plan.opened is not None:
+            plan.opened.close()
+        raise
+    return wrapper
+
+
+def _visual(args: argparse.Namespace, plan: _Plan, wrapper: Any) -> tuple[Any, list[str]]:
+    """The image decoded and normalised with this model's limits, or the clip sampled by the model's rule."""
+    from arr_coc.inputs import finish_image, limits_for
+
+    if args.video is not None:
+        return load_video(args, wrapper.processor), []
+    image, info = finish_image(plan.opened, limits_for(wrapper.processor))
+    return image, list(info.notes)
+
+
+def _print(args: argparse.Namespace, wrapper: Any, got: Any, visual: Any, question: str, notes: list[str]) -> None:
+    """The answer on stdout (or one JSON object), what happened on stderr."""
+    from arr_coc.answer_notes import answer_notes
+
+    answer, trace = got.answers[0], got.traces[0]
     result = {
-        "answer": answer,
-        "kept_tokens": trace.kept_tokens,
-        "total_tokens": trace.total_tokens,
-        "latency_s": round(trace.total_s, 4),
-        "method": args.method,
-        "budget": trace.budget,
-        "encode": trace.encode,
-        "encoded_tokens": sum(int(c.numel()) for c in trace.encoded_cells),
-        "vision_s": round(trace.vision_s, 4),
+        "answer": answer, "kept_tokens": trace.kept_tokens, "total_tokens": trace.total_tokens,
+        "latency_s": round(trace.total_s, 4), "method": args.method, "budget": trace.budget, "encode": trace.encode,
+        "encoded_tokens": sum(int(c.numel()) for c in trace.encoded_cells), "vision_s": round(trace.vision_s, 4),
         "runtime": wrapper.runtime.describe(),   # as loaded, e.g. "cpu, bfloat16, sdpa"
+        "model": trace.model,
     }
     if args.video is not None:
         result["kept_per_group"] = trace.kept_per_group[0]
-        result["frames"] = image.num_frames
+        result["frames"] = visual.num_frames
     if trace.looks:                            # --passes 2+: each look's cells, uncertainty and decision
         result["looks"] = [look.to_dict() for look in trace.looks]
-    result["notes"] = notes = notes + info_notes + answer_notes(answer, question, wrapper.tokenizer)  # issue 27
+    result["notes"] = notes = notes + answer_notes(answer, question, wrapper.tokenizer)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(result))
-    else:
-        print(answer)
-        print(f"kept {trace.kept_tokens}/{trace.total_tokens} visual tokens ({100 * trace.kept_ratio:.0f}%), "
-              f"{trace.total_s:.2f} s (prefill {trace.prefill_s:.2f} s), method {args.method}, budget {trace.budget}"
-              + (f" [fallback: {trace.error}]" if trace.error else ""), file=sys.stderr)
-        if args.video is not None:
-            print(f"{image.num_frames} frames, tokens kept per temporal group: {trace.kept_per_group[0]}", file=sys.stderr)
-        for n, look in enumerate(trace.looks, 1):
-            print(f"look {n}: +{sum(int(c.numel()) for c in look.cells)} cells, uncertainty {look.uncertainty:.3f} "
-                  f"-> {'looked again' if look.saccade else 'stopped'}", file=sys.stderr)
-    return 0
+        return
+    print(answer)
+    print(f"kept {trace.kept_tokens}/{trace.total_tokens} visual tokens ({100 * trace.kept_ratio:.0f}%), "
+          f"{trace.total_s:.2f} s (prefill {trace.prefill_s:.2f} s), method {args.method}, budget {trace.budget}"
+          + (f" [fallback: {trace.error}]" if trace.error else ""), file=sys.stderr)
+    if args.video is not None:
+        print(f"{visual.num_frames} frames, tokens kept per temporal group: {trace.kept_per_group[0]}", file=sys.stderr)
+    for n, look in enumerate(trace.looks, 1):
+        print(f"look {n}: +{sum(int(c.numel()) for c in look.cells)} cells, uncertainty {look.uncertainty:.3f} "
+              f"-> {'looked again' if look.saccade else 'stopped'}", file=sys.stderr)
 
 
 def load_video(args: argparse.Namespace, processor: Any) -> Any:

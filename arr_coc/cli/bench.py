@@ -130,7 +130,7 @@ def _stages(args: argparse.Namespace, run_on) -> int:
         budget = next((b for b in args.budgets if b != 1.0), args.budgets[0])
         encode = args.encode.split(",")[0].strip()
         if args.passes > 1:
-            from arr_coc.qwen.encoding import EncodeConfig
+            from arr_coc.encode import EncodeConfig
             from arr_coc.saccade import SaccadeConfig
 
             encode = EncodeConfig(encode, saccade=SaccadeConfig(passes=args.passes, budget=args.saccade_budget,

@@ -90,7 +90,7 @@ def _collect(args: argparse.Namespace, config, collect) -> list[dict]:
     from arr_coc.data import read_jsonl
     from arr_coc.evaluation.loop import load_wrapper
     from arr_coc.paths import EMBEDDED_MODEL, resolve_layer
-    from arr_coc.qwen.encoding import EncodeConfig
+    from arr_coc.encode import EncodeConfig
 
     run_on = runtime(args)
     model = args.model or EMBEDDED_MODEL

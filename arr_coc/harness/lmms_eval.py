@@ -42,7 +42,7 @@ from lmms_eval.utils import simple_parse_args_string
 from loguru import logger
 from tqdm import tqdm
 
-from ..budget import DEFAULT_BUDGET, BudgetError, check_mode, parse_budget
+from ..budget import DEFAULT_BUDGET, BudgetError
 from ..inputs import InputError
 from ..paths import default_model_path, resolve_layer
 from ..runtime import Runtime, check_attn_implementation, resolve_dtype
@@ -69,8 +69,9 @@ class ARRCOCLmms(lmms):
                             "budget, budget_mode, arr_coc, encode, gist, margin, periphery, whole_windows, device, "
                             "dtype, "
                             "attn_implementation, batch_size, max_new_tokens, seed")
+        from ..encode import EncodeConfig
+        from ..pipeline.request import Pruning
         from ..qwen import ARRCOCQwen
-        from ..qwen.encoding import EncodeConfig
 
         # everything is checked before the model loads: a wrong argument fails in a second, not after a download
         pretrained = str(pretrained) if pretrained else default_model_path()
@@ -78,19 +79,19 @@ class ARRCOCLmms(lmms):
             raise ValueError("no pretrained=... given and this checkout ships no embedded model; pass "
                              "pretrained=HUB_ID_OR_FOLDER")
         self.method = check_method(str(method))
-        try:
-            self.budget = parse_budget(budget)
-        except BudgetError as exc:
-            raise ValueError(f"model_args budget: {exc}") from None
-        self.budget_mode = check_mode(budget_mode or None)
-        self.encode = EncodeConfig(mode=str(encode), gist=float(gist), margin=int(margin), periphery=bool(periphery),
-                                   windows=bool(whole_windows))
-        if self.encode.mode == "before":
-            from ..selection import get_selector, selects_before_encoding
+        if str(encode) == "before":
+            from ..pipeline.selection import method_info
 
-            if not selects_before_encoding(get_selector(self.method)):
+            if not method_info(self.method).before:
                 raise ValueError(f"method {self.method!r} reads the encoded visual tokens, so it cannot choose "
                                  "before the vision tower; use encode=after")
+        try:   # the one read of the pruning settings (arr_coc.pipeline.Pruning), before the model loads
+            self.pruning = Pruning.of(self.method, budget, budget_mode or None,
+                                      EncodeConfig(mode=str(encode), gist=float(gist), margin=int(margin),
+                                                   periphery=bool(periphery), windows=bool(whole_windows)))
+        except BudgetError as exc:
+            raise ValueError(f"model_args budget: {exc}") from None
+        self.budget, self.budget_mode, self.encode = self.pruning.budget, self.pruning.budget_mode, self.pruning.encode
         try:
             self.batch_size_per_process = int(batch_size)
         except (TypeError, ValueError):
@@ -120,7 +121,7 @@ class ARRCOCLmms(lmms):
                                                   dtype=self.runtime.dtype,
                                                   attn_implementation=self.runtime.attn_implementation)
         self.wrapper.seed = int(seed)
-        self.encode.check_family(self.wrapper.family)   # whole_windows on a tower without windows: now, not per request
+        self.wrapper.check_encode(self.encode)   # whole_windows on a tower without windows: now, not per request
         self.pretrained, self.layer = pretrained, layer
         self.usage = {"requests": 0, "kept_tokens": 0, "total_tokens": 0, "keep_all": 0}
         if self.rank == 0:
@@ -179,9 +180,9 @@ class ARRCOCLmms(lmms):
                 warned.add(key)
             prompts = [rq.read_prompt(spec, rq.find_doc(self.task_dict, spec)) for spec in batch]
             try:
-                answers, traces = self.wrapper.generate(
-                    [list(p.images) for p in prompts], [p.question for p in prompts], budget=self.budget,
-                    method=self.method, budget_mode=self.budget_mode, encode=self.encode, **gen.kwargs)
+                got = self.wrapper.respond([list(p.images) for p in prompts], [p.question for p in prompts],
+                                           self.pruning, **gen.kwargs)
+                answers, traces = got.answers, got.traces
             except InputError as exc:
                 docs = ", ".join(f"{s.task}/{s.split}/{s.doc_id}" for s in batch)
                 raise ValueError(f"arr_coc cannot ask one of the docs {docs}: {exc}") from exc
@@ -207,18 +208,22 @@ class ARRCOCLmms(lmms):
         self.usage["keep_all"] += sum(fb == "keep_all" for fb in trace.fallback)
 
 
+NEEDS = {"input": "changes the input image", "boxes": "needs the answer's boxes",
+         "weights": "needs a weights folder"}
+
+
 def check_method(method: str) -> str:
-    """A method `ARRCOCQwen.generate` can run from a request alone; the evaluation-only ones say what to do."""
-    from ..evaluation.plans import SPECIAL
-    from ..selection import get_selector
+    """A method `ARRCOCQwen.respond` can run from a request alone; the evaluation-only ones say what to do."""
+    from ..pipeline.selection import get_selector, method_info
 
     if method == "arr_coc_trained":
         raise ValueError("method=arr_coc_trained is the evaluation's name for a trained layer; pass method=arr_coc "
                          "with arr_coc=FOLDER (the shipped layer is the default for the embedded model)")
-    if method in SPECIAL:
-        raise ValueError(f"method={method} cannot run inside lmms-eval: it {SPECIAL[method].split(':')[0]}, "
+    info = method_info(method)   # an unknown name raises, listing the known ones
+    if info.needs:
+        raise ValueError(f"method={method} cannot run inside lmms-eval: it {NEEDS[info.needs]}, "
                          "which a benchmark request does not carry; use `python -m arr_coc eval` for it")
-    get_selector(method)   # an unknown name raises, listing the known ones
+    get_selector(method)
     return method
 
 

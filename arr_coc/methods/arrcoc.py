@@ -13,7 +13,7 @@ relevance, with a grid fallback for low-structure images.
   default: without weights the evaluation skips it and says so.
 
 The layer runs on the VLM's device in float32 over the whole batch at once (`ARRCOCLayer.run`); what it
-reads of the VLM comes through the context's typed handles, never the wrapper.
+reads of the VLM comes through the context (`ctx.layer()`, the question embeddings), never a backend's internals.
 """
 
 from __future__ import annotations
@@ -26,17 +26,17 @@ import numpy as np
 import torch
 
 from ..batch import LayerBatch
-from ..budget import BudgetMode, resolve_count
+from ..budget import BudgetMode, count_of
 from ..grid import GridBatch, upload
 from ..stopwatch import lap
-from ..selection import (Selection, SelectionContext, Selector, VLMHandles, choose_before_encoding, handles_video,
-                         register_selector)
+from ..layer import build_layer
+from ..pipeline.selection import Selection, SelectionContext, Selector, register_selector
 from ..temporal import cell_colours, spread_clip
 
 if TYPE_CHECKING:
     from ..layer import ARRCOCLayer
     from ..output import ARRCOCOutput
-    from ..qwen.wrapper import ARRCOCQwen
+    from ..pipeline.backend import VLMBackend
 
 
 def layer_batch_of(ctx: SelectionContext, layer: ARRCOCLayer) -> LayerBatch:
@@ -46,9 +46,9 @@ def layer_batch_of(ctx: SelectionContext, layer: ARRCOCLayer) -> LayerBatch:
     tensors are read, never moved or cast in place."""
     device = layer.device
     grid = GridBatch.of_images(ctx.grid_hw, device)
-    pixels = ctx.pixels if ctx.pixels.pixel_values.device == device else \
-        dataclasses.replace(ctx.pixels, pixel_values=ctx.pixels.pixel_values.to(device))
-    work = pixels.work(layer.config.texture.work_px, grid)
+    work = ctx.pixels.work(layer.config.texture.work_px, grid)     # the backend's pictures (`UnitPixels`)
+    if work.pixels.device != device:
+        work = dataclasses.replace(work, pixels=work.pixels.to(device))
     query, mask = ctx.query.detach().to(device, torch.float32), ctx.query_mask.to(device)
     vis = None
     if ctx.visual_tokens is not None:
@@ -59,7 +59,7 @@ def layer_batch_of(ctx: SelectionContext, layer: ARRCOCLayer) -> LayerBatch:
 def run_layer(ctx: SelectionContext, budget_mode: BudgetMode | None) -> Selection:
     """The context's ARR-COC layer on every image of the context, in one batched pass on its device; a video's
     temporal groups are scored as pictures, then share one budget over space and time (`spread_over_time`)."""
-    layer = ctx.vlm.layer()
+    layer = ctx.layer()
     budgets = ctx.budgets if any(b is not None for b in ctx.budgets) else None
     batch = layer_batch_of(ctx, layer)
     lap(ctx.clock, "unpatchify")
@@ -106,7 +106,7 @@ def decide_over_time(ctx: SelectionContext, layer: ARRCOCLayer, batch: LayerBatc
         h, w = ctx.grid_hw[units[0]]
         rows = upload(np.asarray(units, dtype=np.int64), colours.device)
         budget = ctx.budgets[units[0]]
-        k = resolve_count(layer.config.attending.budget if budget is None else budget, len(units) * h * w)
+        k = count_of(layer.config.attending.budget if budget is None else budget, len(units) * h * w)
         keep, sig = spread_clip(out.relevance.index_select(0, rows)[:, :h, :w],
                                 colours.index_select(0, rows)[..., :h, :w],
                                 ctx.questions[units[0]] if ctx.questions else None, k, config)
@@ -116,31 +116,27 @@ def decide_over_time(ctx: SelectionContext, layer: ARRCOCLayer, batch: LayerBatc
 
 
 @register_selector("arr_coc")
-@handles_video
-@choose_before_encoding
 def select(ctx: SelectionContext) -> Selection:
     return run_layer(ctx, ctx.budget_mode)
 
 
 @register_selector("arr_coc_adaptive")
-@handles_video
-@choose_before_encoding
 def select_adaptive(ctx: SelectionContext) -> Selection:
     """ARR-COC with the allocator's adaptive budget for every image, whatever the configured mode."""
     return run_layer(ctx, "adaptive")
 
 
-def trained_selector(wrapper: ARRCOCQwen, weights: str | os.PathLike) -> Selector:
-    """A selector running the ARR-COC layer saved in `weights` (a folder or a hub id) on `wrapper`'s VLM."""
-    from ..qwen.loading import build_layer
-
-    layer = build_layer(os.fspath(weights), wrapper.text_hidden_size).to(wrapper.device)  # a bad folder fails now
+def trained_selector(vlm: VLMBackend, weights: str | os.PathLike) -> Selector:
+    """A selector running the ARR-COC layer saved in `weights` (a folder or a hub id) on the same VLM (`vlm`: a
+    backend, or anything with its `text_hidden_size` and `device`, such as `ARRCOCQwen`)."""
+    layer = build_layer(os.fspath(weights), vlm.text_hidden_size).to(vlm.device)  # a bad folder fails now
 
     def select_trained(ctx: SelectionContext) -> Selection:
-        return select(dataclasses.replace(ctx, vlm=VLMHandles(ctx.vlm.model, lambda: layer)))
+        return select(dataclasses.replace(ctx, layer=lambda: layer))
 
     select_trained.__name__ = "arr_coc_trained"
-    return handles_video(choose_before_encoding(select_trained))
+    select_trained.selects_before_encoding = select_trained.handles_video = True  # type: ignore[attr-defined]
+    return select_trained
 
 
 __all__ = ["layer_batch_of", "run_layer", "select", "select_adaptive", "trained_selector"]

@@ -33,7 +33,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..selection import Selection, SelectionContext, handles_video, register_selector
+from ..pipeline.selection import Selection, SelectionContext, register_selector
 from ._common import check_count
 
 DEFAULT_THETA = 1.0
@@ -112,6 +112,6 @@ def make_selector(theta: float = DEFAULT_THETA):
 
 
 select = make_selector()
-register_selector("cdpruner", handles_video(select), overwrite=True)
+register_selector("cdpruner", select, overwrite=True)
 
 __all__ = ["cdpruner_indices", "conditional_kernel", "dpp_greedy_map", "make_selector", "relevance_scores", "select"]

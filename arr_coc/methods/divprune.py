@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..selection import Selection, SelectionContext, handles_video, register_selector
+from ..pipeline.selection import Selection, SelectionContext, register_selector
 from ._common import check_count
 
 
@@ -62,6 +62,6 @@ def select(ctx: SelectionContext) -> Selection:
     return Selection(kept=[divprune_indices(v, k) for v, k in zip(ctx.visual_tokens, ctx.counts)])
 
 
-register_selector("divprune", handles_video(select), overwrite=True)
+register_selector("divprune", select, overwrite=True)
 
 __all__ = ["cosine_distances", "divprune_indices", "select"]

@@ -10,13 +10,12 @@ the rest for the remaining layers (K = 2 by default). As in the authors' code, t
 of a visual token is the attention weight from the LAST prompt token to it, averaged
 over heads, in the K-th layer (1-based: the attention map of `layers[K - 1]`).
 
-For Qwen-VL through the input-rewriting path (arr_coc/qwen/rewrite.py) the procedure is:
-1. run the LM prefix, layers 1..K, on the UNPRUNED prompt (original M-RoPE positions,
-   the merger's visual tokens, Qwen3-VL deepstack features) with eager attention on this
-   instance only (the only implementation that returns weights), and stop right after
-   the attention of layer K: no MLP of layer K, no later layer, no LM head;
+Through the pipeline the procedure is:
+1. the backend runs the LM prefix, layers 1..K, on the UNPRUNED prompt and returns that attention
+   (`VLMBackend.text_attention`; the Qwen backend's is `arr_coc.qwen.attention.last_token_attention`:
+   eager attention on this instance only, stopped right after the attention of layer K);
 2. keep the top-K_i visual tokens of each image by that score;
-3. the caller prefills the pruned prompt from layer 1.
+3. the pipeline prefills the pruned prompt from layer 1.
 
 Difference from the paper, on purpose: FastV keeps all tokens in layers 1..K of the one
 real prefill and prunes in place; here the K-layer prefix is an extra partial prefill
@@ -28,79 +27,13 @@ extra prefix, but an in-forward LM hook is silently wrong for padded batches (do
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from ..attending import topk_indices
-from ..selection import Selection, SelectionContext, register_selector
-from ._common import check_count, eager_attention, rows_of
+from ..pipeline.selection import Selection, SelectionContext, register_selector
+from ._common import check_count
 
 DEFAULT_LAYER = 2
-
-
-class _PrefixDone(Exception):
-    """Raised by the hook after layer K's attention: the rest of the forward is not needed.
-
-    Why an exception through transformers' forward: transformers 5.23 offers no way to stop a
-    decoder stack early. Its text models loop `for decoder_layer in self.layers` with no exit,
-    `output_attentions` / the output-capturing hooks record but never stop, and `num_hidden_layers`
-    is read at construction only. The alternatives cost more or are less safe: truncating
-    `language_model.layers` on the instance mutates the shared model while the app may serve
-    another request, and still runs layer K's MLP and the final norm; re-implementing the stack
-    (masks, M-RoPE, Qwen3-VL deepstack injection) would copy transformers' code. The exception is
-    raised from a hook on this call's attention module only, caught right here, and the hook is
-    removed in `finally`, so nothing outlives the call.
-    """
-
-
-def encoder_output(model: Any, visual_tokens: list[torch.Tensor], deepstack: list[list[torch.Tensor]] | None = None):
-    """A vision-encoder output carrying precomputed visual tokens (and Qwen3-VL deepstack features)."""
-    from ..qwen.encoding import encoder_output_class
-
-    cls = encoder_output_class(model)
-    if deepstack is None:
-        return cls(pooler_output=tuple(visual_tokens))
-    n_layers = len(deepstack[0]) if deepstack else 0
-    return cls(pooler_output=tuple(visual_tokens),
-               deepstack_features=[tuple(img[l] for img in deepstack) for l in range(n_layers)])
-
-
-@torch.no_grad()
-def last_token_attention(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                         encoder_out: Any, layer: int = DEFAULT_LAYER) -> torch.Tensor:
-    """Attention from the last prompt token to every position at LM layer `layer` (1-based), mean over heads.
-
-    input_ids / attention_mask [B, S] left-padded (so position -1 is each row's last prompt token),
-    position_ids [3, B, S] the unpruned M-RoPE positions, encoder_out the image features of
-    every image in these rows. Returns [B, S] float32. Runs layers 1..layer only.
-    """
-    core = model.model
-    lm = core.language_model
-    n_layers = len(lm.layers)
-    if not 1 <= layer <= n_layers:
-        raise ValueError(f"FastV layer K={layer} is outside this LM's 1..{n_layers} layers; pass a K in that range")
-    found: dict[str, torch.Tensor] = {}
-
-    def grab(module, args, kwargs, output):
-        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-        if weights is None:
-            raise RuntimeError("the attention layer returned no weights; FastV needs eager attention")
-        found["w"] = weights[:, :, -1, :].float().mean(dim=1)            # [B, S]
-        raise _PrefixDone
-
-    handle = lm.layers[layer - 1].self_attn.register_forward_hook(grab, with_kwargs=True)
-    try:
-        with eager_attention(lm):
-            core(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                 mm_encoder_outputs={"image": encoder_out}, use_cache=False)
-    except _PrefixDone:
-        pass
-    finally:
-        handle.remove()
-    if "w" not in found:
-        raise RuntimeError(f"LM layer {layer} did not run; cannot score visual tokens for FastV")
-    return found["w"]
 
 
 def fastv_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -109,17 +42,9 @@ def fastv_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def image_scores(ctx: SelectionContext, layer: int = DEFAULT_LAYER) -> list[torch.Tensor]:
-    """Per image of ctx, the FastV score [n_i] of each of its visual tokens (raster order)."""
-    rows = rows_of(ctx.item_of_image)
-    ids = ctx.inputs["input_ids"][rows]
-    mask = ctx.inputs.get("attention_mask")
-    mask = torch.ones_like(ids) if mask is None else mask[rows]
-    model = ctx.vlm.model
-    # ctx holds every image of these rows, in prompt order (selection contexts are split by item).
-    enc = encoder_output(model, list(ctx.visual_tokens), ctx.deepstack_features)
-    attn = last_token_attention(model, ids, mask, ctx.position_ids[:, rows], enc, layer)   # [len(rows), S]
-    local = {b: j for j, b in enumerate(rows)}
-    return [attn[local[b], s:e] for b, s, e in ctx.image_spans]
+    """Per unit of ctx, the FastV score [n_i] of each of its visual tokens (raster order). ctx holds every unit
+    of its rows, in prompt order (selection contexts are split by item)."""
+    return ctx.backend.text_attention(ctx.prompt, ctx.image_ids, ctx.visual_tokens, ctx.deepstack_features, layer)
 
 
 def make_selector(layer: int = DEFAULT_LAYER):
@@ -138,4 +63,4 @@ def make_selector(layer: int = DEFAULT_LAYER):
 select = make_selector()
 register_selector("fastv", select, overwrite=True)
 
-__all__ = ["encoder_output", "fastv_indices", "image_scores", "last_token_attention", "make_selector", "select"]
+__all__ = ["fastv_indices", "image_scores", "make_selector", "select"]

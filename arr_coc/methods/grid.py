@@ -8,12 +8,10 @@ query-blind allocator does when it knows only geometry, and the fill rule of `or
 from __future__ import annotations
 
 from ..attending import grid_indices
-from ..selection import Selection, SelectionContext, choose_before_encoding, handles_video, register_selector
+from ..pipeline.selection import Selection, SelectionContext, register_selector
 
 
 @register_selector("grid")
-@handles_video
-@choose_before_encoding
 def select(ctx: SelectionContext) -> Selection:
     return Selection(kept=[grid_indices(h, w, k) for (h, w), k in zip(ctx.grid_hw, ctx.counts)])
 

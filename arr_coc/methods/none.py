@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from ..selection import Selection, SelectionContext, choose_before_encoding, handles_video, register_selector
+from ..pipeline.selection import Selection, SelectionContext, register_selector
 
 
 @register_selector("none")
-@handles_video
-@choose_before_encoding
 def select(ctx: SelectionContext) -> Selection:
     return Selection(kept=[torch.arange(h * w) for h, w in ctx.grid_hw])
 

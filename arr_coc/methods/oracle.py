@@ -27,7 +27,7 @@ import torch
 
 from ..attending import grid_indices
 from ..geometry import Box, box_cells
-from ..selection import Selection, SelectionContext, choose_before_encoding
+from ..pipeline.selection import Selection, SelectionContext, choose_before_encoding
 from ._common import check_count
 
 

@@ -19,15 +19,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..budget import resolve_count
-from ..selection import Selection, SelectionContext, choose_before_encoding, handles_video, register_selector
+from ..budget import count_of
+from ..pipeline.selection import Selection, SelectionContext, register_selector
 from ..temporal import allocate
 from .grid import select as grid_select
 
 
 def _clip_count(ctx: SelectionContext, units: list[int]) -> int:
     h, w = ctx.grid_hw[units[0]]
-    return resolve_count(ctx.budgets[units[0]], len(units) * h * w)
+    return count_of(ctx.budgets[units[0]], len(units) * h * w)
 
 
 def _images_as_grid(ctx: SelectionContext) -> list[torch.Tensor | None]:
@@ -47,7 +47,6 @@ def token_change(tokens: torch.Tensor) -> torch.Tensor:
 
 
 @register_selector("evs")
-@handles_video
 def select_evs(ctx: SelectionContext) -> Selection:
     if ctx.visual_tokens is None:
         raise ValueError("evs compares the tower's tokens from group to group; run it with encode='after'")
@@ -62,8 +61,6 @@ def select_evs(ctx: SelectionContext) -> Selection:
 
 
 @register_selector("uniform_frames")
-@choose_before_encoding
-@handles_video
 def select_uniform_frames(ctx: SelectionContext) -> Selection:
     kept = _images_as_grid(ctx)
     for units in ctx.clip_units():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..selection import Selection, SelectionContext, choose_before_encoding, handles_video, register_selector
+from ..pipeline.selection import Selection, SelectionContext, register_selector
 
 
 def random_indices(n: int, k: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -21,8 +21,6 @@ def random_indices(n: int, k: int, generator: torch.Generator | None = None) -> 
 
 
 @register_selector("random")
-@handles_video
-@choose_before_encoding
 def select(ctx: SelectionContext) -> Selection:
     """One draw per image from its own generator, ascending."""
     return Selection(kept=[random_indices(h * w, k, ctx.generator(i))

@@ -29,23 +29,20 @@ included), which keeps the token at the scale the LM was trained on. On Qwen3-VL
 deepstack features of a contextual token are the target's own (not merged).
 
 Cost: VisionZip needs the attention weights of the last vision block, which flash/SDPA
-attention never materialises. `LastBlockRecorder` records that block's query/key
-projections and rotary tables during the vision pass the wrapper runs anyway, and
-`attention_received` recomputes only the Q K^T softmax (the extra work VisionZip pays).
-Without a recorder (e.g. `method="visionzip"` by name) the selector re-runs the vision
-tower under its own recorder, which costs a second vision pass.
+attention never materialises. The backend records that block's query/key projections and
+rotary tables during the vision pass the pipeline runs anyway (the registry marks VisionZip
+`tower_attention`), and recomputes only the Q K^T softmax (`VLMBackend.tower_attention`: the
+extra work VisionZip pays). A context whose pass was not recorded (the selector called on
+its own) costs a second vision pass.
 """
 
 from __future__ import annotations
-
-import importlib
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from ..attending import topk_indices
-from ..selection import Selection, SelectionContext, register_selector
+from ..pipeline.selection import Selection, SelectionContext, register_selector
 from ._common import check_count
 
 DOMINANT, CONTEXTUAL = 54, 10   # the paper's split of 64 kept tokens
@@ -94,113 +91,16 @@ def visionzip_select(received: torch.Tensor, keys: torch.Tensor, tokens: torch.T
     return kept, out
 
 
-class LastBlockRecorder:
-    """Records what the vision tower's last attention block computes, on one model instance.
-
-        with LastBlockRecorder(model) as rec:
-            wrapper.prepare(inputs, budget=0.1, method=visionzip.make_selector(rec))
-
-    Hooks (removed on exit): the block's qkv projection output [P, 3 * C] and its rotary
-    tables / attention segments (cu_seqlens). `records` holds one entry per vision pass.
-    """
-
-    def __init__(self, model: Any):
-        self.visual = model.model.visual
-        self.records: list[dict[str, Any]] = []
-        self._handles: list[Any] = []
-
-    def __enter__(self) -> "LastBlockRecorder":
-        attn = self.visual.blocks[-1].attn
-
-        def before(module, args, kwargs):
-            self.records.append({"cu_seqlens": kwargs.get("cu_seqlens"),
-                                 "position_embeddings": kwargs.get("position_embeddings")})
-
-        def qkv(module, args, output):
-            if self.records:
-                self.records[-1]["qkv"] = output.detach()
-
-        self._handles = [attn.register_forward_pre_hook(before, with_kwargs=True),
-                         attn.qkv.register_forward_hook(qkv)]
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-    @property
-    def last(self) -> dict[str, Any]:
-        if not self.records or "qkv" not in self.records[-1]:
-            raise RuntimeError("nothing recorded: run the vision tower (wrapper.prepare) inside the recorder")
-        return self.records[-1]
-
-
-@torch.no_grad()
-def attention_received(visual: Any, record: dict[str, Any], grid_thw: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per image of a recorded vision pass: (received [n_i], keys [n_i, C]) per MERGED token, raster order.
-
-    received: attention each patch receives in the last block, mean over heads and over the
-    queries of its attention segment, then mean over the merged token's patches; keys: the
-    block's rotary keys, heads concatenated, mean over the patches.
-    """
-    attn = visual.blocks[-1].attn
-    qkv = record["qkv"]
-    P = qkv.shape[0]
-    q, k, _ = qkv.reshape(P, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)   # [P, H, d]
-    rotate = importlib.import_module(type(attn).__module__).apply_rotary_pos_emb_vision
-    cos, sin = record["position_embeddings"]
-    q, k = rotate(q, k, cos, sin)
-    received = torch.empty(P)
-    cu = record["cu_seqlens"].tolist()
-    for s, e in zip(cu[:-1], cu[1:]):
-        qs, ks = q[s:e].transpose(0, 1).float(), k[s:e].transpose(0, 1).float()      # [H, L, d]
-        weights = torch.softmax(qs @ ks.transpose(1, 2) * attn.scaling, dim=-1)       # [H, L, L]
-        received[s:e] = weights.mean(dim=0).mean(dim=0)                              # [L]: received by each key
-    unit = int(visual.spatial_merge_size) ** 2
-    keys = k.reshape(P, -1).float()
-    received_m = received.reshape(P // unit, unit).mean(1)                           # per merged token, block order
-    keys_m = keys.reshape(P // unit, unit, -1).mean(1)
-    order = _block_to_raster(visual, grid_thw)                                      # block position -> raster
-    if order is not None:
-        received_m = received_m[torch.argsort(order)]
-        keys_m = keys_m[torch.argsort(order)]
-    counts = (grid_thw.prod(-1) // unit).tolist()
-    if sum(counts) != received_m.numel():
-        raise RuntimeError(f"the recorded vision pass has {received_m.numel()} merged tokens but the images need "
-                           f"{sum(counts)}; record the same images that are being pruned")
-    return list(zip(received_m.split(counts), keys_m.split(counts)))
-
-
-def _block_to_raster(visual: Any, grid_thw: torch.Tensor) -> torch.Tensor | None:
-    """Qwen2.5-VL runs its blocks in window order: the raster index of each block position, else None."""
-    if not hasattr(visual, "window_size") or not hasattr(visual, "fullatt_block_indexes"):
-        return None
-    from transformers.vision_utils import get_vision_window_index
-
-    window_index, _ = get_vision_window_index(grid_thw.cpu(), spatial_merge_size=visual.spatial_merge_size,
-                                              window_size=visual.window_size, patch_size=visual.patch_size)
-    return window_index.long()
-
-
-def make_selector(recorder: LastBlockRecorder | None = None, n_contextual: int | None = None):
-    """A VisionZip selector; with a recorder it reads the vision pass the wrapper ran (no second pass)."""
+def make_selector(n_contextual: int | None = None):
+    """A VisionZip selector: the tower's last-block attention through the backend (recorded during the
+    pipeline's own tower pass when there was one)."""
 
     def select(ctx: SelectionContext) -> Selection:
         if all(k >= h * w for k, (h, w) in zip(ctx.counts, ctx.grid_hw)):
             return Selection(kept=[torch.arange(h * w) for h, w in ctx.grid_hw])
-        model = ctx.vlm.model
-        grid_thw = ctx.inputs["image_grid_thw"]
-        if recorder is not None:
-            record = recorder.last
-        else:  # standalone: run the vision tower again, recording its last block
-            with LastBlockRecorder(model) as own:
-                model.model.get_image_features(ctx.inputs["pixel_values"], grid_thw, return_dict=True)
-            record = own.last
-        per_image = attention_received(model.model.visual, record, grid_thw)
         kept, tokens = [], []
-        for g, v, k in zip(ctx.image_ids, ctx.visual_tokens, ctx.counts):
-            received, keys = per_image[g]
+        for (received, keys), v, k in zip(ctx.backend.tower_attention(ctx.prompt, ctx.image_ids),
+                                          ctx.visual_tokens, ctx.counts):
             idx, out = visionzip_select(received, keys, v, k, n_contextual)
             kept.append(idx)
             tokens.append(out if out is not v else None)
@@ -213,5 +113,4 @@ def make_selector(recorder: LastBlockRecorder | None = None, n_contextual: int |
 select = make_selector()
 register_selector("visionzip", select, overwrite=True)
 
-__all__ = ["LastBlockRecorder", "attention_received", "contextual_count", "make_selector", "select",
-           "visionzip_select"]
+__all__ = ["contextual_count", "make_selector", "select", "visionzip_select"]

@@ -1,19 +1,25 @@
-"""ARR-COC inside Qwen2-VL / Qwen2.5-VL / Qwen3-VL: the wrapper and the pieces it is made of.
+"""The Hugging Face Qwen-VL backend (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) and the library's front door, `ARRCOCQwen`.
 
-wrapper.py    ARRCOCQwen: vision tower once, select, rewrite, prefill / generate
-rewrite.py    the pure input rewrite (spans, per-image budgets, kept-index checks, PrunedInputs)
-selecting.py  running a selector with per-item fallback
-trace.py      Trace (what happened to one item), PrefillOutput
-loading.py    checkpoints (hub id or folder) and the ARR-COC layer that goes with them
-processing.py chat prompts (questions tokenized as plain text), the image-only processor, un-patchify
-tiny.py       tiny random models of the three families, for tests
+wrapper.py      ARRCOCQwen: from_pretrained, generate / respond, prepare / prefill -> `arr_coc.pipeline`
+backend.py      QwenBackend: the pipeline's `VLMBackend` for these models
+families.py     what differs between the three families, one entry each
+prompt.py       the prompt read as units: pads, patch rows, unpruned M-RoPE positions
+pixels.py       the processor's patches as the texture's input
+encoding.py     the tower on chosen cells at their true positions, the gist
+rewrite.py      the kept tokens at their original positions (PrunedInputs)
+attention.py    FastV's and VisionZip's attention, as the backend's services
+tower_memory.py a later look's tower attends to earlier looks' keys and values
+processing.py   chat prompts (questions tokenized as plain text), the image-only processor, un-patchify
+loading.py      checkpoints (hub id or folder) and the ARR-COC layer that goes with them
+tiny.py         tiny random models of the three families, for tests
 """
 
+from ..pipeline.choose import SelectorFailed
+from ..pipeline.trace import PrefillOutput, Trace
+from .backend import QwenBackend
 from .loading import MODEL_CLASSES, HubUnreachable
 from .rewrite import PrunedInputs
-from .selecting import SelectorFailed
-from .trace import PrefillOutput, Trace
 from .wrapper import ARRCOCQwen
 
-__all__ = ["ARRCOCQwen", "HubUnreachable", "MODEL_CLASSES", "PrefillOutput", "PrunedInputs", "SelectorFailed",
-           "Trace"]
+__all__ = ["ARRCOCQwen", "HubUnreachable", "MODEL_CLASSES", "PrefillOutput", "PrunedInputs", "QwenBackend",
+           "SelectorFailed", "Trace"]

@@ -22,112 +22,33 @@ Patches are laid out by the processor in merge-block order, so merged cell c of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Sequence
+import warnings
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..encode import EncodeConfig
 from ..grid import upload
-from ..saccade import SaccadeConfig
+from ..pipeline.fovea import dilate
 from ..stopwatch import Stopwatch, lap
+from .families import Family, family_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-EncodeMode = Literal["after", "before"]
-ENCODE_MODES: tuple[str, ...] = ("after", "before")
-
-
-@dataclass(frozen=True)
-class EncodeConfig:
-    """How the vision tower is spent.
-
-    mode       "after": encode every patch, then select (the stock encoding); "before": select, then
-               encode only the chosen cells (+ context: margin, whole windows).
-    gist       "before" only: share of the full grid's merged tokens the gist has (the tower on a
-               downscaled copy of the image; its tokens are the selector's coarse view). 0 (the
-               default): no gist, the selector reads the texture array and the question only.
-               Measured on the validation split with the shipped layer (docs/RESULTS.md): a quarter-
-               size gist costs 11% of the full tower, and at ~15% of the full prefill texture-only
-               selection answered 7.7 points better [+3.9, +11.4] at the same cost.
-    margin     "before" only: rings of context cells encoded around every chosen cell and dropped
-               before the language model (a chosen cell's token depends on its neighbours).
-    periphery  "before" only: the language model also reads the gist tokens of the regions not
-               encoded at full resolution, each at the full-grid cell under its centre.
-    windows    "before" only, Qwen2.5-VL only: every attention window of the tower that holds a
-               chosen cell is encoded whole (its window layers then see exactly their stock inputs);
-               the window's other cells are context, encoded and dropped like the margin (union
-               with it). Windows are the full grid's, as the tower assigns them (`cell_windows`).
-    saccade    "before" only: how many looks (`SaccadeConfig.passes`, 1 = one look) and how each further
-               one is decided and aimed (`arr_coc.saccade`); a mapping of its fields is accepted.
-    """
-
-    mode: EncodeMode = "after"
-    gist: float = 0.0
-    margin: int = 0
-    periphery: bool = False
-    windows: bool = False
-    saccade: SaccadeConfig = SaccadeConfig()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "saccade", SaccadeConfig.of(self.saccade))
-        if self.mode not in ENCODE_MODES:
-            raise ValueError(f"encode mode {self.mode!r} is not one of {list(ENCODE_MODES)}")
-        if not 0.0 <= self.gist < 1.0:
-            raise ValueError(f"gist={self.gist} must be a share of the tokens in [0, 1) (0: no gist)")
-        if self.margin < 0:
-            raise ValueError(f"margin={self.margin} must be >= 0 cells")
-        before_only = [s for s, on in ((f"gist={self.gist}", self.gist > 0), (f"margin={self.margin}", self.margin > 0),
-                                       ("windows=True (--whole-windows)", self.windows),
-                                       (f"passes={self.passes} (--passes)", self.passes > 1)) if on]
-        if self.mode == "after" and before_only:
-            raise ValueError(f"mode='before' (--encode before) is needed for {', '.join(before_only)}, which choose "
-                             "what the tower encodes before selection; with 'after' every patch is encoded anyway")
-        if self.periphery and self.gist <= 0:
-            raise ValueError("periphery=True shows the language model the gist: it needs gist > 0")
-
-    @property
-    def passes(self) -> int:
-        return self.saccade.passes
-
-    def check_family(self, family: str) -> None:
-        """Refuse what this VLM family cannot do (before any encoding work): whole windows need Qwen2.5-VL."""
-        if self.windows and family not in WINDOWED_FAMILIES:
-            raise ValueError(f"windows=True (--whole-windows) applies to Qwen2.5-VL only, whose vision tower "
-                             f"attends within windows; this model ({family}) has no window attention. Use "
-                             "margin=1 (--margin 1) to encode a ring of context cells around the chosen ones instead")
-
-
-WINDOWED_FAMILIES: tuple[str, ...] = ("qwen2_5_vl",)   # vision towers with window attention
-
-
-def dilate(cells: torch.Tensor, grid_hw: tuple[int, int], rings: int) -> torch.Tensor:
-    """Raster cells within `rings` cells (Chebyshev distance) of any of `cells`, ascending. Host work (numpy)."""
-    chosen = np.asarray(cells.cpu().numpy(), dtype=np.int64)
-    if rings <= 0:
-        return torch.from_numpy(np.sort(chosen))
-    h, w = grid_hw
-    mask = np.zeros((h + 2 * rings, w + 2 * rings), dtype=bool)
-    ys, xs = np.divmod(chosen, w)
-    for dy in range(2 * rings + 1):
-        for dx in range(2 * rings + 1):
-            mask[ys + dy, xs + dx] = True
-    return torch.from_numpy(np.flatnonzero(mask[rings: rings + h, rings: rings + w]).astype(np.int64))
-
-
-def _full_grid_kwargs(visual: torch.nn.Module, family: str, grid_thw: torch.Tensor) -> dict[str, torch.Tensor]:
+def _full_grid_kwargs(visual: torch.nn.Module, family: Family, grid_thw: torch.Tensor) -> dict[str, torch.Tensor]:
     """The per-patch tensors the encoder would compute for the whole grid (patch rows, block order)."""
     from transformers.vision_utils import get_vision_interpolation_indices_and_weights, get_vision_position_ids
 
     merge = int(visual.spatial_merge_size)
     out = {"position_ids": get_vision_position_ids(grid_thw, merge)}
-    if family == "qwen3_vl":
+    if family.position_table:
         out["interp_indices"], out["interp_weights"] = get_vision_interpolation_indices_and_weights(
             grid_thw, num_grid_per_side=visual.num_grid_per_side, mode=visual.interpolation_mode,
             align_corners=visual.interpolation_align_corners, spatial_merge_size=merge)
-    if family == "qwen2_5_vl":
+    if family.windows:
         out["window_of_cell"], out["window_rank"] = _window_assignment(visual, grid_thw)
     return out
 
@@ -172,7 +93,7 @@ def cells_to_encode(model: PreTrainedModel, grid_thw: torch.Tensor, grid_hw: Seq
                     chosen: Sequence[torch.Tensor], config: EncodeConfig) -> list[torch.Tensor]:
     """Per image, the ascending raster cells `encode_cells` encodes: the chosen ones, `config.margin` rings
     around them and, with `config.windows`, the rest of every full-grid window that holds one (union)."""
-    config.check_family(model.config.model_type)
+    family_of(model).check_encode(config)
     encoded = [dilate(c, g, config.margin) for c, g in zip(chosen, grid_hw)]
     if config.windows:
         windows = cell_windows(model.model.visual, grid_thw)
@@ -209,7 +130,7 @@ def encode_packed(model: PreTrainedModel, pixel_values: torch.Tensor, grid_thw: 
     ascending); everything the tower needs is worked out there and uploaded once per tensor.
     -> (tokens [sum K_i, D], image after image; Qwen3-VL deepstack: one [sum K_i, D] per layer, else None)."""
     visual = model.model.visual
-    family = model.config.model_type
+    family = family_of(model)
     unit = int(visual.spatial_merge_size) ** 2
     full = _full_grid_kwargs(visual, family, grid_thw)
     rows, cell_global, offset, cell_offset = [], [], 0, 0
@@ -227,10 +148,10 @@ def encode_packed(model: PreTrainedModel, pixel_values: torch.Tensor, grid_thw: 
     cu = np.concatenate([[0], np.cumsum([unit * k for k in counts])]).astype(np.int32)
     kwargs: dict[str, torch.Tensor] = {"position_ids": upload(full["position_ids"].numpy()[rows_np], dev),
                                        "cu_seqlens": upload(cu, dev)}
-    if family == "qwen3_vl":
+    if family.position_table:
         kwargs["interp_indices"] = upload(full["interp_indices"].numpy()[rows_np], dev)
         kwargs["interp_weights"] = upload(full["interp_weights"].numpy()[rows_np], dev)
-    if family == "qwen2_5_vl":
+    if family.windows:
         kwargs["window_index"], kwargs["cu_window_seqlens"] = _packed_windows(
             torch.from_numpy(np.concatenate(cell_global)), full["window_of_cell"], full["window_rank"], unit, dev)
     patches = pixel_values.index_select(0, upload(rows_np, dev)).type(visual.dtype)
@@ -252,17 +173,6 @@ def _packed_windows(cells: torch.Tensor, window_of: torch.Tensor, rank: torch.Te
     return upload(order, device), upload(cu, device)
 
 
-def as_encode_config(encode: EncodeConfig | str | None) -> EncodeConfig:
-    """None / "after" / "before" / an EncodeConfig -> an EncodeConfig."""
-    if encode is None:
-        return EncodeConfig()
-    if isinstance(encode, EncodeConfig):
-        return encode
-    if isinstance(encode, str):
-        return EncodeConfig(mode=encode)  # type: ignore[arg-type]
-    raise TypeError(f"encode must be 'after', 'before' or an EncodeConfig, got {type(encode).__name__}")
-
-
 def encoder_output_class(model: PreTrainedModel) -> type:
     """The vision-encoder output type `forward(mm_encoder_outputs=...)` expects from this family."""
     import importlib
@@ -271,3 +181,46 @@ def encoder_output_class(model: PreTrainedModel) -> type:
 
     module = importlib.import_module(type(model.model).__module__)
     return getattr(module, "BaseModelOutputWithDeepstackFeatures", BaseModelOutputWithPooling)
+
+
+@torch.no_grad()
+def gist_tokens(model: PreTrainedModel, processor: Any, images: Sequence[torch.Tensor],
+                grids: Sequence[tuple[int, int]]) -> tuple[list[torch.Tensor], list[list[torch.Tensor]] | None]:
+    """The vision tower on each image resized to grids[i] merged cells. images: [3, H, W] in [0, 1] (host).
+    -> (per image [h_g * w_g, D], per image one [h_g * w_g, D] per deepstack layer or None)."""
+    from PIL import Image
+
+    from .processing import image_processor_of
+
+    ip = image_processor_of(processor)
+    unit = int(ip.patch_size) * int(ip.merge_size)
+    small = []
+    for im, (hg, wg) in zip(images, grids):
+        pixels = (im.float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+        small.append(Image.fromarray(pixels).resize((wg * unit, hg * unit), Image.BICUBIC))
+    out = ip(images=small, return_tensors="pt")
+    grid_thw = out["image_grid_thw"]
+    merge = int(ip.merge_size)
+    got = [(int(h) // merge, int(w) // merge) for _, h, w in grid_thw.tolist()]
+    if got != [tuple(g) for g in grids]:
+        raise RuntimeError(f"the image processor resized the gist to {got}, not {list(grids)}; check its min/max "
+                           "pixels")
+    enc = model.model.get_image_features(out["pixel_values"].to(model.device), grid_thw.to(model.device),
+                                         return_dict=True)
+    tokens = list(enc.pooler_output)
+    deep = getattr(enc, "deepstack_features", None)
+    return tokens, ([[layer[i] for layer in deep] for i in range(len(tokens))] if deep is not None else None)
+
+
+_MOVED = {"EncodeConfig": "arr_coc.encode", "EncodeMode": "arr_coc.encode", "ENCODE_MODES": "arr_coc.encode",
+          "as_encode_config": "arr_coc.encode"}
+
+
+def __getattr__(name: str) -> Any:
+    """Deprecated names (one release): the encoding settings moved to `arr_coc.encode`."""
+    if name in _MOVED:
+        import importlib
+
+        warnings.warn(f"arr_coc.qwen.encoding.{name} moved to {_MOVED[name]}.{name}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

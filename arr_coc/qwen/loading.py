@@ -8,27 +8,19 @@ reached the error says so and what to do. Nothing here sets HF_HUB_OFFLINE for a
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..config import ARRCOCConfig
-from ..layer import ARRCOCLayer
+from ..layer import LayerSpec, build_layer  # noqa: F401 - where the wrapper and older callers find them
 from ..runtime import Runtime, RuntimeChoiceError
+from .families import FAMILIES
 from .processing import load_processor
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-MODEL_CLASSES = {
-    "qwen2_vl": "Qwen2VLForConditionalGeneration",
-    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
-    "qwen3_vl": "Qwen3VLForConditionalGeneration",
-}
-
-# What `ARRCOCQwen(arr_coc=...)` accepts: a layer, a config, a folder of trained weights, or None (untrained).
-LayerSpec = Union[ARRCOCLayer, ARRCOCConfig, str, os.PathLike, None]
-
+MODEL_CLASSES = {name: family.model_class for name, family in FAMILIES.items()}
 
 class HubUnreachable(OSError):
     """A hub id could not be fetched (offline, no network, or not on the hub); the message says what to do."""
@@ -100,26 +92,3 @@ def load_vlm(
             raise
         raise _hub_error(path, exc) from exc
     return model, load_processor(path, family=family)
-
-
-def build_layer(spec: LayerSpec, text_hidden_size: int) -> ARRCOCLayer:
-    """The ARR-COC layer for a VLM whose question embeddings are `text_hidden_size` wide."""
-    d = text_hidden_size
-    if spec is None:
-        layer = ARRCOCLayer(ARRCOCConfig().with_query_dim(d))
-    elif isinstance(spec, ARRCOCConfig):
-        layer = ARRCOCLayer(spec if spec.knowing.query_dim == d else spec.with_query_dim(d))
-    elif isinstance(spec, (str, os.PathLike)):
-        layer = ARRCOCLayer.from_pretrained(os.fspath(spec))
-    elif isinstance(spec, ARRCOCLayer):
-        layer = spec
-    else:
-        raise TypeError(f"arr_coc must be an ARRCOCLayer, an ARRCOCConfig, a folder of trained weights or None; "
-                        f"got {type(spec).__name__}")
-    if hasattr(layer.participatory, "know_weights"):
-        layer.eval().participatory.know_weights()   # what the forward would otherwise read back from the GPU once
-    if layer.config.knowing.query_dim != d:
-        raise ValueError(
-            f"the ARR-COC layer expects question embeddings of width {layer.config.knowing.query_dim} but this "
-            f"VLM's text hidden size is {d}; train or build the layer with ARRCOCConfig().with_query_dim({d})")
-    return layer.eval()

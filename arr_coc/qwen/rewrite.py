@@ -1,12 +1,10 @@
 """The pure input rewrite: prompts with every visual token -> prompts with the kept ones.
 
-No model runs here (the wrapper runs the vision tower, the selector and the language model):
+No model runs here (the pipeline runs the vision tower, the selector and the language model through the
+backend); the kept cells arrive validated (`arr_coc.pipeline.choose.validate_kept`).
 
 1. `image_spans` finds each image's run of `<|image_pad|>` tokens;
-2. `expand_budgets` gives each image its budget (one for all, or per question / per image);
-3. `validate_kept` makes every selection sorted, unique, in range and non-empty (or keeps all
-   and says why);
-4. `rewrite` drops the unkept pads, keeps every other token at its original position, and
+2. `rewrite` drops the unkept pads, keeps every other token at its original position, and
    left-pads the rows again: `position_ids` [4, B, S'] = [text row, t, h, w]. Which token goes where is
    worked out on the host (the prompt, its positions and the kept indices are there), uploaded once, and
    the visual tokens the language model reads are gathered in one op from the tokens the tower made
@@ -33,65 +31,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..budget import Budget, BudgetSpec, parse_budget
 from ..grid import upload
+from ..pipeline.tokens import VisualRows
 
 INPUT_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids",
               "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
-
-
-@dataclass
-class VisualRows:
-    """The visual tokens the tower made for a batch, concatenated, and which cell each one is.
-
-    source  [R, D] rows: the merger's output of every image (after), or of the encoded cells (+ the gist's
-            periphery tokens) (before)
-    deep    Qwen3-VL: one [R, D] per deepstack layer, the same rows; else None
-    cells   per image, int64[E_i] ascending: the cells that have a token in `source`
-    rows    per image, int64[E_i]: those tokens' rows in `source`
-    """
-
-    source: torch.Tensor
-    deep: list[torch.Tensor] | None
-    cells: list[np.ndarray]
-    rows: list[np.ndarray]
-    n_tokens: list[int]
-
-    @classmethod
-    def every_cell(cls, feats: Sequence[torch.Tensor], deep: Sequence[Sequence[torch.Tensor]] | None) -> VisualRows:
-        """The after-mode encoding: per image [n_i, D] (every cell), per layer per image for deepstack."""
-        n = [int(f.shape[0]) for f in feats]
-        start = np.cumsum([0] + n[:-1])
-        return cls(torch.cat(list(feats)), None if deep is None else [torch.cat(list(layer)) for layer in deep],
-                   [np.arange(k) for k in n], [np.arange(k) + s for k, s in zip(n, start)], n)
-
-    def rows_of(self, kept: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Per image, the source row of each kept cell (each must have a token)."""
-        out = []
-        for cells, rows, k in zip(self.cells, self.rows, kept):
-            at = np.searchsorted(cells, k)
-            if len(k) and (at.max() >= len(cells) or not np.array_equal(cells[at], k)):
-                raise ValueError("a kept cell has no encoded token; the tower encodes every kept cell")
-            out.append(rows[at])
-        return out
-
-    def gather(self, kept: Sequence[np.ndarray]) -> tuple[tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]] | None]:
-        """(per image [K_i, D], Qwen3-VL deepstack per layer per image) of the kept cells: one index op per tensor."""
-        counts = [len(k) for k in kept]
-        index = upload(np.concatenate(self.rows_of(kept)).astype(np.int64), self.source.device)
-        feats = tuple(self.source.index_select(0, index).split(counts))
-        deep = None if self.deep is None else [tuple(d.index_select(0, index).split(counts)) for d in self.deep]
-        return feats, deep
-
-    def full(self, source: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        """Per image [n_i, D]: every cell with a token in place, zeros elsewhere (made on demand)."""
-        source = self.source if source is None else source
-        out = []
-        for cells, rows, n in zip(self.cells, self.rows, self.n_tokens):
-            full = source.new_zeros(n, source.shape[-1])
-            full[torch.as_tensor(cells, device=source.device)] = source[torch.as_tensor(rows, device=source.device)]
-            out.append(full)
-        return tuple(out)
 
 
 @dataclass
@@ -201,76 +145,6 @@ def image_spans(is_image: torch.Tensor, attention_mask: torch.Tensor) -> list[tu
         d = np.diff(np.concatenate([[0], valid[b].astype(np.int8), [0]]))
         spans.extend((b, int(s), int(e)) for s, e in zip(np.flatnonzero(d == 1), np.flatnonzero(d == -1)))
     return spans
-
-
-def expand_budgets(budget: BudgetSpec, item_of_image: list[int], batch: int,
-                   visual_of_image: list[int] | None = None) -> list[Budget | None]:
-    """One budget per image: a scalar for all, or one entry per row (scalar or per-visual list).
-
-    Each budget goes through the one parser (`parse_budget`: numbers or strings like "10%"); None
-    entries stay None (the selector's default). The pruning path's "images" are visual units (a video reaches
-    it as its temporal groups): visual_of_image gives each unit its visual's place in its row, so a per-row
-    list has one entry per image or video, and a video's entry is its clip's budget.
-    """
-    parse = lambda x: None if x is None else parse_budget(x)  # noqa: E731
-    if budget is None or isinstance(budget, (int, float, str)):
-        return [parse(budget)] * len(item_of_image)
-    budget = list(budget)
-    if len(budget) != batch:
-        raise ValueError(f"got {len(budget)} budgets for a batch of {batch}; pass one per question (or one for all)")
-    if visual_of_image is None:
-        visual_of_image, seen = [], {}
-        for b in item_of_image:
-            visual_of_image.append(seen.get(b, 0))
-            seen[b] = visual_of_image[-1] + 1
-    out: list[Budget | None] = []
-    for b, j in zip(item_of_image, visual_of_image):
-        entry = budget[b]
-        if isinstance(entry, (list, tuple)):
-            n_visual = 1 + max(v for r, v in zip(item_of_image, visual_of_image) if r == b)
-            if len(entry) != n_visual:
-                raise ValueError(f"question {b} has {n_visual} images or videos but {len(entry)} budgets")
-            out.append(parse(entry[j]))
-        else:
-            out.append(parse(entry))
-    return out
-
-
-def validate_kept(
-    kept: Sequence[torch.Tensor | None], n_tokens: Sequence[int], fallback: Sequence[str | None],
-    errors: Sequence[str | None],
-) -> tuple[list[torch.Tensor], list[str | None], list[str | None]]:
-    """Sorted unique in-range non-empty indices per image; anything else keeps all tokens (and says why).
-    Host work (numpy); a selector that answered on the device is read back here."""
-    out = []
-    fallback, errors = list(fallback), list(errors)
-    for i, (k, n) in enumerate(zip(kept, n_tokens)):
-        problem = None
-        if k is None:
-            problem = "no indices returned"
-        else:
-            k = torch.as_tensor(k).detach().cpu().numpy().astype(np.int64).ravel()
-            if k.size == 0:
-                problem = "empty selection (every image keeps at least one token)"
-            elif k.min() < 0 or k.max() >= n:
-                problem = f"indices outside [0, {n})"
-            else:
-                k = torch.from_numpy(np.unique(k))  # sorted ascending
-        if problem is not None:
-            out.append(torch.from_numpy(np.arange(n)))
-            fallback[i] = "keep_all"
-            errors[i] = errors[i] or f"invalid selection: {problem}"
-        else:
-            out.append(k)
-    return out, fallback, errors
-
-
-def replacement(tokens: torch.Tensor, feats: torch.Tensor, i: int) -> torch.Tensor:
-    """A selector's replacement tokens for image i, checked against the merger output [n_i, D]."""
-    if tuple(tokens.shape) != tuple(feats.shape):
-        raise ValueError(f"the selector returned visual_tokens of shape {tuple(tokens.shape)} for image {i}; "
-                         f"expected {tuple(feats.shape)} (the merger output's raster layout [n_i, D])")
-    return tokens.to(feats.device, feats.dtype)
 
 
 def rewrite(

@@ -24,14 +24,16 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
+from .families import FAMILIES
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen3_vl")
-
 
 def supports(model: PreTrainedModel) -> bool:
-    return getattr(model.config, "model_type", None) in FAMILIES
+    """Whether a later look's tower can attend to earlier looks' keys (`families.Family.tower_memory`)."""
+    family = FAMILIES.get(getattr(model.config, "model_type", None))
+    return family is not None and family.tower_memory
 
 
 def _rotary(model: PreTrainedModel):
@@ -57,9 +59,9 @@ def _split_qkv(attn: Any, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 @contextmanager
-def remembering(model: PreTrainedModel, memory: TowerMemory, images: Sequence[int]) -> Iterator[None]:
-    """Record the keys and values of the LAST tower pass run inside (its segments are `images`, in order) into
-    `memory`. Hooks only read: the pass's results are unchanged."""
+def remembering(model: PreTrainedModel, memory: TowerMemory, images: Sequence[int] | None) -> Iterator[None]:
+    """Record the keys and values of the LAST tower pass run inside (its segments are `images`, in order; None:
+    segment j is image j) into `memory`. Hooks only read: the pass's results are unchanged."""
     visual = model.model.visual
     rotary = _rotary(model)
     seen: dict[str, Any] = {}
@@ -88,9 +90,9 @@ def remembering(model: PreTrainedModel, memory: TowerMemory, images: Sequence[in
         q, k, v = _split_qkv(blk.attn, qkv)
         _, k = rotary(q, k, cos, sin)
         per_layer.append((k, v))
-    for j, image in enumerate(images):
+    for j in range(len(bounds) - 1):
         a, b = bounds[j], bounds[j + 1]
-        memory.add(image, [(k[a:b], v[a:b]) for k, v in per_layer])
+        memory.add(j if images is None else images[j], [(k[a:b], v[a:b]) for k, v in per_layer])
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from ..geometry import boxes_to_cell_shares, scale_boxes
 
 if TYPE_CHECKING:
     from ..qwen import ARRCOCQwen
-    from .distributed import Processes
+    from ..distributed import Processes
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ def extract_features(wrapper: ARRCOCQwen, records: Sequence[VQARecord], progress
     gist > 0: the layer's visual tokens are what it reads with encode="before" (the gist's token under
     each cell, from a gist of that share of the tokens); the full encoding is kept as `lm_tokens`.
     """
-    from ..qwen.encoding import EncodeConfig
-    from ..selection import choose_before_encoding
+    from ..encode import EncodeConfig
+    from ..pipeline.selection import choose_before_encoding
     from PIL import Image
     from tqdm import tqdm
 

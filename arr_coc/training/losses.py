@@ -9,7 +9,6 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from ..attending import topk_indices
 from ..budget import resolve_count
@@ -81,36 +80,19 @@ def soft_keep(relevance: torch.Tensor, k: int, temperature: float) -> torch.Tens
 
 def answer_loss(wrapper: ARRCOCQwen, items: list[Features], relevance: torch.Tensor, budget: float,
                 temperature: float) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """Cross-entropy of the answers with visual tokens softly masked by relevance.
+    """Cross-entropy of the answers with visual tokens softly masked by relevance (`soft_keep`), through the frozen
+    VLM (`VLMBackend.soft_answer_loss`: the mask enters the language model's attention as log m on each visual
+    token's column).
 
     Returns (answer loss, budget penalty = mean (soft kept share - budget share)^2, soft kept share).
     """
-    model = wrapper.model
-    tok = wrapper.tokenizer
-    dev = relevance.device  # the VLM's and the layer's (the cached features live on the CPU)
+    backend = wrapper.backend
     losses, shares, kept_share = [], [], []
     for i, f in enumerate(items):
-        ids = f.input_ids  # cached at extraction: no image decode or processor call per step
-        answer_ids = tok(f.answer, add_special_tokens=False)["input_ids"] + [wrapper.im_end_id]
-        full = torch.cat([ids, torch.tensor([answer_ids])], 1).to(dev)
-        mm = (full == wrapper.image_token_id).int()
-        pos, _ = model.model.get_rope_index(full, mm, image_grid_thw=f.image_grid_thw.to(dev))
-        pos = pos[-3:]
-        with torch.no_grad():
-            embeds = model.get_input_embeddings()(full)
-            lm = f.lm_tokens if f.lm_tokens is not None else f.visual_tokens
-            embeds[full == wrapper.image_token_id] = lm.to(dev, embeds.dtype)
         h, w = f.grid_hw
         m = soft_keep(relevance[i, :h, :w].reshape(-1), resolve_count(budget, h * w), temperature)
-        s = full.shape[1]
-        bias = torch.zeros(s, device=dev)
-        bias = bias.index_put((torch.nonzero(full[0] == wrapper.image_token_id)[:, 0],), torch.log(m.clamp_min(1e-6)))
-        causal = torch.full((s, s), float("-inf"), device=dev).triu(1)
-        mask = (causal + bias[None, :]).to(embeds.dtype)[None, None]
-        hidden = model.model.language_model(inputs_embeds=embeds, position_ids=pos, attention_mask=mask).last_hidden_state
-        n_ans = len(answer_ids)
-        logits = model.lm_head(hidden[0, -n_ans - 1 : -1])
-        losses.append(F.cross_entropy(logits.float(), torch.tensor(answer_ids, device=dev)))
+        lm = f.lm_tokens if f.lm_tokens is not None else f.visual_tokens
+        losses.append(backend.soft_answer_loss(f.input_ids, f.image_grid_thw, lm, f.answer, m))
         shares.append((m.mean() - resolve_count(budget, h * w) / (h * w)) ** 2)
         kept_share.append(float(m.detach().mean()))
     return torch.stack(losses).mean(), torch.stack(shares).mean(), sum(kept_share) / len(kept_share)

@@ -38,11 +38,11 @@ def collect(wrapper: ARRCOCQwen, records: Sequence[VQARecord], budget: float, sa
     """Per item: {id, type, u_margin, u_entropy, nll_1, nll_2, correct_1, correct_2, cost_1, cost_2, full}
     (costs: whole-prefill FLOPs; `full`: the every-token model's). Two looks forced for every item."""
     from ..data import score_record
+    from ..encode import EncodeConfig
+    from ..evaluation.cost import vision_flops
     from ..evaluation.flops import CountedSelector, count_flops
-    from ..selection import get_selector
-    from ..evaluation.vision_cost import vision_flops
-    from ..qwen.encoding import EncodeConfig
-    from ..qwen.saccades import look
+    from ..pipeline.request import Pruning
+    from ..pipeline.selection import get_selector
 
     forced = dataclasses.replace(saccade, passes=2, threshold=-1.0)
     encode = EncodeConfig(mode="before", saccade=forced)
@@ -55,17 +55,18 @@ def collect(wrapper: ARRCOCQwen, records: Sequence[VQARecord], budget: float, sa
 
         bar = tqdm(total=len(records), desc="looks", unit="item", dynamic_ncols=True)
     tok = wrapper.tokenizer
+    backend = wrapper.backend
     for batch in batches:
         inputs = wrapper.build_inputs([[r.load_image()] for r in batch], [r.question for r in batch])
         counted = CountedSelector(get_selector(method), method)
-        looked = look(wrapper, inputs, budget, counted, None, True, encode, max_new_tokens=8)
+        looked = wrapper.answer(inputs, Pruning.of(counted, budget, None, encode, strict=True), max_new_tokens=8)
         per_call = counted.flops_per_call() or []        # [first look, "grow": choosing again]
         selector = [sum(per_call[:1]) / len(batch), sum(per_call[1:]) / len(batch)]
-        traces = looked.traces
+        traces, prompt = looked.traces, looked.first.batch
         first_only = [dataclasses.replace(tr, looks=tr.looks[:1]) for tr in traces]
-        vision_1 = vision_flops(wrapper, inputs, first_only, 0.0, memo)
-        vision_2 = vision_flops(wrapper, inputs, traces, 0.0, memo)
-        full_vision = vision_flops(wrapper, inputs, [dataclasses.replace(tr, encode="after") for tr in traces], 0.0,
+        vision_1 = vision_flops(backend, prompt, first_only, 0.0, memo)
+        vision_2 = vision_flops(backend, prompt, traces, 0.0, memo)
+        full_vision = vision_flops(backend, prompt, [dataclasses.replace(tr, encode="after") for tr in traces], 0.0,
                                    memo)
         every, _ = wrapper.prepare(inputs, method="none")
         gold = [tok(r.answers[0], add_special_tokens=False)["input_ids"][:1] or [0] for r in batch]

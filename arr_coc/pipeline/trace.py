@@ -1,4 +1,4 @@
-"""What happened to one item: the trace every wrapper call returns beside its answer."""
+"""What happened to one item: the trace every pipeline call returns beside its answer."""
 
 from __future__ import annotations
 
@@ -8,26 +8,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..budget import Budget, BudgetMode
-from .foveation import nearest_cells
-from .rewrite import PrunedInputs
+from ..resolution import (FOVEAL, GIST_ONLY, NOT_ENCODED, PERIPHERY, RESOLUTION_LEVELS,  # noqa: F401 - re-exported
+                          UNREAD)
+from .choose import Choice, slice_output
+from .fovea import nearest_cells
 
 if TYPE_CHECKING:
-    from ..layer import ARRCOCOutput
-    from .foveation import Foveated, Gist
-    from .preparing import Unpruned
-    from .selecting import Choice
+    from ..output import ARRCOCOutput
+    from .backend import PrunedPrompt
+    from .fovea import Foveated, Gist
+    from .prompt import Prompt
 
-
-# What a merged cell became (`Trace.resolution`), coarsest first; a cell takes the finest that applies.
-NOT_ENCODED, GIST_ONLY, PERIPHERY, UNREAD, FOVEAL = range(5)
-RESOLUTION_LEVELS = (
-    "not encoded",                       # before mode without a gist: the tower never saw it
-    "gist only (selector)",              # before mode: seen coarsely by the selector, not read by the LM
-    "periphery (gist token, read)",      # before mode: inside a gist region whose coarse token the LM reads
-    "full resolution, not read",         # context (before mode: margin, whole windows); every pruned cell (after)
-    "full resolution, read",             # the chosen (foveal) cells: encoded at full resolution, read by the LM
-)
 GRID_REASON = "low-structure image: its tokens were spread over an even grid instead of top-k"
+ADAPTIVE = "adaptive"
 
 
 @dataclass
@@ -92,6 +85,7 @@ class Trace:
     # encode="before" with passes > 1: every look in order (the first one's choice, then each saccade);
     # kept_indices / encoded_cells / kept_tokens are then the union over the looks. Empty with one look.
     looks: list[Look] = field(default_factory=list)
+    model: str = ""                              # which model answered (its folder or hub id; "" when not known)
 
     @property
     def kept_per_group(self) -> list[list[int]]:
@@ -148,41 +142,43 @@ class Trace:
             "extent_per_image": None if self.arr_coc is None or self.arr_coc.extent is None
             else [round(float(c), 2) for c in self.arr_coc.extent],
             "looks": [look.to_dict() for look in self.looks],
+            "model": self.model,
         }
 
 
-def item_traces(name: str, budgets: list[Budget | None], budget_mode: BudgetMode | None, batch: Unpruned,
-                choice: Choice, lm_cells: list[torch.Tensor], pruned: PrunedInputs, encode: str,
-                fovea: Foveated | None, gist: Gist | None, timing: dict[str, float]) -> list[Trace]:
-    """One `Trace` per batch row (its images in prompt order), from what `ARRCOCQwen.prepare` did. Host only."""
-    from .selecting import slice_output
+def item_traces(name: str, budgets: list[Budget | None], budget_mode: BudgetMode | None, prompt: Prompt,
+                choice: Choice, lm_cells: list[torch.Tensor], pruned: PrunedPrompt, encode: str,
+                fovea: Foveated | None, gist: Gist | None, timing: dict[str, Any]) -> list[Trace]:
+    """One `Trace` per batch row (its units in prompt order), from what one look did. Host only.
 
+    The budget is the one the units were pruned by (a missing one already resolved to the method's default),
+    "adaptive" where the budget mode made the layer ignore it, 1.0 for every token."""
     traces = []
-    for b in range(batch.rows):
-        imgs = [i for i, r in enumerate(batch.item_of_image) if r == b]
-        asked = [1.0 if name == "none" else budgets[i] for i in imgs] or [None]
+    for b in range(prompt.rows):
+        imgs = prompt.units_of(b)
+        asked = [1.0 if name == "none" else ADAPTIVE if budget_mode == ADAPTIVE else budgets[i] for i in imgs] or [None]
         fallback, errors = choice.fallback, choice.errors
         traces.append(Trace(
             method=name,
             budget=asked[0] if len(set(map(repr, asked))) == 1 else asked,
             budget_mode=budget_mode,
             kept_tokens=sum(int(lm_cells[i].numel()) for i in imgs),
-            total_tokens=sum(batch.n_tokens[i] for i in imgs),
+            total_tokens=sum(prompt.n_tokens[i] for i in imgs),
             kept_per_image=[int(lm_cells[i].numel()) for i in imgs],
-            total_per_image=[batch.n_tokens[i] for i in imgs],
+            total_per_image=[prompt.n_tokens[i] for i in imgs],
             kept_indices=[choice.kept[i].cpu() for i in imgs],
-            grid_hw=[batch.grid_hw[i] for i in imgs],
+            grid_hw=[prompt.grid_hw[i] for i in imgs],
             arr_coc=slice_output(choice.arr_out, imgs) if choice.arr_out is not None and imgs else None,
             fallback=[fallback[i] for i in imgs],
             error="; ".join(e for e in (errors[i] for i in imgs) if e) or None,
             fallback_reason=[errors[i] or (GRID_REASON if fallback[i] == "grid" else fallback[i]) for i in imgs],
             prompt_tokens=pruned.lengths[b],
             encode=encode,
-            encoded_cells=[fovea.encoded[i] for i in imgs] if fovea else [torch.arange(batch.n_tokens[i]) for i in imgs],
+            encoded_cells=[fovea.encoded[i] for i in imgs] if fovea else [torch.arange(prompt.n_tokens[i]) for i in imgs],
             periphery_cells=[fovea.periphery[i] for i in imgs] if fovea else [],
             gist_grid=[gist.grid_hw[i] for i in imgs] if gist else [],
-            clip_per_image=[batch.units.clip[i] for i in imgs] if batch.units is not None else [-1] * len(imgs),
-            group_per_image=[batch.units.group[i] for i in imgs] if batch.units is not None else [0] * len(imgs),
+            clip_per_image=[prompt.clip[i] for i in imgs],
+            group_per_image=[prompt.group[i] for i in imgs],
             **timing,
         ))
     return traces
@@ -193,5 +189,5 @@ class PrefillOutput:
     """logits [B, S', V] of the pruned prompt, the pruned inputs and per-item traces."""
 
     logits: torch.Tensor
-    pruned: PrunedInputs
+    pruned: PrunedPrompt
     traces: list[Trace]

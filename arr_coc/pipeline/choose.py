@@ -1,0 +1,255 @@
+"""Choosing: the selection context of a prompt, and running a selector on it (batch first, item by item if it
+fails, keep-all last).
+
+`context` builds what a selector reads (`SelectionContext`) from the prompt through the backend: the units'
+pictures, the question embeddings (one embedding call for the batch), the per-unit budgets and counts.
+`run_selector` runs it; a selector that raises on the batch is retried per item, and an item that still
+fails keeps all its tokens with the error recorded, so one bad image never costs the others their pruning
+(the library's contract; the evaluation's strict mode refuses such rows instead).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..budget import Budget, BudgetError, BudgetMode, count_of
+from ..grid import upload
+from ..stopwatch import Stopwatch, lap
+from .backend import VLMBackend
+from .prompt import Prompt
+from .selection import Selection, SelectionContext, Selector
+
+if TYPE_CHECKING:
+    from ..layer import ARRCOCLayer
+
+logger = logging.getLogger(__name__)
+
+
+class SelectorFailed(RuntimeError):
+    """A selector raised and the caller asked for no fallback (strict=True)."""
+
+    def __init__(self, name: str, cause: BaseException):
+        super().__init__(f"selector {name!r} failed: {type(cause).__name__}: {cause}")
+        self.name, self.cause = name, cause
+
+
+def as_selection(result: Any, n: int) -> Selection:
+    sel = result if isinstance(result, Selection) else Selection(kept=list(result))
+    if len(sel.kept) != n:
+        raise ValueError(f"selector returned kept indices for {len(sel.kept)} images, expected {n}")
+    return sel
+
+
+class PerImageOutputs:
+    """Selector outputs that came back in pieces (per-item retry): slices by image."""
+
+    def __init__(self, n: int, outs: list[tuple[list[int], Any]]):
+        self.n = n
+        self.where = {}
+        for which, out in outs:
+            for j, i in enumerate(which):
+                self.where[i] = (out, j)
+
+    def slice(self, imgs: list[int]) -> Any:
+        pieces = [self.where.get(i) for i in imgs]
+        if any(p is None or p[0] is None for p in pieces):
+            return None
+        out = pieces[0][0]
+        if all(p[0] is out for p in pieces):
+            return slice_output(out, [p[1] for p in pieces])
+        return None
+
+
+def slice_output(out: Any, imgs: list[int]) -> Any:
+    """The selector output restricted to images `imgs` (lists and batch-first tensors are sliced)."""
+    if isinstance(out, PerImageOutputs):
+        return out.slice(imgs)
+    if not dataclasses.is_dataclass(out):
+        return out
+    per_image = getattr(out, "kept_indices", None)
+    if not isinstance(per_image, (list, tuple)):
+        return out
+    n = len(per_image)
+    idx = torch.tensor(imgs, dtype=torch.long)
+    changes = {}
+    for f in dataclasses.fields(out):
+        v = getattr(out, f.name)
+        if f.name == "channel_names":  # per channel, not per image
+            continue
+        if isinstance(v, list) and len(v) == n:
+            changes[f.name] = [v[i] for i in imgs]
+        elif isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n:
+            changes[f.name] = v[idx.to(v.device)]
+    return dataclasses.replace(out, **changes)
+
+
+@dataclass
+class Choice:
+    """What a selector chose for N images (host): kept cells, its ARR-COC output (or None), fallbacks, errors and
+    replacement tokens (`Selection.visual_tokens`), per image."""
+
+    kept: list[torch.Tensor]
+    arr_out: Any
+    fallback: list[str | None]
+    errors: list[str | None]
+    replaced: list[torch.Tensor | None]
+
+    @classmethod
+    def of(cls, kept: list[torch.Tensor], n: int) -> Choice:
+        """Cells chosen without a selector (given, or every cell)."""
+        return cls(kept, None, [None] * n, [None] * n, [None] * n)
+
+    def keep_all(self, i: int, n_tokens: int, why: str) -> None:
+        self.kept[i], self.fallback[i], self.errors[i] = torch.arange(n_tokens), "keep_all", why
+
+    def replacing(self, feats: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The tower's tokens per unit with the selector's replacements in (a unit that fell back keeps its own)."""
+        return [f if r is None or fb == "keep_all" else replacement(r, f, i)
+                for i, (f, r, fb) in enumerate(zip(feats, self.replaced, self.fallback))]
+
+
+
+def replacement(tokens: torch.Tensor, feats: torch.Tensor, i: int) -> torch.Tensor:
+    """A selector's replacement tokens for unit i, checked against the tower's output [n_i, D]."""
+    if tuple(tokens.shape) != tuple(feats.shape):
+        raise ValueError(f"the selector returned visual_tokens of shape {tuple(tokens.shape)} for image {i}; "
+                         f"expected {tuple(feats.shape)} (the merger output's raster layout [n_i, D])")
+    return tokens.to(feats.device, feats.dtype)
+
+
+def validate_kept(
+    kept: Sequence[torch.Tensor | None], n_tokens: Sequence[int], fallback: Sequence[str | None],
+    errors: Sequence[str | None],
+) -> tuple[list[torch.Tensor], list[str | None], list[str | None]]:
+    """Sorted unique in-range non-empty indices per image; anything else keeps all tokens (and says why).
+    Host work (numpy); a selector that answered on the device is read back here."""
+    out = []
+    fallback, errors = list(fallback), list(errors)
+    for i, (k, n) in enumerate(zip(kept, n_tokens)):
+        problem = None
+        if k is None:
+            problem = "no indices returned"
+        else:
+            k = torch.as_tensor(k).detach().cpu().numpy().astype(np.int64).ravel()
+            if k.size == 0:
+                problem = "empty selection (every image keeps at least one token)"
+            elif k.min() < 0 or k.max() >= n:
+                problem = f"indices outside [0, {n})"
+            else:
+                k = torch.from_numpy(np.unique(k))  # sorted ascending
+        if problem is not None:
+            out.append(torch.from_numpy(np.arange(n)))
+            fallback[i] = "keep_all"
+            errors[i] = errors[i] or f"invalid selection: {problem}"
+        else:
+            out.append(k)
+    return out, fallback, errors
+
+
+def unit_counts(budgets: list[Budget], prompt: Prompt) -> list[int]:
+    """K_i per unit. A video's count budget is the clip's: split over its groups (earlier groups take the
+    remainder, each at least 1), so a per-group selector keeps what the clip was given; a share is a share."""
+    counts = [count_of(bud, h * w) for bud, (h, w) in zip(budgets, prompt.grid_hw)]
+    for units in prompt.clips:
+        bud = budgets[units[0]]
+        if isinstance(bud, int):
+            t, n = len(units), prompt.n_tokens[units[0]]
+            k = max(t, min(bud, t * n))
+            for g, i in enumerate(units):
+                counts[i] = min(n, k // t + (g < k % t))
+    return counts
+
+
+def question_embeddings(backend: VLMBackend, prompt: Prompt, pad: int
+                        ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Each unit's question-token embeddings, in one embedding call for the batch.
+    -> (query [N, L, D] in the VLM's dtype, mask [N, L] bool, lengths L_i) on the VLM's device."""
+    questions = backend.question_tokens(prompt)
+    per_unit = [questions[b] for b in prompt.item_of_image]
+    longest = max(len(q) for q in per_unit)
+    padded = np.full((len(per_unit), longest), pad, dtype=np.int64)
+    real = np.zeros((len(per_unit), longest), dtype=bool)
+    for i, q in enumerate(per_unit):
+        padded[i, : len(q)], real[i, : len(q)] = q, True
+    dev = backend.device
+    return backend.embed_tokens(upload(padded, dev)), upload(real, dev), [len(q) for q in per_unit]
+
+
+def context(backend: VLMBackend, prompt: Prompt, layer: Callable[[], ARRCOCLayer],
+            visual_tokens: list[torch.Tensor] | None, budgets: list[Budget], budget_mode: BudgetMode | None,
+            seed: int, clock: Stopwatch | None = None) -> SelectionContext:
+    """What a selector reads of this prompt (`SelectionContext`): budgets already resolved per unit."""
+    query, query_mask, lengths = question_embeddings(backend, prompt, backend.pad_token_id)
+    texts: list[str] = []
+    if prompt.has_video:   # the temporal allocator reads the question's words
+        rows = [backend.decode_text(q) for q in backend.question_tokens(prompt)]
+        texts = [rows[b] for b in prompt.item_of_image]
+    lap(clock, "question")
+    deep, n = prompt.deep, len(prompt.grid_hw)
+    if prompt.pixels is None:
+        prompt.pixels = backend.pixels(prompt)
+    return SelectionContext(
+        backend=backend, prompt=prompt, layer=layer, pixels=prompt.pixels, grid_hw=list(prompt.grid_hw),
+        visual_tokens=visual_tokens, query=query, query_mask=query_mask, query_lengths=lengths,
+        budgets=list(budgets), counts=unit_counts(list(budgets), prompt), item_of_image=list(prompt.item_of_image),
+        budget_mode=budget_mode, image_ids=list(range(n)), seed=seed,
+        deepstack_features=[[d[i] for d in deep] for i in range(n)] if deep is not None else None, clock=clock,
+        clips=list(prompt.clip), groups=list(prompt.group), questions=texts)
+
+
+def run_selector(fn: Selector, ctx: SelectionContext, name: str, strict: bool = False) -> Choice:
+    """Run the selector on the batch; if it raises, per item; an item that still fails keeps all.
+
+    A `BudgetError` (the caller asked for something impossible) always propagates, and so does
+    every error with strict=True (the evaluation: a row must not silently run another method)."""
+    N = len(ctx)
+    kept: list[torch.Tensor | None] = [None] * N
+    fallback: list[str | None] = [None] * N
+    errors: list[str | None] = [None] * N
+    replaced: list[torch.Tensor | None] = [None] * N
+    try:
+        sel = as_selection(fn(ctx), N)
+        groups = [(list(range(N)), sel)]
+    except BudgetError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - isolate the failure to the items that cause it
+        if strict:
+            raise SelectorFailed(name, exc) from exc
+        logger.warning("selector %r failed on the batch (%s); retrying item by item", name, exc)
+        groups = []
+        for b in sorted(set(ctx.item_of_image)):
+            which = [i for i, r in enumerate(ctx.item_of_image) if r == b]
+            try:
+                groups.append((which, as_selection(fn(ctx.subset(which)), len(which))))
+            except Exception as item_exc:  # noqa: BLE001
+                logger.warning("selector %r failed for item %d (%s); it keeps all tokens", name, b, item_exc)
+                for i in which:
+                    fallback[i] = "keep_all"
+                    errors[i] = f"{type(item_exc).__name__}: {item_exc}"
+    outs = []
+    for which, sel in groups:
+        for j, i in enumerate(which):
+            kept[i] = sel.kept[j]
+            if sel.fallback is not None:
+                fallback[i] = sel.fallback[j]
+            if sel.errors is not None:
+                errors[i] = sel.errors[j]
+            if sel.visual_tokens is not None:
+                replaced[i] = sel.visual_tokens[j]
+        outs.append((which, sel.arr_coc))
+    arr_out = None
+    if len(outs) == 1 and outs[0][1] is not None and len(outs[0][0]) == N:
+        arr_out = outs[0][1]
+    elif any(o is not None for _, o in outs):
+        arr_out = PerImageOutputs(N, outs)
+    return Choice(kept, arr_out, fallback, errors, replaced)
+
+
+__all__ = ["Choice", "PerImageOutputs", "SelectorFailed", "as_selection", "context", "question_embeddings",
+           "replacement", "run_selector", "slice_output", "unit_counts", "validate_kept"]

@@ -1,0 +1,234 @@
+"""What a request asks of the pruning: read once at the edge, then carried typed through the pipeline.
+
+`Pruning.of(method=..., budget=..., budget_mode=..., encode=..., strict=..., kept_indices=...)` is the one
+place where a caller's values become typed settings: the budget(s) through the one parser
+(`arr_coc.budget.parse_budget`, `wire=True` for what came over JSON), the mode through `check_mode`, the
+encoding through `as_encode_config`, the method through the registry. Nothing after it parses again: the
+pipeline, the selectors and the allocator count with `budget.count_of`, which trusts a read budget.
+
+The validator's words for what a user typed (the app, `ask`, the lmms-eval plugin) are here too, since they
+need the method registry: `read_budget`, `check_method`, `check_encode`, and `validate` for a whole request
+(budget, method, question, image, in that order; the images and questions themselves are `arr_coc.inputs`').
+
+**A missing budget** has one meaning: the method's default, resolved here per unit (`unit_budgets`): the ARR-COC
+layer's configured budget (`attending.budget`, 0.25 for every shipped layer) for the ARR-COC methods, and
+`DEFAULT_BUDGET` (0.25) for the others; a layer configured `mode="adaptive"` makes a missing budget adaptive.
+The selector, the allocator and the trace all read the resolved value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+
+from ..budget import DEFAULT_BUDGET, Budget, BudgetError, BudgetMode, BudgetSpec, check_mode, parse_budget
+from ..encode import EncodeConfig, EncodeMode, as_encode_config
+from ..errors import InputError
+from ..inputs import LIMITS, ImageInfo, InputLimits, check_image, check_question
+from .selection import (Selector, available_methods, get_selector, selector_name, selects_before_encoding,
+                        selects_video, unknown_method_message, video_methods)
+
+if TYPE_CHECKING:
+    from ..layer import ARRCOCLayer
+    from .prompt import Prompt
+
+ADAPTIVE = "adaptive"
+
+
+@dataclass(frozen=True)
+class Pruning:
+    """How one request is pruned.
+
+    method       how traces and tables name it ("none", "explicit" for given cells, a registry name, or a custom
+                 selector's __name__)
+    selector     what chooses; None: nothing is chosen (every cell, or the given `kept`)
+    budget       one budget for every unit, or one entry per row (a budget, or a list with one per visual of
+                 that row); parsed; None entries are the method's default (`unit_budgets`)
+    budget_mode  None | "exact" | "mean" | "adaptive" (arr_coc.budget), checked
+    encode       what the tower encodes and how many looks (`EncodeConfig`)
+    strict       a failing selector raises (`SelectorFailed`) instead of keeping every token of its items
+    kept         explicit cells per unit (LongTensor[K_i]); overrides the method
+    """
+
+    method: str = "none"
+    selector: Selector | None = None
+    budget: BudgetSpec = None
+    budget_mode: BudgetMode | None = None
+    encode: EncodeConfig = EncodeConfig()
+    strict: bool = False
+    kept: tuple[torch.Tensor, ...] | None = None
+
+    @classmethod
+    def of(cls, method: str | Selector = "arr_coc", budget: BudgetSpec = None, budget_mode: BudgetMode | None = None,
+           encode: EncodeConfig | EncodeMode | None = None, strict: bool = False,
+           kept_indices: Sequence[torch.Tensor] | None = None, wire: bool = False, parsed: bool = False) -> Pruning:
+        """The one read of a caller's values (see the module docstring); ValueError / BudgetError on bad ones.
+
+        parsed: the budget was read at the caller's own edge already (`read_budget`, argparse's `budget_arg`), so
+        it is taken as it is: every path reads a budget once."""
+        name = "explicit" if kept_indices is not None and method == "arr_coc" else selector_name(method)
+        selector = None if kept_indices is not None or name == "none" else \
+            get_selector(method) if isinstance(method, str) else method
+        encoding = as_encode_config(encode)
+        if encoding.mode == "before" and selector is not None and not selects_before_encoding(selector):
+            raise ValueError(f"method {name!r} reads the encoded visual tokens, so it cannot choose before the "
+                             "vision tower; run it with encode='after'")
+        kept = None if kept_indices is None else tuple(torch.as_tensor(k, dtype=torch.long) for k in kept_indices)
+        return cls(name, selector, budget if parsed else read_budgets(budget, wire), check_mode(budget_mode), encoding,
+                   strict, kept)
+
+    @property
+    def before(self) -> bool:
+        return self.encode.mode == "before"
+
+    def check_prompt(self, prompt: Prompt) -> None:
+        """Refuse, before any work, a method that cannot prune what the prompt holds."""
+        if prompt.has_video and self.selector is not None and not selects_video(self.selector):
+            raise ValueError(f"method {self.method!r} cannot prune a video: it reads the unpruned prompt's layout "
+                             f"itself; choose one of {video_methods()} for videos")
+
+    def unit_budgets(self, prompt: Prompt, layer: Callable[[], ARRCOCLayer] | None = None) -> list[Budget]:
+        """One budget per unit: this request's, or the method's default where it gave none (module docstring)."""
+        given = expand_budgets(self.budget, prompt.item_of_image, prompt.rows, prompt.visual_index)
+        if all(b is not None for b in given):
+            return given                                       # type: ignore[return-value]
+        default = self.default_budget(layer)
+        return [default if b is None else b for b in given]
+
+    def default_budget(self, layer: Callable[[], ARRCOCLayer] | None) -> Budget:
+        if self.selector is not None and uses_layer(self.selector) and layer is not None:
+            return layer().config.attending.budget
+        return DEFAULT_BUDGET
+
+    def unit_mode(self, layer: Callable[[], ARRCOCLayer] | None) -> BudgetMode | None:
+        """The budget mode the selector gets: this request's, or "adaptive" when no budget was given at all and
+        the layer is configured adaptive (a budget given for some rows only is met exactly where it is given
+        and at the layer's budget elsewhere)."""
+        if self.budget_mode is not None or self.budget is not None or self.selector is None \
+                or not uses_layer(self.selector) or layer is None:
+            return self.budget_mode
+        return ADAPTIVE if layer().config.attending.mode == ADAPTIVE else None
+
+
+def uses_layer(selector: Selector) -> bool:
+    """A selector that runs the ARR-COC layer (its default budget is the layer's)."""
+    return selector_name(selector).startswith("arr_coc")
+
+
+def read_budgets(budget: BudgetSpec, wire: bool = False) -> BudgetSpec:
+    """A budget spec with every entry through the one parser (None entries stay None: the default)."""
+    parse = lambda x: None if x is None else parse_budget(x, wire=wire)  # noqa: E731
+    if budget is None or isinstance(budget, (int, float, str)):
+        return parse(budget)
+    return [[parse(x) for x in entry] if isinstance(entry, (list, tuple)) else parse(entry) for entry in budget]
+
+
+def expand_budgets(budget: BudgetSpec, item_of_image: list[int], batch: int,
+                   visual_of_image: list[int] | None = None) -> list[Budget | None]:
+    """One budget per unit from a parsed spec: a scalar for all, or one entry per row (scalar or per-visual list).
+
+    A video reaches the pipeline as its temporal groups: visual_of_image gives each unit its visual's place in
+    its row, so a per-row list has one entry per image or video, and a video's entry is its clip's budget.
+    """
+    if budget is None or isinstance(budget, (int, float)):
+        return [budget] * len(item_of_image)
+    budget = list(budget)
+    if len(budget) != batch:
+        raise ValueError(f"got {len(budget)} budgets for a batch of {batch}; pass one per question (or one for all)")
+    if visual_of_image is None:
+        visual_of_image, seen = [], {}
+        for b in item_of_image:
+            visual_of_image.append(seen.get(b, 0))
+            seen[b] = visual_of_image[-1] + 1
+    out: list[Budget | None] = []
+    for b, j in zip(item_of_image, visual_of_image):
+        entry = budget[b]
+        if isinstance(entry, (list, tuple)):
+            n_visual = 1 + max(v for r, v in zip(item_of_image, visual_of_image) if r == b)
+            if len(entry) != n_visual:
+                raise ValueError(f"question {b} has {n_visual} images or videos but {len(entry)} budgets")
+            out.append(entry[j])
+        else:
+            out.append(entry)
+    return out
+
+
+# ----------------------------------------------------------------------------- what a user typed
+
+
+def read_budget(value: Any, default: Budget | None = None, limits: InputLimits = LIMITS,
+                wire: bool = False) -> Budget | None:
+    """A budget as a user typed it (0.25, "10%", 64, "64tok"), read by `arr_coc.budget.parse_budget`;
+    None (not given) is `default`. A refusal carries the budget parser's own message ("" is not a budget,
+    as on the command line and in `generate`). wire=True: it came over JSON (the app's API), where a whole
+    number is read as the text it was, so 1 is as ambiguous as "1" on the command line (`parse_budget`)."""
+    if value is None:
+        return default
+    try:
+        budget = parse_budget(value, wire=wire)
+    except BudgetError as exc:
+        raise InputError(str(exc), "budget") from None
+    if isinstance(budget, int) and budget > limits.max_budget_count:
+        raise InputError(f"budget={budget} as a token count is more than any image has (limit "
+                         f"{limits.max_budget_count:,}); write a share like 0.1, 1.0 or 10%, or a smaller count",
+                         "budget")
+    return budget
+
+
+def check_method(method: Any, default: str = "arr_coc") -> str:
+    """A selector name that `get_selector` resolves (None, not given, is `default`)."""
+    if method is None:
+        return default
+    if not isinstance(method, str) or method not in available_methods():
+        raise InputError(unknown_method_message(method), "method")
+    return method
+
+
+def check_encode(method: Any, encode: Any = None) -> EncodeConfig:
+    """What the vision tower encodes, for `method` -> an `EncodeConfig`. `encode` is an EncodeConfig, a mode
+    ("after", "before"), None ("after") or a mapping of EncodeConfig's fields (the command line's --encode,
+    --gist, --margin, --periphery, --whole-windows). Refused: settings that contradict each other (a gist
+    or a margin without encode before, a periphery without a gist), and encode before for a method that reads
+    the encoded visual tokens (FastV, VisionZip, ...), which cannot choose before the tower. method None or
+    "none" selects nothing, so only the settings are checked."""
+    try:
+        config = EncodeConfig(**encode) if isinstance(encode, dict) else as_encode_config(encode)
+    except (TypeError, ValueError) as exc:
+        raise InputError(str(exc), "encode") from None
+    if config.mode == "before" and isinstance(method, str) and method != "none":
+        if not selects_before_encoding(get_selector(method)):
+            before = [m for m in available_methods() if m != "none" and selects_before_encoding(get_selector(m))]
+            raise InputError(f"method {method!r} reads the encoded visual tokens, so it cannot choose before the "
+                             "vision tower: run it with --encode after (encode='after'), or pick a method that "
+                             f"chooses before ({', '.join(before)})", "encode")
+    return config
+
+
+@dataclass
+class CheckedRequest:
+    """Everything a request sends, checked, in the order the validator checks it."""
+
+    budget: Budget | None
+    method: str
+    question: str
+    image: Any                      # RGB PIL image, or None when no image was asked for
+    info: ImageInfo | None
+    notes: list[str]
+
+
+def validate(image: Any, question: Any, budget: Any = None, method: Any = None, limits: InputLimits = LIMITS,
+             name: str | None = None, default_budget: Budget | None = DEFAULT_BUDGET) -> CheckedRequest:
+    """Check a whole request in one fixed order (budget, method, question, image), so a request with
+    several problems gets the same first verdict everywhere. Raises InputError."""
+    checked_budget = read_budget(budget, default_budget, limits)
+    checked_method = check_method(method)
+    text, notes = check_question(question, limits)
+    picture, info = check_image(image, limits, name)
+    return CheckedRequest(checked_budget, checked_method, text, picture, info, notes + info.notes)
+
+
+__all__ = ["CheckedRequest", "Pruning", "check_encode", "check_method", "expand_budgets", "read_budget",
+           "read_budgets", "uses_layer", "validate"]
+

@@ -1,0 +1,300 @@
+"""`QwenBackend`: Qwen2-VL, Qwen2.5-VL and Qwen3-VL on transformers, as the pruning pipeline's backend.
+
+Every call of `arr_coc.pipeline.backend.VLMBackend` is a few lines here over the modules that do the work:
+
+    prompt.py      the prompt read as units (their pads, patch rows, the unpruned M-RoPE positions)
+    pixels.py      the processor's patches as the texture's input, on the device
+    encoding.py    the tower on chosen cells at their true positions (windows, position tables), the gist
+    rewrite.py     the kept tokens at their original positions (`PrunedInputs`)
+    attention.py   FastV's LM-prefix attention and VisionZip's last-block attention
+    tower_memory.py  a later look's tower attends to earlier looks' keys and values
+    families.py    what differs between the three families, one entry each
+
+The language model is pruned by rewriting its inputs, never by hooking it (an in-forward hook is silently
+wrong for padded batches); `forward(mm_encoder_outputs=...)` scatters the kept tokens into their pads.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..cancel import stopping_kwargs
+from ..encode import EncodeConfig
+from ..inputs import InputLimits, limits_for
+from ..pipeline.prompt import Prompt
+from ..pipeline.tokens import VisualRows
+from ..stopwatch import Stopwatch
+from .attention import LastBlockRecorder, attention_received, encoder_output, last_token_attention
+from .encoding import cells_to_encode, encode_packed, encoder_output_class, gist_tokens
+from .families import Family, family_of
+from .pixels import PatchImages
+from .processing import IM_END, VISION_END, QwenProcessor, encode_prompts, video_sampling
+from .prompt import PromptTokens, question_tokens, read_prompt
+from .rewrite import PrunedInputs, rewrite
+from .tower_memory import TowerMemory, attending, remembering
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+@dataclass
+class Decoded:
+    """What `QwenBackend.decode` returns.
+
+    new_tokens    [B * r, T] the answers' tokens only
+    sequences     [B * r, S' + T] as transformers' generate returns them on the pruned prompt
+    prefill_s     the first forward's wall time (the prefill)
+    first_logits  [B * r, V] the first answer token's logits, when asked for (else None)
+    """
+
+    new_tokens: torch.Tensor
+    sequences: torch.Tensor
+    prefill_s: float
+    first_logits: torch.Tensor | None = None
+
+
+class QwenBackend:
+    """A frozen Qwen-VL model and its processor, behind the pipeline's `VLMBackend` interface."""
+
+    def __init__(self, model: PreTrainedModel, processor: QwenProcessor):
+        self.info: Family = family_of(model)       # ValueError naming the three families otherwise
+        self.family = self.info.name
+        self.model = model
+        self.processor = processor
+        tok = getattr(processor, "tokenizer", processor)
+        self.tokenizer = tok
+        cfg = model.config
+        self.pad_token_id = (
+            tok.pad_token_id if tok.pad_token_id is not None
+            else model.generation_config.pad_token_id if model.generation_config.pad_token_id is not None
+            else 0
+        )
+        self.tokens = PromptTokens(image=int(cfg.image_token_id), video=int(cfg.video_token_id),
+                                   vision_end=tok.convert_tokens_to_ids(VISION_END),
+                                   im_end=tok.convert_tokens_to_ids(IM_END), pad=self.pad_token_id,
+                                   special=frozenset(getattr(tok, "all_special_ids", []) or []))
+        self.merge = int(cfg.vision_config.spatial_merge_size)
+        self._encoder_output_cls: type | None = None
+
+    # -- facts ----------------------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def text_hidden_size(self) -> int:
+        return int(self.model.get_input_embeddings().weight.shape[-1])
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        eos = self.model.generation_config.eos_token_id
+        return set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+
+    @property
+    def encoder_output_cls(self) -> type:
+        if self._encoder_output_cls is None:
+            self._encoder_output_cls = encoder_output_class(self.model)
+        return self._encoder_output_cls
+
+    # -- the request ----------------------------------------------------------------------------------------
+
+    def input_limits(self) -> InputLimits:
+        return limits_for(self.processor)
+
+    def video_sampling(self) -> dict[str, Any]:
+        return video_sampling(self.processor)
+
+    def build_inputs(self, visuals: Sequence[Sequence[Any]], questions: Sequence[str]) -> dict[str, torch.Tensor]:
+        return encode_prompts(self.processor, visuals, questions)
+
+    def check_encode(self, encode: EncodeConfig) -> None:
+        self.info.check_encode(encode)
+
+    def visual_kinds(self, inputs: Mapping[str, Any]) -> frozenset[str]:
+        return frozenset(kind for kind, key in (("image", "pixel_values"), ("video", "pixel_values_videos"))
+                         if inputs.get(key) is not None)
+
+    # -- the unpruned prompt --------------------------------------------------------------------------------
+
+    def read_prompt(self, inputs: Mapping[str, Any], encode_all: bool, clock: Stopwatch | None = None,
+                    record_attention: bool = False) -> Prompt:
+        """record_attention: keep the tower's last-block attention of the full encoding (`tower_attention`)."""
+        if not (record_attention and encode_all):
+            return read_prompt(self.model, self.tokens, inputs, encode_all, self.encoder_output_cls, clock)
+        with LastBlockRecorder(self.model) as recorder:
+            prompt = read_prompt(self.model, self.tokens, inputs, encode_all, self.encoder_output_cls, clock)
+        prompt.native.tower_record = recorder.last
+        return prompt
+
+    def pixels(self, prompt: Prompt) -> PatchImages:
+        if prompt.pixels is None:
+            native = prompt.native
+            prompt.pixels = PatchImages.of(native.inputs["pixel_values"], native.grid_thw, self.processor)
+        return prompt.pixels
+
+    def question_tokens(self, prompt: Prompt) -> list[list[int]]:
+        return question_tokens(self.tokens, prompt)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(ids)
+
+    def decode_text(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # -- the tower on chosen cells --------------------------------------------------------------------------
+
+    def encode_gist(self, prompt: Prompt, units: Sequence[int], grids: Sequence[tuple[int, int]]
+                    ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]] | None]:
+        images = self.pixels(prompt).images
+        return gist_tokens(self.model, self.processor, [images[i] for i in units], grids)
+
+    def context_cells(self, prompt: Prompt, units: Sequence[int], chosen: Sequence[torch.Tensor],
+                      encode: EncodeConfig) -> list[torch.Tensor]:
+        grid_thw = prompt.native.grid_thw[list(units)]
+        return cells_to_encode(self.model, grid_thw, [prompt.grid_hw[i] for i in units], chosen, encode)
+
+    def encode_cells(self, prompt: Prompt, units: Sequence[int], cells: Sequence[np.ndarray],
+                     clock: Stopwatch | None = None) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        native, units = prompt.native, list(units)
+        pixels = native.inputs["pixel_values"]
+        if units != list(range(len(prompt.grid_hw))):
+            pixels = _patch_rows(pixels, native.grid_thw, units)
+        return encode_packed(self.model, pixels, native.grid_thw[units], cells, clock)
+
+    @torch.no_grad()
+    def encode_units(self, prompt: Prompt, units: Sequence[int]) -> torch.Tensor:
+        """The stock tower + merger on every cell of `units` (what a full encoding of them costs)."""
+        native, units = prompt.native, list(units)
+        pixels = _patch_rows(native.inputs["pixel_values"], native.grid_thw, units)
+        grid = native.grid_thw[units].to(self.device)
+        return torch.cat(list(self.model.model.get_image_features(pixels, grid, return_dict=True).pooler_output))
+
+    def new_tower_memory(self) -> TowerMemory | None:
+        """A memory for a later look's tower (None where the family's tower cannot use one: window order)."""
+        return TowerMemory() if self.info.tower_memory else None
+
+    def remembering(self, memory: TowerMemory, units: Sequence[int] | None) -> AbstractContextManager:
+        return remembering(self.model, memory, units)
+
+    def attending(self, memory: TowerMemory, units: Sequence[int]) -> AbstractContextManager:
+        return attending(self.model, memory, units)
+
+    # -- the language model ---------------------------------------------------------------------------------
+
+    def rewrite(self, prompt: Prompt, visual: VisualRows, lm_cells: Sequence[torch.Tensor]) -> PrunedInputs:
+        native = prompt.native
+        return rewrite(native.host["input_ids"], native.host["attention_mask"], native.pos3_host, native.spans,
+                       visual, list(lm_cells), native.encoder_output_cls, prompt.item_of_image, prompt.grid_hw,
+                       self.pad_token_id, self.device, native.units.kind)
+
+    @torch.no_grad()
+    def prefill(self, pruned: PrunedInputs, **forward: Any) -> Any:
+        return self.model(**pruned.model_kwargs(), **forward)
+
+    @torch.no_grad()
+    def decode(self, pruned: PrunedInputs, first_logits: bool = False, **generate: Any) -> Decoded:
+        """model.generate on fresh pruned kwargs (greedy unless told otherwise), its prefill timed by hooks on
+        this instance, removed right after."""
+        marks: list[float] = []
+
+        def pre_hook(module, args, kwargs):
+            if len(marks) == 0:
+                marks.append(time.perf_counter())
+
+        def post_hook(module, args, kwargs, output):
+            if len(marks) == 1:
+                marks.append(time.perf_counter())
+
+        h1 = self.model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+        h2 = self.model.register_forward_hook(post_hook, with_kwargs=True)
+        kw = {"do_sample": False, "pad_token_id": self.pad_token_id, **generate}
+        if first_logits:
+            kw.update(output_logits=True, return_dict_in_generate=True)
+        try:
+            out = self.model.generate(**pruned.model_kwargs(), **stopping_kwargs(kw))
+        finally:
+            h1.remove()
+            h2.remove()
+        prefill_s = marks[1] - marks[0] if len(marks) == 2 else float("nan")
+        seqs = out.sequences if first_logits else out
+        return Decoded(seqs[:, pruned.input_ids.shape[1]:], seqs, prefill_s, out.logits[0] if first_logits else None)
+
+    @torch.no_grad()
+    def generate_text_only(self, inputs: Mapping[str, Any], **generate: Any) -> tuple[Decoded, list[int]]:
+        """The stock generation of a batch without visuals -> (what it generated, each row's prompt length)."""
+        kw = stopping_kwargs({"do_sample": False, "pad_token_id": self.pad_token_id, **generate})
+        seqs = self.model.generate(**{k: v.to(self.device) for k, v in inputs.items()}, **kw)
+        width = inputs["input_ids"].shape[1]
+        mask = inputs.get("attention_mask", torch.ones_like(inputs["input_ids"]))
+        return Decoded(seqs[:, width:], seqs, float("nan")), [int(m.sum()) for m in mask]
+
+    # -- training through the frozen model ------------------------------------------------------------------
+
+    def soft_answer_loss(self, input_ids: torch.Tensor, image_grid_thw: torch.Tensor, visual_tokens: torch.Tensor,
+                         answer: str, keep: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of `answer` (+ <|im_end|>) after the unpruned prompt `input_ids` [1, S] of one image, with
+        each visual token's attention column weighted by keep[i] in (0, 1] (log keep added to the causal mask), so
+        the loss is differentiable in `keep` [n]. visual_tokens [n, D]: what the language model reads."""
+        model, dev = self.model, keep.device
+        answer_ids = self.tokenizer(answer, add_special_tokens=False)["input_ids"] + [self.tokens.im_end]
+        full = torch.cat([input_ids, torch.tensor([answer_ids])], 1).to(dev)
+        is_image = full == self.tokens.image
+        pos, _ = model.model.get_rope_index(full, is_image.int(), image_grid_thw=image_grid_thw.to(dev))
+        with torch.no_grad():
+            embeds = model.get_input_embeddings()(full)
+            embeds[is_image] = visual_tokens.to(dev, embeds.dtype)
+        s = full.shape[1]
+        bias = torch.zeros(s, device=dev).index_put((torch.nonzero(is_image[0])[:, 0],), torch.log(keep.clamp_min(1e-6)))
+        causal = torch.full((s, s), float("-inf"), device=dev).triu(1)
+        mask = (causal + bias[None, :]).to(embeds.dtype)[None, None]
+        hidden = model.model.language_model(inputs_embeds=embeds, position_ids=pos[-3:],
+                                            attention_mask=mask).last_hidden_state
+        logits = model.lm_head(hidden[0, -len(answer_ids) - 1: -1])
+        return torch.nn.functional.cross_entropy(logits.float(), torch.tensor(answer_ids, device=dev))
+
+    # -- services for selectors -----------------------------------------------------------------------------
+
+    def text_attention(self, prompt: Prompt, units: Sequence[int], visual_tokens: Sequence[torch.Tensor],
+                       deepstack: Sequence[Sequence[torch.Tensor]] | None, layer: int) -> list[torch.Tensor]:
+        """FastV's score per unit; `units` must hold every unit of their rows (a selection context split by item)."""
+        native = prompt.native
+        rows = sorted({prompt.item_of_image[i] for i in units})
+        ids = native.inputs["input_ids"][rows]
+        mask = native.inputs["attention_mask"][rows]
+        enc = encoder_output(self.model, list(visual_tokens),
+                                       None if deepstack is None else [list(d) for d in deepstack])
+        attn = last_token_attention(self.model, ids, mask, native.pos3[:, rows], enc, layer)  # [R, S]
+        local = {b: j for j, b in enumerate(rows)}
+        return [attn[local[b], s:e] for b, s, e in (native.spans[i] for i in units)]
+
+    @torch.no_grad()
+    def tower_attention(self, prompt: Prompt, units: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """VisionZip's (received, keys) per unit, from the pipeline's own tower pass when it was recorded
+        (`read_prompt(record_attention=True)`), else from a second pass under a recorder."""
+        native = prompt.native
+        record = getattr(native, "tower_record", None)
+        if record is None:
+            with LastBlockRecorder(self.model) as own:
+                self.model.model.get_image_features(native.inputs["pixel_values"], native.inputs["image_grid_thw"],
+                                                    return_dict=True)
+            record = native.tower_record = own.last
+        per_unit = attention_received(self.model.model.visual, record, native.inputs["image_grid_thw"])
+        return [per_unit[i] for i in units]
+
+
+def _patch_rows(pixel_values: torch.Tensor, grid_thw: torch.Tensor, units: Sequence[int]) -> torch.Tensor:
+    """The patch rows of `units` (processor order), concatenated."""
+    sizes = [int(t) * int(h) * int(w) for t, h, w in grid_thw.tolist()]
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    rows = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in units])
+    return pixel_values.index_select(0, torch.as_tensor(rows, device=pixel_values.device))
+
+
+__all__ = ["Decoded", "QwenBackend"]
