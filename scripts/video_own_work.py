@@ -22,7 +22,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
 
-    from arr_coc.evaluation.video import load_record_clip, read_video_records
+    from arr_coc.evaluation.items import read_items
     from arr_coc.paths import EMBEDDED_MODEL, SHIPPED_BEFORE_LAYER
     from arr_coc.qwen import ARRCOCQwen
     from arr_coc.runtime import keep_large_buffers
@@ -30,10 +30,10 @@ def main() -> int:
     keep_large_buffers()
     vlm = ARRCOCQwen.from_pretrained(EMBEDDED_MODEL, arr_coc=SHIPPED_BEFORE_LAYER)
     rows = []
-    for k, rec in enumerate(read_video_records(args.data, args.limit + args.warmup)):
-        clip = load_record_clip(rec)
-        _, full = vlm.generate(clip, rec["question"], method="none", max_new_tokens=1)
-        _, mine = vlm.generate(clip, rec["question"], budget=args.budget, encode="before", max_new_tokens=1)
+    for k, item in enumerate(read_items(args.data, args.limit + args.warmup)):
+        clip = item.load()
+        _, full = vlm.generate(clip, item.question, method="none", max_new_tokens=1)
+        _, mine = vlm.generate(clip, item.question, budget=args.budget, encode="before", max_new_tokens=1)
         if k >= args.warmup:
             whole = full.vision_s + full.prefill_s
             rows.append({"frames": clip.num_frames, "tokens": full.total_tokens, "whole_s": whole,

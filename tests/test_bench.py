@@ -167,11 +167,11 @@ def test_bad_options_exit_2_with_the_fix(tmp_path, capsys, argv, says):
 
 
 def test_the_tower_flops_agree_with_the_evaluations_counter(tiny_report):
-    """bench counts the tower calls it ran; eval's vision_cost re-runs them: both say the same, gist included."""
+    """bench counts the tower calls it ran; eval's cost re-runs them: both say the same, gist included."""
     from arr_coc.evaluation.bench_presets import PRESETS, build_model
-    from arr_coc.evaluation.vision_cost import vision_flops
+    from arr_coc.evaluation.cost import vision_flops
     from arr_coc.qwen import ARRCOCQwen
-    from arr_coc.qwen.encoding import EncodeConfig
+    from arr_coc.encode import EncodeConfig
     from arr_coc.runtime import Runtime
     from arr_coc.shapes import make_item
 
@@ -184,7 +184,8 @@ def test_the_tower_flops_agree_with_the_evaluations_counter(tiny_report):
     for encode, gist in (("after", 0.0), ("before", 0.0), ("before", 0.25)):
         _, traces = vlm.prepare(inputs, budget=0.25, encode=EncodeConfig(encode, gist=gist))
         row = _row(report, encode, 0.25, gist)
-        assert vision_flops(vlm, inputs, traces, gist, {}) == [row["vision_flops"] + row["gist_flops"]]
+        expected = [row["vision_flops"] + row["gist_flops"]]
+        assert vision_flops(vlm.backend, _prompt(vlm, inputs), traces, gist, {}) == expected
 
 
 def test_cost_at_width_prices_each_item_as_the_bench_counted_it(tmp_path, monkeypatch):
@@ -238,3 +239,8 @@ def test_stages_time_arr_cocs_own_work_and_count_what_a_gpu_would_launch(tmp_pat
     assert "| 336 | 2 |" in capsys.readouterr().out
     assert main(["bench", "--model", "checkpoints/shapes-qwen2vl", "--out", str(tmp_path / "x.json")]) == 2
     assert "add --stages" in capsys.readouterr().err
+
+
+def _prompt(vlm, inputs):
+    """The prompt of `inputs` as the pipeline reads it (no tower): what the evaluation's cost counts against."""
+    return vlm.backend.read_prompt(inputs, encode_all=False)

@@ -183,7 +183,7 @@ def test_the_table_says_when_a_row_kept_another_share_than_its_budget():
 def test_a_selector_that_raises_is_reported_as_failed_not_as_the_unpruned_row(split, model_dir, tmp_path, capsys):
     """The library keeps every token of an item its selector failed on (right for users); the evaluation
     must not report that as the method's accuracy. --no-strict shows the silent fallback it refuses."""
-    from arr_coc.selection import SELECTORS, register_selector
+    from arr_coc.pipeline.selection import SELECTORS, register_selector
 
     def broken(ctx):
         raise RuntimeError("scorer exploded")
@@ -209,7 +209,7 @@ def test_a_selector_that_raises_is_reported_as_failed_not_as_the_unpruned_row(sp
 
 
 def test_flops_that_cannot_be_counted_are_unknown_not_zero(split, model_dir, tmp_path):
-    from arr_coc.selection import SELECTORS, get_selector, register_selector
+    from arr_coc.pipeline.selection import SELECTORS, get_selector, register_selector
 
     calls = []
 

@@ -107,7 +107,8 @@ class _Probe:
     """Times the vision tower's forward calls and the gist during `prepare`, on one wrapper, reversibly.
 
     Hooks on the tower module time its calls (the gist's own tower call is left to the gist); the
-    wrapper's gist step is wrapped on this instance to time it whole and, when counting, to count it.
+    backend's gist (`VLMBackend.encode_gist`: downscale, processor, tower) is wrapped on this instance to time
+    it whole and, when counting, to count it.
     """
 
     def __init__(self, wrapper: Any, sync: Callable[[], None], count: bool):
@@ -120,7 +121,7 @@ class _Probe:
     def __enter__(self) -> _Probe:
         visual = self.wrapper.model.model.visual
         self._hooks = [visual.register_forward_pre_hook(self._start), visual.register_forward_hook(self._stop)]
-        gist = self.wrapper._gist
+        gist = self.wrapper.backend.encode_gist
 
         def timed_gist(*args: Any, **kwargs: Any):
             self.sync()
@@ -137,13 +138,13 @@ class _Probe:
                 self.sync()
                 self.gist_s += time.perf_counter() - t0
 
-        self.wrapper._gist = timed_gist
+        self.wrapper.backend.encode_gist = timed_gist
         return self
 
     def __exit__(self, *exc: Any) -> None:
         for h in self._hooks:
             h.remove()
-        del self.wrapper._gist
+        del self.wrapper.backend.encode_gist
 
     def _start(self, module: Any, args: Any) -> None:
         if not self._in_gist:
@@ -184,22 +185,12 @@ def _layer(wrapper: Any, arr_coc: str | None, device: Any) -> str:
     return f"trained, from {arr_coc}, query width {width}"
 
 
-def bench(preset: str = "qwen2-vl-2b", vision_layers: int | None = None, lm_layers: int | None = None,
-          budgets=None, encodes=ENCODES, gist: float = 0.0, repeats: int | None = None, method: str = "arr_coc",
-          arr_coc: str | None = None, budget_mode: str | None = None, runtime: Any = None,
-          seed: int = 0, margin: int = 0, windows: bool = False) -> dict[str, Any]:
-    """Measure every row side by side; returns the report dict (see the module docstring)."""
-    import torch
+def _check_args(shape: Any, encodes, method: str, gist: float, margin: int, windows: bool) -> None:
+    """Reject a selector, gist share, margin or window choice the bench cannot run (the CLI's words)."""
+    from ..encode import EncodeConfig
+    from ..pipeline.selection import available_methods, get_selector, selects_before_encoding
+    from ..qwen.families import family_of
 
-    from ..qwen import ARRCOCQwen
-    from ..qwen.encoding import EncodeConfig
-    from ..runtime import Runtime
-    from ..selection import available_methods, get_selector, selects_before_encoding
-    from ..shapes import make_item
-
-    spec = get_preset(preset)
-    shape = SHAPES[spec.shape]
-    n_vision, n_lm = run_layers(spec, vision_layers, lm_layers)
     if method not in available_methods() or method == "none":
         raise ValueError(f"--method must be a registered selector other than none; choose from "
                          f"{[m for m in available_methods() if m != 'none']}")
@@ -213,15 +204,45 @@ def bench(preset: str = "qwen2-vl-2b", vision_layers: int | None = None, lm_laye
     if (margin or windows) and "before" not in encodes:
         raise ValueError("--margin / --whole-windows add 'before' rows (context cells the tower encodes): pass "
                          "--encode before (or after,before)")
-    EncodeConfig("before", windows=windows).check_family(shape.family)   # whole windows: Qwen2.5-VL presets only
-    rows = row_specs(encodes, budgets or [0.1, 0.2, 0.3, 1.0], gist, margin, windows)
+    family_of(shape.family).check_encode(EncodeConfig("before", windows=windows))   # whole windows: Qwen2.5-VL only
+
+
+def _check_repeats(repeats: int | None, spec: Any) -> int:
+    """The repetitions to time (the preset's default when not given); at least 1."""
     repeats = int(repeats or spec.repeats)
     if repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {repeats}")
-    runtime = runtime or Runtime.resolve("cpu", "float32")
-    arr_coc = None if arr_coc in (None, "untrained") else arr_coc
-    load_start = os.getloadavg()
-    t_start = time.perf_counter()
+    return repeats
+
+
+@dataclass
+class _Rig:
+    """What every row runs on: the model, its ARR-COC wrapper, the bench item's inputs and the run's settings."""
+
+    model: Any
+    summary: Any
+    wrapper: Any
+    layer_note: str
+    image: Any
+    record: dict[str, Any]
+    inputs: Any
+    sync: Callable[[], None]
+    tower_type: str
+    n_vision: int
+    n_lm: int
+    runtime: Any
+    method: str
+    budget_mode: str | None
+
+
+def _build_rig(spec: Any, n_vision: int, n_lm: int, runtime: Any, seed: int, arr_coc: str | None, method: str,
+               budget_mode: str | None) -> _Rig:
+    """Seed, build the model at the preset's widths, wrap it with ARR-COC and build the bench item's inputs."""
+    import torch
+
+    from ..qwen import ARRCOCQwen
+    from ..shapes import make_item
+
     torch.manual_seed(seed)
     model, processor, summary = build_model(spec, n_vision, n_lm, runtime, seed)
     wrapper = ARRCOCQwen(model, processor, arr_coc=arr_coc, seed=seed)
@@ -230,59 +251,82 @@ def bench(preset: str = "qwen2-vl-2b", vision_layers: int | None = None, lm_laye
     inputs = wrapper.build_inputs([[image]], [record["question"]])
     sync = torch.cuda.synchronize if runtime.device.type == "cuda" else (lambda: None)
     tower_type = type(model.model.visual).__name__
+    return _Rig(model, summary, wrapper, layer_note, image, record, inputs, sync, tower_type, n_vision, n_lm,
+                runtime, method, budget_mode)
 
-    def run(row: RowSpec, count: bool) -> dict[str, Any]:
-        """prepare + prefill for one row -> its times (and, when counting, FLOPs and sizes)."""
-        name = "none" if row.budget == 1.0 else method
-        encode = EncodeConfig(mode=row.encode, gist=row.gist, margin=row.margin, windows=row.windows)
-        with _Probe(wrapper, sync, count) as probe, flop_counter() if count else nullcontext() as prep_counter:
-            sync()
-            t0 = time.perf_counter()
-            pruned, traces = wrapper.prepare(inputs, budget=None if name == "none" else row.budget, method=name,
-                                             budget_mode=budget_mode, encode=encode)
-            sync()
-            t1 = time.perf_counter()
-        with flop_counter() if count else nullcontext() as lm_counter:
-            sync()
-            t2 = time.perf_counter()
-            out = wrapper.prefill(pruned, logits_to_keep=1)
-            sync()
-            t3 = time.perf_counter()
-        prep_s = t1 - t0
-        got = {"vision_s": probe.tower_s, "gist_s": probe.gist_s, "arr_coc_s": prep_s - probe.tower_s - probe.gist_s,
-               "prefill_s": t3 - t2, "total_s": prep_s + (t3 - t2)}
-        if count:
-            tr = traces[0]
-            prep = module_totals(prep_counter)
-            gist_tower = tower_count(probe.gist_totals, tower_type, n_vision)
-            cells_tower = tower_count(subtract(prep, probe.gist_totals), tower_type, n_vision)
-            tokens = int(pruned.attention_mask.sum())
-            got.update({
-                "method": name, "visual_tokens": int(tr.kept_tokens), "visual_tokens_full": int(tr.total_tokens),
-                "encoded_tokens": sum(int(c.numel()) for c in tr.encoded_cells), "total_tokens": tokens,
-                "fallback": tr.fallback[0] if tr.fallback else None, "error": tr.error,
-                "kv_cache_bytes": kv_cache_bytes(out.past_key_values),
-                "_tower": cells_tower, "_gist": gist_tower, "_lm": lm_count(module_totals(lm_counter), n_lm, tokens),
-                "vision_flops": cells_tower.total, "gist_flops": gist_tower.total,
-                "arr_coc_flops": prep["Global"] - cells_tower.total - gist_tower.total,
-                "prefill_flops": int(lm_counter.get_total_flops()),
-            })
-        return got
 
-    static = {row: run(row, count=True) for row in rows}      # FLOPs, sizes; also the warm-up
+def _run_row(rig: _Rig, row: RowSpec, count: bool) -> dict[str, Any]:
+    """prepare + prefill for one row -> its times (and, when counting, FLOPs and sizes)."""
+    from ..encode import EncodeConfig
+
+    name = "none" if row.budget == 1.0 else rig.method
+    encode = EncodeConfig(mode=row.encode, gist=row.gist, margin=row.margin, windows=row.windows)
+    sync, wrapper = rig.sync, rig.wrapper
+    with _Probe(wrapper, sync, count) as probe, flop_counter() if count else nullcontext() as prep_counter:
+        sync()
+        t0 = time.perf_counter()
+        pruned, traces = wrapper.prepare(rig.inputs, budget=None if name == "none" else row.budget, method=name,
+                                         budget_mode=rig.budget_mode, encode=encode)
+        sync()
+        t1 = time.perf_counter()
+    with flop_counter() if count else nullcontext() as lm_counter:
+        sync()
+        t2 = time.perf_counter()
+        out = wrapper.prefill(pruned, logits_to_keep=1)
+        sync()
+        t3 = time.perf_counter()
+    prep_s = t1 - t0
+    got = {"vision_s": probe.tower_s, "gist_s": probe.gist_s, "arr_coc_s": prep_s - probe.tower_s - probe.gist_s,
+           "prefill_s": t3 - t2, "total_s": prep_s + (t3 - t2)}
+    if count:
+        got.update(_row_counts(rig, name, traces[0], probe, prep_counter, lm_counter, pruned, out))
+    return got
+
+
+def _row_counts(rig: _Rig, name: str, tr: Any, probe: _Probe, prep_counter: Any, lm_counter: Any, pruned: Any,
+                out: Any) -> dict[str, Any]:
+    """A counted run's FLOPs (tower, gist, ARR-COC, LM) and sizes (tokens, KV cache), from its counters."""
+    prep = module_totals(prep_counter)
+    gist_tower = tower_count(probe.gist_totals, rig.tower_type, rig.n_vision)
+    cells_tower = tower_count(subtract(prep, probe.gist_totals), rig.tower_type, rig.n_vision)
+    tokens = int(pruned.attention_mask.sum())
+    return {
+        "method": name, "visual_tokens": int(tr.kept_tokens), "visual_tokens_full": int(tr.total_tokens),
+        "encoded_tokens": sum(int(c.numel()) for c in tr.encoded_cells), "total_tokens": tokens,
+        "fallback": tr.fallback[0] if tr.fallback else None, "error": tr.error,
+        "kv_cache_bytes": kv_cache_bytes(out.past_key_values),
+        "_tower": cells_tower, "_gist": gist_tower, "_lm": lm_count(module_totals(lm_counter), rig.n_lm, tokens),
+        "vision_flops": cells_tower.total, "gist_flops": gist_tower.total,
+        "arr_coc_flops": prep["Global"] - cells_tower.total - gist_tower.total,
+        "prefill_flops": int(lm_counter.get_total_flops()),
+    }
+
+
+def _measure(rig: _Rig, rows: list[RowSpec], repeats: int) -> tuple[dict, dict]:
+    """A counted pass over every row (FLOPs, sizes; also the warm-up), then `repeats` timed passes in rotated order."""
+    static = {row: _run_row(rig, row, count=True) for row in rows}      # FLOPs, sizes; also the warm-up
     times: dict[RowSpec, dict[str, list[float]]] = {row: {} for row in rows}
     for rep in range(repeats):
         for row in rows[rep % len(rows):] + rows[: rep % len(rows)]:
-            for k, v in run(row, count=False).items():
+            for k, v in _run_row(rig, row, count=False).items():
                 times[row].setdefault(k, []).append(v)
+    return static, times
+
+
+def _report(preset: str, spec: Any, shape: Any, rig: _Rig, rows: list[RowSpec], static: dict, times: dict,
+            repeats: int, load_start: tuple, t_start: float) -> dict[str, Any]:
+    """The report dict: the run's settings, the host, the rows and the full-depth shares."""
+    import torch
 
     targets = [shape] + [SHAPES[s] for s in spec.also]
-    results = _rows(rows, static, times, shape, targets, model, n_vision)
+    results = _rows(rows, static, times, shape, targets, rig.model, rig.n_vision)
+    runtime = rig.runtime
     return {
-        "preset": preset, "shape": shape.name, "label": label(spec, n_vision, n_lm),
-        "layers": n_lm, "vision_layers": n_vision, "runtime": runtime.describe(),
-        "dtype": str(runtime.dtype).removeprefix("torch."), "method": method, "arr_coc_layer": layer_note,
-        "budget_mode": budget_mode, "model": summary, "image": list(image.size), "question": record["question"],
+        "preset": preset, "shape": shape.name, "label": label(spec, rig.n_vision, rig.n_lm),
+        "layers": rig.n_lm, "vision_layers": rig.n_vision, "runtime": runtime.describe(),
+        "dtype": str(runtime.dtype).removeprefix("torch."), "method": rig.method, "arr_coc_layer": rig.layer_note,
+        "budget_mode": rig.budget_mode, "model": rig.summary, "image": list(rig.image.size),
+        "question": rig.record["question"],
         "visual_tokens_full": static[REFERENCE]["visual_tokens"], "repeats": repeats,
         "host": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                  "machine": platform.machine(), "load_average_start": list(load_start),
@@ -290,6 +334,28 @@ def bench(preset: str = "qwen2-vl-2b", vision_layers: int | None = None, lm_laye
         "results": results,
         "full_depth": _full_depth(results, targets),
     }
+
+
+def bench(preset: str = "qwen2-vl-2b", vision_layers: int | None = None, lm_layers: int | None = None,
+          budgets=None, encodes=ENCODES, gist: float = 0.0, repeats: int | None = None, method: str = "arr_coc",
+          arr_coc: str | None = None, budget_mode: str | None = None, runtime: Any = None,
+          seed: int = 0, margin: int = 0, windows: bool = False) -> dict[str, Any]:
+    """Measure every row side by side; returns the report dict (see the module docstring)."""
+    from ..runtime import Runtime
+
+    spec = get_preset(preset)
+    shape = SHAPES[spec.shape]
+    n_vision, n_lm = run_layers(spec, vision_layers, lm_layers)
+    _check_args(shape, encodes, method, gist, margin, windows)
+    rows = row_specs(encodes, budgets or [0.1, 0.2, 0.3, 1.0], gist, margin, windows)
+    repeats = _check_repeats(repeats, spec)
+    runtime = runtime or Runtime.resolve("cpu", "float32")
+    arr_coc = None if arr_coc in (None, "untrained") else arr_coc
+    load_start = os.getloadavg()
+    t_start = time.perf_counter()
+    rig = _build_rig(spec, n_vision, n_lm, runtime, seed, arr_coc, method, budget_mode)
+    static, times = _measure(rig, rows, repeats)
+    return _report(preset, spec, shape, rig, rows, static, times, repeats, load_start, t_start)
 
 
 def _rows(rows: list[RowSpec], static: dict, times: dict, shape: Any, targets: list, model: Any,

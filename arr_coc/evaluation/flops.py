@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from ..selection import Selection, SelectionContext, Selector, selects_before_encoding
+from ..pipeline.selection import MARKS, Selection, SelectionContext, Selector
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,8 @@ class CountedSelector:
     def __init__(self, fn: Selector, name: str):
         self.fn = fn
         self.__name__ = name
-        self.selects_before_encoding = selects_before_encoding(fn)
+        for mark in MARKS:       # it can run where `fn` can (before the tower, on a clip) and records what it reads
+            setattr(self, mark, getattr(fn, mark, False))
         self.contexts: list[SelectionContext] = []
 
     def __call__(self, ctx: SelectionContext) -> Selection | Any:

@@ -1,37 +1,36 @@
-"""The evaluation loop: accuracy vs. visual-token budget, ARR-COC beside the anchor methods.
+"""The evaluation loop: accuracy vs. visual-token budget, ARR-COC beside the anchor methods, on images or clips.
 
-Every method runs on the same model, the same batches and the same code path
-(`ARRCOCQwen.prepare` -> prefill -> greedy `generate_pruned`), one (method, budget) after the
-other inside each batch, so machine drift hits all of them alike. Per (method, budget):
+Every method runs on the same model, the same batches and the same code path (the pipeline: `ARRCOCQwen.answer`,
+one look or several, then greedy decoding), one (method, budget) after the other inside each batch, so machine
+drift hits all of them alike. A split of clips (`gen-data --video`) is a split like any other: its items are
+clips, each a request whose units are its temporal groups. Per (method, budget):
 
-- accuracy: each record's metric (`arr_coc.data.score_record`: exact match after normalisation unless
-  the record asks for "vqa" accuracy or POPE's "yesno"), overall and per type;
-- coverage: share of the cells under the JSONL boxes (the objects the answer depends on) that
-  the method kept, mean over items with boxes (None for `downscale`, which keeps every region
-  at a lower resolution, and when no item has boxes);
-- kept / total visual tokens, against the ORIGINAL image's token count (so `downscale` reports
-  its smaller image's tokens out of the original's);
-- prefill FLOPs (`flops.py`): the LM prefill of each item's pruned prompt (alone, no padding,
-  logits of the last position only, as `generate` does), plus the selector's own work per item
-  (FastV's partial prefill, VisionZip's attention weights, the ARR-COC layer, ...). **The vision
-  tower is not included**: it is the same for every method except `downscale`, whose smaller
-  image also costs the vision tower less (its latency shows that). A selector whose FLOPs cannot
-  be counted makes the row's FLOPs unknown (null), never 0;
-- latency: wall time per item of processor + vision tower + selection + input rewrite + LM
-  prefill (time to first token), the batch's time divided by its size; median over batches;
-- fallbacks: items that kept every token because the method failed on them ("keep_all") and
-  items of low structure that the allocator covered with a grid ("grid").
+- accuracy: each record's metric (`arr_coc.data.score_record`: exact match after normalisation unless the record
+  asks for "vqa" accuracy or POPE's "yesno"), overall and per type; with a `none` row, `agree` (answered as the
+  full model answers) and `vs_full` (the paired 95% interval of the difference);
+- coverage (images): share of the cells under the JSONL boxes (the objects the answer depends on) that the method
+  kept, mean over items with boxes (None for `downscale`, which keeps every region at a lower resolution);
+- kept / total visual tokens, against the ORIGINAL visual's token count (so `downscale` reports its smaller
+  image's tokens out of the original's; a clip counts every temporal group's);
+- FLOPs per item (`cost.py`): the vision tower as the row ran it, the selector's own work, the LM prefill of the
+  item's pruned prompt (every look's); `e2e_flops_mean` is their sum, `cost` its share of the `none` row's. A
+  selector whose FLOPs cannot be counted makes the row's FLOPs unknown (null), never 0;
+- latency: wall time per item of processor + vision tower + selection + input rewrite + LM prefill (time to
+  first token), the batch's time divided by its size; median over batches;
+- fallbacks: items that kept every token because the method failed on them ("keep_all") and items of low
+  structure that the allocator covered with a grid ("grid").
 
-Strict mode (the default of `python -m arr_coc eval`): a row whose selector raised, or fell back
-to keeping every token, is reported as **failed**, with the error, not as that method's accuracy
-(the library's keep-all fallback is right for users, wrong for a benchmark). A budget that keeps
-every token of every image (1.0) prunes nothing: such rows run no selector and repeat `none`.
+Strict mode (the default of `python -m arr_coc eval`): a row whose selector raised, or fell back to keeping every
+token, is reported as **failed**, with the error, not as that method's accuracy (the library's keep-all fallback
+is right for users, wrong for a benchmark). A budget that keeps every token of every item (1.0) prunes nothing:
+such rows run no selector and repeat `none`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import re
 import statistics
@@ -39,15 +38,15 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..budget import Budget, BudgetMode, resolve_count
-from ..data import VQARecord
-from ..qwen.encoding import EncodeConfig
-from .flops import count_flops
-from .plans import MethodPlan
+from ..budget import Budget, BudgetMode, count_of
+from ..encode import EncodeConfig
+from ..pipeline.selection import method_info, methods_where
+from .items import Item, as_items
+from .plans import BatchRun, MethodPlan, split_spec
 
 if TYPE_CHECKING:
     from ..qwen import ARRCOCQwen
-    from ..training.distributed import Processes
+    from ..distributed import Processes
 
 logger = logging.getLogger(__name__)
 
@@ -55,23 +54,37 @@ REQUIRED_KEYS = ("method", "budget", "accuracy", "coverage", "kept_tokens_mean",
                  "prefill_flops_mean", "latency_s_median", "per_type", "status")
 
 
-def resolve_methods(spec: str, arr_coc_weights: str | None = None) -> tuple[list[str], dict[str, str]]:
-    """'all' or 'a,b' -> (methods to run in order, {skipped method: why})."""
-    from ..methods import METHODS
-    from ..selection import available_methods
-
-    names = list(METHODS) if spec.strip() == "all" else [m.strip() for m in spec.split(",") if m.strip()]
-    known = set(METHODS) | set(available_methods())
-    unknown = [m for m in names if m not in known]
+def resolve_methods(spec: str, arr_coc_weights: str | None = None, video: bool = False
+                    ) -> tuple[list[str], dict[str, str]]:
+    """'all' or 'a,b' (each `name` or `name@encode`) -> (methods to run in order, {skipped method: why}). `all` is
+    every method of the registry that can be given this split's visuals (`Method.video` / `Method.images`)."""
+    if spec.strip() == "all":
+        names = methods_where(video=True, in_all=True) if video else methods_where(images=True, in_all=True)
+    else:
+        names = [m.strip() for m in spec.split(",") if m.strip()]
+    unknown, skipped = [], {}
+    for m in names:
+        try:
+            info = method_info(split_spec(m)[0])
+        except ValueError:
+            unknown.append(m)
+            continue
+        if video and not info.video:
+            skipped[m] = ("it cannot run on a video split (it reads the unpruned prompt's layout, or changes the "
+                          "image)")
+        elif not video and not info.images:
+            skipped[m] = "it prunes clips only (a video anchor)"
     if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {sorted(known)} or 'all'")
-    skipped = {}
-    if "arr_coc_trained" in names and not arr_coc_weights:
+        known = methods_where()
+        raise ValueError(f"unknown method(s) {unknown}; choose from {known} (optionally name@after / "
+                         "name@before) or 'all'")
+    if any(split_spec(m)[0] == "arr_coc_trained" for m in names) and not arr_coc_weights:
         skipped["arr_coc_trained"] = ("no --arr-coc-weights PATH given; pass the folder of trained ARR-COC weights "
                                       "(config.json + model.safetensors) to evaluate them")
-    names = [m for m in dict.fromkeys(names) if m not in skipped]
+    names = [m for m in dict.fromkeys(names) if m not in skipped and split_spec(m)[0] not in skipped]
     if not names:
-        raise ValueError("no method left to run; pick methods with --methods")
+        raise ValueError("no method left to run; pick methods with --methods" +
+                         (f" (skipped: {'; '.join(f'{k}: {v}' for k, v in skipped.items())})" if skipped else ""))
     return names, skipped
 
 
@@ -132,9 +145,12 @@ class _Rows:
             getattr(self, f.name).extend(getattr(other, f.name))
 
 
-def configs_for(methods: Sequence[str], budgets: Sequence[Budget]) -> list[tuple[str, Budget]]:
+Config = tuple[str, Budget]
+
+
+def configs_for(methods: Sequence[str], budgets: Sequence[Budget]) -> list[Config]:
     """(method, budget) pairs: `none` once at 1.0, every other method at every budget."""
-    out: list[tuple[str, Budget]] = []
+    out: list[Config] = []
     for m in methods:
         if m == "none":
             out.append((m, 1.0))
@@ -143,14 +159,76 @@ def configs_for(methods: Sequence[str], budgets: Sequence[Budget]) -> list[tuple
     return out
 
 
-def evaluate(wrapper: ARRCOCQwen, records: Sequence[VQARecord], methods: Sequence[str], budgets: Sequence[Budget],
+@dataclasses.dataclass
+class _Batch:
+    """One batch of items as every (method, budget) of it reads them."""
+
+    items: list[Item]
+    visuals: list[Any]
+    inputs: dict[str, Any]
+    build_s: float
+    cells: list[int]        # per item: its visual tokens (a clip: every temporal group's)
+
+
+def _load(wrapper: ARRCOCQwen, items: list[Item]) -> _Batch:
+    visuals = [it.load() for it in items]
+    t0 = time.perf_counter()
+    inputs = wrapper.build_inputs([[v] for v in visuals], [it.question for it in items])
+    build_s = time.perf_counter() - t0
+    grids = [g for key in ("image_grid_thw", "video_grid_thw") if inputs.get(key) is not None
+             for g in inputs[key].tolist()]
+    cells = [int(t) * int(h) * int(w) // wrapper.merge ** 2 for t, h, w in grids]
+    return _Batch(items, visuals, inputs, build_s, cells)
+
+
+@dataclasses.dataclass
+class _Run:
+    """What an evaluation holds fixed: the plans, the settings, the rows so far."""
+
+    wrapper: Any
+    plans: dict[str, MethodPlan]
+    configs: list[Config]
+    max_new_tokens: int
+    strict: bool
+    budget_mode: BudgetMode | None
+    memo: dict[Any, int] = dataclasses.field(default_factory=dict)   # FLOPs by shape: prompt length, grid, cells
+    rows: dict[Config, _Rows] = dataclasses.field(default_factory=dict)
+    failed: dict[Config, str] = dataclasses.field(default_factory=dict)
+
+    def batch(self, batch: _Batch, bar: Any = None) -> None:
+        """Every (method, budget) on one batch, in order."""
+        everything: _Rows | None = None  # a budget that keeps every token IS `none`: run once, shared
+        for config in self.configs:
+            method, budget = config
+            if bar is not None:
+                bar.set_postfix_str(f"{method} @ {budget}")
+            if config in self.failed:
+                pass
+            elif all(count_of(budget, n) >= n for n in batch.cells):
+                if everything is None:
+                    plan = self.plans.get("none") or MethodPlan("none", self.wrapper)
+                    everything = run_one(self, plan, batch, 1.0)
+                self.rows[config].extend(everything)
+            else:
+                got = run_one(self, self.plans[method], batch, budget)
+                self.rows[config].extend(got)
+                if self.strict and got.errors:
+                    self.failed[config] = got.errors[0]
+                    logger.warning("eval: %s @ %s failed (%s); its row is reported as failed", method, budget,
+                                   got.errors[0])
+            if bar is not None:
+                bar.update(1)
+
+
+def evaluate(wrapper: ARRCOCQwen, records: Sequence[Any], methods: Sequence[str], budgets: Sequence[Budget],
              batch_size: int = 8, seed: int = 0, max_new_tokens: int = 8, fastv_layer: int = 2,
              arr_coc_weights: str | None = None, progress: bool = True, strict: bool = True,
              budget_mode: BudgetMode | None = None, encode: EncodeConfig | None = None,
              processes: Processes | None = None) -> dict[str, Any]:
-    """Run every (method, budget) on `records`; returns {"n", "results", ...} (see the module docstring).
+    """Run every (method, budget) on `records` (VQA records, clip records or items); returns {"n", "results", ...}
+    (see the module docstring).
 
-    `processes` (several, under a launcher: `arr_coc.training.distributed`): each process runs a contiguous
+    `processes` (several, under a launcher: `arr_coc.distributed`): each process runs a contiguous
     share of the batches (the same batches one process runs, so every item's outcome is the same: selection
     is content-seeded, decoding greedy), and every process returns the whole report.
     """
@@ -160,11 +238,12 @@ def evaluate(wrapper: ARRCOCQwen, records: Sequence[VQARecord], methods: Sequenc
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     torch.manual_seed(seed)
     wrapper.seed = seed
-    plans = {m: MethodPlan(m, wrapper, fastv_layer, arr_coc_weights) for m in methods}
-    configs = configs_for(methods, budgets)
-    rows: dict[tuple[str, Budget], _Rows] = {c: _Rows() for c in configs}
-    failed: dict[tuple[str, Budget], str] = {}
-    batches = [list(records[i:i + batch_size]) for i in range(0, len(records), batch_size)]
+    items = as_items(records)
+    encode = encode or EncodeConfig()
+    plans = {m: MethodPlan(m, wrapper, fastv_layer, arr_coc_weights, encode) for m in methods}
+    run = _Run(wrapper, plans, configs_for(methods, budgets), max_new_tokens, strict, budget_mode)
+    run.rows = {c: _Rows() for c in run.configs}
+    batches = [items[i:i + batch_size] for i in range(0, len(items), batch_size)]
     if processes is not None:
         batches = batches[processes.share(len(batches))]
         progress = progress and processes.is_main
@@ -172,208 +251,138 @@ def evaluate(wrapper: ARRCOCQwen, records: Sequence[VQARecord], methods: Sequenc
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(batches) * len(configs), desc="eval", unit="run", dynamic_ncols=True)
-    encode = encode or EncodeConfig()
-    flops_memo: dict[Any, int] = {}   # LM prefill FLOPs depend only on the prompt length, the tower's on the grid
+        bar = tqdm(total=len(batches) * len(run.configs), desc="eval", unit="run", dynamic_ncols=True)
     t_start = time.perf_counter()
     for batch in batches:
-        images = [rec.load_image() for rec in batch]
-        t0 = time.perf_counter()
-        inputs = wrapper.build_inputs([[im] for im in images], [rec.question for rec in batch])
-        build_s = time.perf_counter() - t0
-        grids = [(int(h) // wrapper.merge, int(w) // wrapper.merge) for _, h, w in inputs["image_grid_thw"].tolist()]
-        everything: _Rows | None = None  # a budget that keeps every token IS `none`: run once, shared
-        for config in configs:
-            method, budget = config
-            if bar is not None:
-                bar.set_postfix_str(f"{method} @ {budget}")
-            if config in failed:
-                pass
-            elif all(resolve_count(budget, h * w) >= h * w for h, w in grids):
-                if everything is None:
-                    everything = run_one(wrapper, plans["none"] if "none" in plans else MethodPlan("none", wrapper),
-                                         batch, images, inputs, build_s, 1.0, grids, max_new_tokens, flops_memo)
-                    # every token kept: the stock full encoding, whatever the mode
-                rows[config].extend(everything)
-            else:
-                got = run_one(wrapper, plans[method], batch, images, inputs, build_s, budget, grids, max_new_tokens,
-                              flops_memo, strict=strict, budget_mode=budget_mode, encode=encode)
-                rows[config].extend(got)
-                if strict and got.errors:
-                    failed[config] = got.errors[0]
-                    logger.warning("eval: %s @ %s failed (%s); its row is reported as failed", method, budget,
-                                   got.errors[0])
-            if bar is not None:
-                bar.update(1)
+        run.batch(_load(wrapper, batch), bar)
     if bar is not None:
         bar.close()
-    if processes is not None and processes.world > 1:  # the shares in rank order are the batches in order
-        shares = processes.gather((rows, failed))
-        rows, failed = {c: _Rows() for c in configs}, {}
-        for their_rows, their_failed in shares:
-            for c in configs:
-                rows[c].extend(their_rows[c])
-            for c, error in their_failed.items():
-                failed.setdefault(c, error)  # the first failure in batch order, as one process reports it
-    results = [summarise(method, budget, rows[(method, budget)], failed.get((method, budget)),
-                         encode.mode if plans[method].selects_before and budget != 1.0 else "after")
-               for method, budget in configs]
+    if processes is not None and processes.world > 1:
+        _gather(run, processes)
+    return _report(run, items, budgets, seed, batch_size, fastv_layer, encode, time.perf_counter() - t_start)
+
+
+def _gather(run: _Run, processes: Processes) -> None:
+    """Every process's rows, in rank order (the shares in rank order are the batches in order)."""
+    shares = processes.gather((run.rows, run.failed))
+    run.rows, run.failed = {c: _Rows() for c in run.configs}, {}
+    for their_rows, their_failed in shares:
+        for c in run.configs:
+            run.rows[c].extend(their_rows[c])
+        for c, error in their_failed.items():
+            run.failed.setdefault(c, error)  # the first failure in batch order, as one process reports it
+
+
+NOTES = {
+    "prefill_flops_mean": "FlopCounterMode: LM prefill of the item's pruned prompt (no padding, last-position "
+                          "logits) + the selector's own FLOPs per item; vision tower excluded; null when the "
+                          "selector's FLOPs could not be counted",
+    "vision_flops_mean": "the vision tower as the row ran it: every patch (encode after) or the gist plus the "
+                         "encoded cells (encode before); attention included",
+    "e2e_flops_mean": "vision_flops_mean + prefill_flops_mean: the whole prefill (vision tower, selector, LM)",
+    "cost": "e2e_flops_mean as a share of the none row's (null without a none row)",
+    "agree": "share of items answered as the none row (every token) answers them",
+    "vs_full": "paired 95% interval of the accuracy difference against the none row (normal approximation)",
+    "latency_s_median": "per item: processor + vision tower + selection + rewrite + LM prefill; median "
+                        "over batches. passes > 1: up to the final answer's first token (every earlier "
+                        "look in full, its decoding included)",
+    "passes_mean": "encode before with passes > 1: looks per item (1: no saccade); saccade_share: items "
+                   "that looked more than once; each look's tower and LM prefill are in the FLOPs",
+    "coverage": "share of the JSONL boxes' cells kept, mean over items with boxes; null for downscale and clips",
+    "full_coverage": "share of the items with boxes whose box cells were all kept; null for downscale",
+    "total_tokens_mean": "visual tokens of the ORIGINAL visual (downscale reports its smaller image's "
+                         "tokens as kept; a clip counts every temporal group's)",
+    "keep_all": "a budget that keeps every token of every item runs no selector: that row repeats none",
+    "status": "ok, or failed (strict mode: the selector raised or kept every token of an item; see error)",
+}
+
+
+def _report(run: _Run, items: list[Item], budgets: Sequence[Budget], seed: int, batch_size: int, fastv_layer: int,
+            encode: EncodeConfig, seconds: float) -> dict[str, Any]:
+    results = [summarise(method, budget, run.rows[(method, budget)], run.failed.get((method, budget)),
+                         run.plans[method].encode_mode if budget != 1.0 else "after")
+               for method, budget in run.configs]
+    full = next((run.rows[c] for c in run.configs if c[0] == "none" and c not in run.failed), None)
+    for r in results:
+        compare_with_full(r, full)
     return {
-        "n": len(records), "ids": [rec.id for rec in records], "results": results,
-        "methods": list(methods), "budgets": list(budgets),
-        "seed": seed, "batch_size": batch_size, "fastv_layer": fastv_layer, "strict": strict,
-        "budget_mode": budget_mode,
-        "encode": dataclasses.asdict(encode),
-        "seconds": round(time.perf_counter() - t_start, 2),
-        "notes": {
-            "prefill_flops_mean": "FlopCounterMode: LM prefill of the item's pruned prompt (no padding, last-position "
-                                  "logits) + the selector's own FLOPs per item; vision tower excluded; null when the "
-                                  "selector's FLOPs could not be counted",
-            "vision_flops_mean": "the vision tower as the row ran it: every patch (encode after) or the gist plus the "
-                                 "encoded cells (encode before); attention included",
-            "e2e_flops_mean": "vision_flops_mean + prefill_flops_mean: the whole prefill (vision tower, selector, LM)",
-            "latency_s_median": "per item: processor + vision tower + selection + rewrite + LM prefill; median "
-                                "over batches. passes > 1: up to the final answer's first token (every earlier "
-                                "look in full, its decoding included)",
-            "passes_mean": "encode before with passes > 1: looks per item (1: no saccade); saccade_share: items "
-                           "that looked more than once; each look's tower and LM prefill are in the FLOPs",
-            "coverage": "share of the JSONL boxes' cells kept, mean over items with boxes; null for downscale",
-            "full_coverage": "share of the items with boxes whose box cells were all kept; null for downscale",
-            "total_tokens_mean": "visual tokens of the ORIGINAL image (downscale reports its smaller image's "
-                                 "tokens as kept)",
-            "keep_all": "a budget that keeps every token of every image runs no selector: that row repeats none",
-            "status": "ok, or failed (strict mode: the selector raised or kept every token of an item; see error)",
-        },
+        "n": len(items), "ids": [it.id for it in items], "kind": items[0].kind if items else "image",
+        "types": [it.type for it in items], "results": results, "methods": list(run.plans), "budgets": list(budgets),
+        "seed": seed, "batch_size": batch_size, "fastv_layer": fastv_layer, "strict": run.strict,
+        "budget_mode": run.budget_mode, "encode": dataclasses.asdict(encode), "seconds": round(seconds, 2),
+        "notes": NOTES,
     }
 
 
-def run_one(wrapper: ARRCOCQwen, plan: MethodPlan, batch: Sequence[VQARecord], images: Sequence[Any],
-            inputs: dict[str, Any], build_s: float, budget: Budget, grids: Sequence[tuple[int, int]],
-            max_new_tokens: int, flops_memo: dict[Any, int], strict: bool = False,
-            budget_mode: BudgetMode | None = None, encode: EncodeConfig | None = None) -> _Rows:
-    """One (method, budget) on one batch: per-item measurements (or the failure, in strict mode)."""
-    import torch
+def compare_with_full(row: dict[str, Any], full: _Rows | None) -> None:
+    """A row's cost, agreement and paired interval against the `none` row (every token), in place."""
+    row["cost"] = row["agree"] = row["vs_full"] = None
+    if full is None or row.get("status") != "ok" or len(row["correct"]) != len(full.correct):
+        return
+    full_e2e = _known_mean([None if p is None else p + v for p, v in zip(full.prefill_flops, full.vision_flops)])
+    if full_e2e and row.get("e2e_flops_mean") is not None:
+        row["cost"] = round(row["e2e_flops_mean"] / full_e2e, 4)
+    row["agree"] = round(_mean([float(a == f) for a, f in zip(row["answers"], full.answers)]) or 0.0, 4)
+    diff = [a - b for a, b in zip(row["correct"], full.correct)]
+    mean = sum(diff) / len(diff) if diff else 0.0
+    sd = math.sqrt(sum((x - mean) ** 2 for x in diff) / max(1, len(diff) - 1))
+    half = 1.96 * sd / math.sqrt(len(diff)) if len(diff) > 1 else float("nan")
+    row["vs_full"] = [round(mean - half, 4), round(mean + half, 4)]
 
-    from ..data import score_record
-    from ..geometry import box_cell_set
-    from ..methods import downscale
-    from ..qwen import SelectorFailed
-    from .vision_cost import vision_flops
+
+def run_one(run: _Run, plan: MethodPlan, batch: _Batch, budget: Budget) -> _Rows:
+    """One (method, budget) on one batch: per-item measurements (or the failure, in strict mode)."""
+    from ..pipeline.choose import SelectorFailed
+    from .cost import item_flops
 
     rows = _Rows()
     t0 = time.perf_counter()
-    run = plan.for_batch(wrapper, batch, images, inputs, build_s, budget, grids)
-    prep_s = run.prep_s if run.inputs is inputs else time.perf_counter() - t0
-    if encode is not None and encode.passes > 1 and plan.selects_before and run.method != "none":
-        return run_looks(wrapper, run, batch, images, prep_s, budget, grids, max_new_tokens, flops_memo, strict,
-                         budget_mode, encode)
-    t1 = time.perf_counter()
+    job = plan.for_batch(run.wrapper, batch.items, batch.visuals, batch.inputs, batch.build_s, budget,
+                         run.budget_mode, run.strict, batch.cells)
+    prep_s = job.prep_s if job.inputs is batch.inputs else time.perf_counter() - t0
     try:
-        with run.around, torch.no_grad():
-            pruned, traces = wrapper.prepare(run.inputs, budget=None if run.method == "none" else budget,
-                                             method=run.method, budget_mode=budget_mode, strict=strict,
-                                             encode=encode if plan.selects_before and run.method != "none" else None)
+        done = run.wrapper.answer(job.inputs, job.pruning, max_new_tokens=run.max_new_tokens)
     except SelectorFailed as exc:
         rows.errors.append(str(exc))
         return rows
-    if strict and any(fb == "keep_all" for tr in traces for fb in tr.fallback):
+    traces = done.traces
+    if run.strict and any(fb == "keep_all" for tr in traces for fb in tr.fallback):
         rows.errors.append(next(tr.error for tr in traces if "keep_all" in tr.fallback) or "kept every token")
         return rows
-    t2 = time.perf_counter()
-    wrapper.prefill(pruned, logits_to_keep=1)
-    t3 = time.perf_counter()
-    rows.latency.append((prep_s + (t2 - t1) + (t3 - t2)) / len(batch))
-
-    select_flops = run.counted.flops() if run.counted is not None else 0
-    vision = vision_flops(wrapper, run.inputs, traces, (encode or EncodeConfig()).gist, flops_memo)
-    sequences, _ = wrapper.generate_pruned(pruned, max_new_tokens=max_new_tokens)
-    answers = wrapper.tokenizer.batch_decode(sequences[:, pruned.input_ids.shape[1]:], skip_special_tokens=True)
-    unit = downscale.pixel_unit(getattr(wrapper.processor, "image_processor", wrapper.processor))
-    for b, (rec, tr) in enumerate(zip(batch, traces)):
-        rows.looks.append(1)
-        rows.correct.append(score_record(answers[b].strip(), rec))
-        rows.answers.append(answers[b].strip())
-        rows.coverage.append(None)
-        rows.types.append(rec.type or "other")
-        rows.kept.append(int(tr.kept_tokens))
-        rows.encoded.append(sum(int(c.numel()) for c in tr.encoded_cells) if tr.encoded_cells else int(tr.total_tokens))
-        rows.total.append(int(grids[b][0] * grids[b][1]))
-        rows.fallback.append(next((fb for fb in tr.fallback if fb), None))
-        length = int(pruned.attention_mask[b].sum())
-        if length not in flops_memo:
-            flops_memo[length] = count_flops(wrapper.prefill, pruned.rows([b]), logits_to_keep=1)[1]
-        per_item = None if select_flops is None else select_flops / len(batch)
-        rows.prefill_flops.append(None if per_item is None else flops_memo[length] + per_item)
-        rows.selector_flops.append(per_item)
-        rows.vision_flops.append(vision[b])
-        if plan.name != "downscale" and rec.boxes:
-            h, w = grids[b]
-            cells = box_cell_set(rec.boxes, (h, w), (w * unit, h * unit), images[b].size)
-            if cells:
-                kept = set(int(i) for i in tr.kept_indices[0].tolist())
-                rows.coverage[-1] = len(kept & cells) / len(cells)
+    rows.latency.append((prep_s + done.ttft_s) / len(batch.items))
+    selector = job.counted.flops() if job.counted is not None else 0
+    flops = item_flops(run.wrapper.backend, done, selector, job.pruning.encode.gist, run.memo)
+    answers = [run.wrapper.backend.decode_text(row) for row in done.new_tokens.tolist()]
+    for b, (item, tr) in enumerate(zip(batch.items, traces)):
+        _record(rows, run.wrapper, plan, item, batch.visuals[b], tr, answers[b].strip(), flops[b], batch.cells[b])
     return rows
 
 
-def run_looks(wrapper: ARRCOCQwen, run: Any, batch: Sequence[VQARecord], images: Sequence[Any], prep_s: float,
-              budget: Budget, grids: Sequence[tuple[int, int]], max_new_tokens: int, flops_memo: dict[Any, int],
-              strict: bool, budget_mode: BudgetMode | None, encode: EncodeConfig) -> _Rows:
-    """`run_one` for encode="before" with passes > 1 (`arr_coc.qwen.saccades.look`): every look's tower and LM
-    prefill is counted for the items that took it; latency is the time to the final answers' first token."""
-    import torch
-
+def _record(rows: _Rows, wrapper: Any, plan: MethodPlan, item: Item, visual: Any, tr: Any, answer: str, flops: Any,
+            cells: int) -> None:
+    """One item's measurements into `rows`."""
     from ..data import score_record
     from ..geometry import box_cell_set
     from ..methods import downscale
-    from ..qwen import SelectorFailed
-    from ..qwen.saccades import look
-    from .vision_cost import vision_flops
 
-    rows = _Rows()
-    try:
-        with run.around, torch.no_grad():
-            looked = look(wrapper, run.inputs, budget, run.method, budget_mode, strict, encode,
-                          max_new_tokens=max_new_tokens)
-    except SelectorFailed as exc:
-        rows.errors.append(str(exc))
-        return rows
-    traces = looked.traces
-    if strict and any(fb == "keep_all" for tr in traces for fb in tr.fallback):
-        rows.errors.append(next(tr.error for tr in traces if "keep_all" in tr.fallback) or "kept every token")
-        return rows
-    rows.latency.append((prep_s + looked.ttft_s) / len(batch))
-    select_flops = run.counted.flops() if run.counted is not None else 0
-    vision = vision_flops(wrapper, run.inputs, traces, encode.gist, flops_memo)
-    answers = wrapper.tokenizer.batch_decode(looked.new_tokens, skip_special_tokens=True)
-    unit = downscale.pixel_unit(getattr(wrapper.processor, "image_processor", wrapper.processor))
-    for b, (rec, tr) in enumerate(zip(batch, traces)):
-        prefill = 0
-        for p in looked.passes:                               # every prompt this item was prefilled with
-            if b in p.rows:
-                length = p.pruned.lengths[p.rows.index(b)]
-                if length not in flops_memo:
-                    flops_memo[length] = count_flops(wrapper.prefill, p.pruned.rows([p.rows.index(b)]),
-                                                     logits_to_keep=1)[1]
-                prefill += flops_memo[length]
-        per_item = None if select_flops is None else select_flops / len(batch)
-        rows.looks.append(len(tr.looks))
-        rows.correct.append(score_record(answers[b].strip(), rec))
-        rows.answers.append(answers[b].strip())
-        rows.coverage.append(None)
-        rows.types.append(rec.type or "other")
-        rows.kept.append(int(tr.kept_tokens))
-        rows.encoded.append(sum(int(c.numel()) for c in tr.encoded_cells))
-        rows.total.append(int(grids[b][0] * grids[b][1]))
-        rows.fallback.append(next((fb for fb in tr.fallback if fb), None))
-        rows.prefill_flops.append(None if per_item is None else prefill + per_item)
-        rows.selector_flops.append(per_item)
-        rows.vision_flops.append(vision[b])
-        if rec.boxes:
-            h, w = grids[b]
-            cells = box_cell_set(rec.boxes, (h, w), (w * unit, h * unit), images[b].size)
-            if cells:
-                rows.coverage[-1] = len(set(int(i) for i in tr.kept_indices[0].tolist()) & cells) / len(cells)
-    return rows
+    rows.looks.append(max(1, len(tr.looks)))
+    rows.correct.append(score_record(answer, item.record))
+    rows.answers.append(answer)
+    rows.coverage.append(None)
+    rows.types.append(item.type)
+    rows.kept.append(int(tr.kept_tokens))
+    rows.encoded.append(sum(int(c.numel()) for c in tr.encoded_cells) if tr.encoded_cells else int(tr.total_tokens))
+    rows.total.append(int(cells))
+    rows.fallback.append(next((fb for fb in tr.fallback if fb), None))
+    rows.prefill_flops.append(None if flops.selector is None else flops.lm + flops.selector)
+    rows.selector_flops.append(flops.selector)
+    rows.vision_flops.append(flops.vision)
+    if plan.name != "downscale" and item.boxes and tr.grid_hw:
+        h, w = tr.grid_hw[0]
+        unit = downscale.pixel_unit(getattr(wrapper.processor, "image_processor", wrapper.processor))
+        box_cells = box_cell_set(item.boxes, (h, w), (w * unit, h * unit), visual.size)
+        if box_cells:
+            rows.coverage[-1] = len(set(int(i) for i in tr.kept_indices[0].tolist()) & box_cells) / len(box_cells)
 
 
 def _mean(xs: Sequence[float]) -> float | None:

@@ -1,94 +1,147 @@
-"""How each method runs on one evaluation batch: the one place that knows the methods which need
-more than a `SelectionContext`.
+"""How each method runs on one evaluation batch, images or clips: the one place that knows the methods which need
+more than a `SelectionContext` (the registry's `Method.needs`).
 
 - `downscale` changes the input image (a smaller image, not a selection);
-- `oracle` needs the answer's boxes of the batch's records;
-- `visionzip` records the vision tower's last block while `prepare` encodes (no second pass);
+- `oracle` needs the answer's boxes: on images a selector over the record's boxes, on clips the cells under each
+  temporal group's boxes (`boxes_over_time`), given as explicit cells;
 - `fastv` scores at a configurable LM layer; `arr_coc_trained` needs a weights folder.
 
-Every other name is a registered selector (`arr_coc.selection.get_selector`).
+Every other name is a registered selector (`arr_coc.pipeline.selection.get_selector`), counted by
+`CountedSelector`. A method is written `name` or `name@encode` (`arr_coc@before`): the encoding of its rows;
+without one a method that can choose before the tower takes the evaluation's `--encode`, the others run after
+it (and their rows say so).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ContextManager, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from ..budget import Budget
-from ..data import VQARecord
-from ..selection import get_selector, selects_before_encoding
+from ..budget import Budget, count_of
+from ..encode import ENCODE_MODES, EncodeConfig
+from ..pipeline.prompt import clip_members
+from ..pipeline.request import Pruning
+from ..pipeline.selection import get_selector, method_info, selects_before_encoding
 from .flops import CountedSelector
 
 if TYPE_CHECKING:
     from ..qwen import ARRCOCQwen
-
-# Methods that cannot run from a SelectionContext alone, and what they need instead.
-SPECIAL: dict[str, str] = {
-    "downscale": "changes the input image: arr_coc.methods.downscale.downscale_inputs",
-    "oracle": "needs the answer's boxes: arr_coc.methods.oracle.make_selector(boxes, image_sizes)",
-    "arr_coc_trained": "needs a weights folder: arr_coc.methods.arrcoc.trained_selector(wrapper, folder)",
-}
+    from .items import Item
 
 
 @dataclass
 class BatchRun:
-    """What `prepare` runs for one (method, budget) on one batch."""
+    """What the pipeline runs for one (method, budget) on one batch."""
 
     inputs: dict[str, torch.Tensor]            # the processor tensors (downscale: of its smaller images)
     prep_s: float                              # seconds spent building those inputs
-    method: str | CountedSelector              # "none", or the selector wrapped to count its FLOPs
-    around: ContextManager[Any] = field(default_factory=contextlib.nullcontext)   # e.g. VisionZip's recorder
+    pruning: Pruning
+    counted: CountedSelector | None = None     # the selector, counting its FLOPs; None: nothing selected
 
-    @property
-    def counted(self) -> CountedSelector | None:
-        return self.method if isinstance(self.method, CountedSelector) else None
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """'arr_coc@before' -> ('arr_coc', 'before'); 'grid' -> ('grid', None)."""
+    name, _, mode = spec.partition("@")
+    if mode and mode not in ENCODE_MODES:
+        raise ValueError(f"{spec!r}: the encoding after '@' is one of {list(ENCODE_MODES)}")
+    return name, mode or None
 
 
 class MethodPlan:
-    """One method of an evaluation, built once; `for_batch` gives its run on each batch."""
+    """One method of an evaluation (a `name` or `name@encode` spec), built once; `for_batch` gives its run on each
+    batch."""
 
-    def __init__(self, name: str, wrapper: ARRCOCQwen, fastv_layer: int = 2, arr_coc_weights: str | None = None):
+    def __init__(self, spec: str, wrapper: ARRCOCQwen, fastv_layer: int = 2, arr_coc_weights: str | None = None,
+                 encode: EncodeConfig | None = None):
         from ..methods import arrcoc, fastv
 
-        self.name = name
+        self.spec = spec
+        self.name, mode = split_spec(spec)
+        info = method_info(self.name)       # unknown names fail here, before any batch runs
         self.selector = None
-        if name == "fastv":
+        if self.name == "fastv":
             self.selector = fastv.make_selector(fastv_layer)
-        elif name == "arr_coc_trained":
+        elif self.name == "arr_coc_trained":
             if not arr_coc_weights:
                 raise ValueError("arr_coc_trained needs arr_coc_weights (a folder of trained ARR-COC weights)")
             self.selector = arrcoc.trained_selector(wrapper, arr_coc_weights)
-        elif name not in ("none", "downscale", "oracle", "visionzip"):
-            self.selector = get_selector(name)   # unknown names fail here, before any batch runs
-        # encode="before" applies to methods that choose without the encoded tokens; the others (FastV,
-        # VisionZip, DivPrune, CDPruner) and downscale (a new input) run after the tower, and say so.
-        self.selects_before = name in ("none", "oracle") or (
+        elif not info.needs and self.name != "none":
+            self.selector = get_selector(self.name)
+        # Methods that read the encoded tokens (FastV, VisionZip, DivPrune, CDPruner) and downscale (a new input)
+        # run after the tower whatever the evaluation's encoding, and say so.
+        self.selects_before = self.name in ("none", "oracle") or (
             self.selector is not None and selects_before_encoding(self.selector))
+        if mode == "before" and not self.selects_before:
+            raise ValueError(f"{spec!r}: {self.name} reads the encoded visual tokens, so it cannot choose before the "
+                             "vision tower")
+        base = encode or EncodeConfig()
+        self.encode = base if mode is None or mode == base.mode else EncodeConfig(mode=mode)
+        if not self.selects_before:
+            self.encode = EncodeConfig()
 
-    def for_batch(self, wrapper: ARRCOCQwen, records: Sequence[VQARecord], images: Sequence[Any],
-                  inputs: dict[str, torch.Tensor], build_s: float, budget: Budget,
-                  grids: Sequence[tuple[int, int]]) -> BatchRun:
-        from ..budget import resolve_count
-        from ..methods import downscale, oracle, visionzip
+    @property
+    def encode_mode(self) -> str:
+        return self.encode.mode
 
+    def for_batch(self, wrapper: ARRCOCQwen, items: Sequence[Item], visuals: Sequence[Any],
+                  inputs: dict[str, torch.Tensor], build_s: float, budget: Budget, budget_mode: Any,
+                  strict: bool, cells: Sequence[int]) -> BatchRun:
+        """The run of this method at `budget` on a batch (cells: each item's visual tokens)."""
         if self.name == "none":
-            return BatchRun(inputs, build_s, "none")
+            return BatchRun(inputs, build_s, Pruning.of("none"))
         if self.name == "downscale":
-            ip = getattr(wrapper.processor, "image_processor", wrapper.processor)
-            if all(downscale.downscale_grid(h, w, resolve_count(budget, h * w), downscale.min_tokens(ip)) == (h, w)
-                   for h, w in grids):
-                return BatchRun(inputs, build_s, "none")
-            t0 = time.perf_counter()
-            small, _ = downscale.downscale_inputs(wrapper, images, [r.question for r in records], budget, grids)
-            return BatchRun(small, time.perf_counter() - t0, "none")
+            return self._downscale(wrapper, items, visuals, inputs, build_s, budget)
+        if self.name == "oracle" and items and items[0].kind == "clip":
+            kept = clip_oracle(wrapper, inputs, items)     # encoded and read: only the answer's cells
+            return BatchRun(inputs, build_s, Pruning.of("oracle", encode=self.encode, kept_indices=kept))
+        fn = self.selector
         if self.name == "oracle":
-            fn = oracle.make_selector([r.boxes for r in records], [im.size for im in images])
-            return BatchRun(inputs, build_s, CountedSelector(fn, self.name))
-        if self.name == "visionzip":
-            recorder = visionzip.LastBlockRecorder(wrapper.model)
-            return BatchRun(inputs, build_s, CountedSelector(visionzip.make_selector(recorder), self.name), recorder)
-        return BatchRun(inputs, build_s, CountedSelector(self.selector, self.name))
+            from ..methods import oracle
+
+            fn = oracle.make_selector([it.boxes for it in items], [v.size for v in visuals])
+        counted = CountedSelector(fn, self.name)
+        pruning = Pruning.of(counted, budget, budget_mode, self.encode, strict)
+        return BatchRun(inputs, build_s, pruning, counted)
+
+    def _downscale(self, wrapper: ARRCOCQwen, items: Sequence[Item], visuals: Sequence[Any],
+                   inputs: dict[str, torch.Tensor], build_s: float, budget: Budget) -> BatchRun:
+        from ..methods import downscale
+
+        ip = getattr(wrapper.processor, "image_processor", wrapper.processor)
+        grids = [(int(h) // wrapper.merge, int(w) // wrapper.merge) for _, h, w in inputs["image_grid_thw"].tolist()]
+        if all(downscale.downscale_grid(h, w, count_of(budget, h * w), downscale.min_tokens(ip)) == (h, w)
+               for h, w in grids):
+            return BatchRun(inputs, build_s, Pruning.of("none"))
+        t0 = time.perf_counter()
+        small, _ = downscale.downscale_inputs(wrapper, visuals, [it.question for it in items], budget, grids)
+        return BatchRun(small, time.perf_counter() - t0, Pruning.of("none"))
+
+
+def clip_oracle(wrapper: ARRCOCQwen, inputs: dict[str, torch.Tensor], items: Sequence[Item]) -> list[torch.Tensor]:
+    """Every temporal group's oracle cells, in unit order (the batch holds one clip per item)."""
+    from ..geometry import box_cell_set
+    from ..qwen.prompt import visual_units
+
+    merge = wrapper.merge
+    units = visual_units(inputs["mm_token_type_ids"], inputs["attention_mask"], inputs.get("image_grid_thw"),
+                         inputs["video_grid_thw"], merge)
+    patch = int(wrapper.processor.image_processor.patch_size)
+    kept: list[torch.Tensor] = []
+    for v, members in enumerate(clip_members(units.clip, units.group)):
+        _, gh, gw = units.grid_thw[members[0]].tolist()
+        h, w = gh // merge, gw // merge
+        rec = items[v].record
+        for g in range(len(members)):
+            found: set[int] = set()
+            for f in range(g * 2, min(len(rec["boxes_over_time"]), (g + 1) * 2)):   # temporal patch: 2 frames
+                if rec["boxes_over_time"][f]:
+                    found |= box_cell_set(rec["boxes_over_time"][f], (h, w), (gw * patch, gh * patch),
+                                          tuple(rec["size"]))
+            kept.append(torch.tensor(sorted(found) or [(h // 2) * w + w // 2]))
+    return kept
+
+
+__all__ = ["BatchRun", "MethodPlan", "clip_oracle", "split_spec"]

@@ -42,46 +42,33 @@ def _inputs(wrapper: Any, size: int, batch: int, seed: int) -> dict[str, Any]:
     return wrapper.build_inputs([[it.image] for it in items], [it.record["question"] for it in items])
 
 
+def _pruning(budget: Any, method: str, encode: Any, budget_mode: Any = None) -> Any:
+    from ..pipeline.request import Pruning
+
+    return Pruning.of(method, None if method == "none" else budget, budget_mode, encode)
+
+
 def _timed_pass(wrapper: Any, inputs: dict[str, Any], budget: Any, method: str, encode: Any, sync: bool,
                 budget_mode: Any = None) -> tuple[dict[str, float], float, Any]:
-    """One prepare (stages timed, the device synchronised at each) + one prefill -> (stage seconds, prefill s,
-    the first trace)."""
-    import torch
-
+    """One request through the pipeline (stages timed, the device synchronised at each), answered with one token:
+    -> (stage seconds, the language model's seconds (its prefill; with looks, every look's), the first trace)."""
     from ..stopwatch import Stopwatch
 
     clock = Stopwatch(wrapper.device, sync=sync)
-    if getattr(encode, "passes", 1) > 1:          # every look; the LM's work is the "answer" stage (1 token)
-        from ..qwen.saccades import look
-
-        looked = look(wrapper, inputs, budget, method, budget_mode, False, encode, clock, max_new_tokens=1)
-        stages = dict(clock.seconds)
-        return stages, stages.pop("answer", 0.0), looked.traces[0]
-    pruned, traces = wrapper.prepare(inputs, budget=budget, method=method, encode=encode, clock=clock,
-                                     budget_mode=budget_mode)
-    if sync:
-        torch.cuda.synchronize(wrapper.device)
-    t0 = time.perf_counter()
-    wrapper.prefill(pruned, logits_to_keep=1)
-    if sync:
-        torch.cuda.synchronize(wrapper.device)
-    return dict(clock.seconds), time.perf_counter() - t0, traces[0]
+    done = wrapper.answer(inputs, _pruning(budget, method, encode, budget_mode), clock=clock, max_new_tokens=1)
+    stages = dict(clock.seconds)
+    return stages, stages.pop("answer", 0.0), done.traces[0]
 
 
 def _counted_pass(wrapper: Any, inputs: dict[str, Any], budget: Any, method: str, encode: Any,
                   budget_mode: Any = None) -> dict[str, dict[str, int]]:
-    """Aten ops, synchronising ops and uploads per stage of one prepare (no timing, no extra synchronisation)."""
+    """Aten ops, synchronising ops and uploads per stage of one request (no timing, no extra synchronisation)."""
     from ..stopwatch import Stopwatch
     from .opcount import OpCounter
 
     with OpCounter(record_stacks=False) as ops:
         clock = Stopwatch(counter=ops).start()
-        if getattr(encode, "passes", 1) > 1:
-            from ..qwen.saccades import look
-
-            look(wrapper, inputs, budget, method, budget_mode, False, encode, clock, max_new_tokens=1)
-        else:
-            wrapper.prepare(inputs, budget=budget, method=method, encode=encode, clock=clock, budget_mode=budget_mode)
+        wrapper.answer(inputs, _pruning(budget, method, encode, budget_mode), clock=clock, max_new_tokens=1)
     return {"ops": dict(clock.ops), "kernels": dict(clock.kernels), "syncs": dict(clock.syncs),
             "uploads": dict(clock.uploads)}
 
