@@ -16,48 +16,21 @@ evaluation), so a second layer costs its own weights only. The layers are the se
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from arr_coc.inputs import InputError
 
+from microscope.scope import Microscope, RunConfig, encode_text  # noqa: F401 - RunConfig, encode_text re-exported
+
 if TYPE_CHECKING:
     from arr_coc import ARRCOCQwen
-    from arr_coc.qwen.encoding import EncodeConfig
-    from microscope.handler import Microscope
+    from arr_coc.encode import EncodeConfig
 
 ENCODE_CHOICES = ("after", "before")
 OFF = "off"                       # config B's layer choice that runs no B
 MAX_MARGIN = 4                    # rings of context cells; beyond a few the margin is the whole image
 MAX_LOOKS = 3                     # looks (passes) of the before mode: the first one and up to two saccades
 THRESHOLD_RANGE = (-1.0, 2.0)     # the look-again threshold: -1 looks again always, 1 or more never (uncertainty <= 1)
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """One pruned run: which wrapper (layer), which method, which encoding."""
-
-    label: str                    # "A" or "B"
-    layer: str                    # a key of Microscope.layers
-    method: str                   # a selector name (B: always arr_coc)
-    encode: EncodeConfig
-
-    def encode_text(self) -> str:
-        return encode_text(self.encode)
-
-    def describe(self) -> str:
-        return f"{self.label}: {self.method}, encode {self.encode_text()}, layer {self.layer}"
-
-
-def encode_text(encode: EncodeConfig) -> str:
-    """'after', or 'before' with what it adds: 'before (gist 0.25, margin 1, periphery, 2 looks, threshold 0.27)'."""
-    if encode.mode == "after":
-        return "after"
-    looks = encode.saccade
-    extras = ([f"gist {encode.gist:g}"] if encode.gist > 0 else []) + (
-        [f"margin {encode.margin}"] if encode.margin else []) + (["periphery"] if encode.periphery else []) + (
-        [f"{looks.passes} looks", f"threshold {round(looks.threshold, 2):g}"] if looks.passes > 1 else [])
-    return "before" + (f" ({', '.join(extras)})" if extras else "")
 
 
 def layer_label(folder: str | None) -> str:
@@ -125,7 +98,7 @@ def read_encode(mode: str, gist: float, margin: int, periphery: bool, looks: int
     settings mean nothing after: an "after" run gets the plain EncodeConfig. One look (the default) is the
     one-pass before mode exactly; more looks add `SaccadeConfig(passes=looks, threshold=threshold)`, the
     library's defaults for the rest (saccade budget, target, signal, sharpness, tower memory)."""
-    from arr_coc.inputs import check_encode
+    from arr_coc.pipeline.request import check_encode
 
     if mode == "after":
         return check_encode(None, "after")
@@ -143,7 +116,7 @@ def read_configs(scope: Microscope, method: str, encode: Any, layer: Any, compar
                  notes: list[str]) -> list[RunConfig]:
     """[A] or [A, B] as the request asks (None: the page's defaults); notes say what was adjusted."""
     from arr_coc.saccade import THRESHOLD_INIT
-    from arr_coc.selection import get_selector, selects_before_encoding
+    from arr_coc.pipeline.selection import get_selector, selects_before_encoding
     from microscope.inputs import read_flag
 
     names = list(scope.layers)

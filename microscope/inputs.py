@@ -49,13 +49,13 @@ def read_budget(value: Any) -> Budget:
     whole number means what it means on the command line: 64 a count, 1 ambiguous (the page's slider sends
     its maximum as "1.0")."""
     from arr_coc.budget import DEFAULT_BUDGET
-    from arr_coc.inputs import check_budget
+    from arr_coc.pipeline.request import read_budget as read
 
-    return check_budget(value, DEFAULT_BUDGET, wire=True)
+    return read(value, DEFAULT_BUDGET, wire=True)
 
 
 def check_method(method: Any) -> str:
-    from arr_coc.inputs import check_method as check
+    from arr_coc.pipeline.request import check_method as check
 
     return check(method)
 

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from microscope import handler, lifetime
@@ -198,26 +199,71 @@ def _maybe_gpu(fn: Callable) -> Callable:
 # ----------------------------------------------------------------------------- the page
 
 
-def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
-               examples: list[dict] | None = None) -> gr.Blocks:
-    import gradio as gr
+@dataclass
+class _Inputs:
+    """The input column's components and its button (see `_Inputs.in_api_order` for the `ask` API's order)."""
 
-    from arr_coc.budget import DEFAULT_BUDGET
-    from arr_coc.saccade import THRESHOLD_INIT
+    image: gr.Image
+    video: gr.File
+    question: gr.Textbox
+    arr_toggle: gr.Checkbox
+    adaptive: gr.Checkbox
+    budget: gr.Slider
+    method: gr.Dropdown
+    encode: gr.Radio
+    layer: gr.Dropdown
+    compare_encode: gr.Radio
+    compare_layer: gr.Dropdown
+    gist: gr.Slider
+    margin: gr.Slider
+    periphery: gr.Checkbox
+    looks: gr.Slider
+    threshold: gr.Number
+    run: gr.Button
+
+    def in_api_order(self) -> list:
+        """The `ask` event's inputs, in the order its API (and `run_ask`) takes them; clients rely on it."""
+        return [self.image, self.question, self.arr_toggle, self.budget, self.adaptive, self.method, self.encode,
+                self.layer, self.compare_layer, self.compare_encode, self.gist, self.margin, self.periphery,
+                self.video, self.looks, self.threshold]
+
+
+@dataclass
+class _Outputs:
+    """The output column's components and the two galleries under the row (see `_Outputs.in_order`)."""
+
+    answer_base: gr.Textbox
+    answer_arr: gr.Textbox
+    answer_compare: gr.Textbox
+    error: gr.Markdown
+    stats: gr.Dataframe
+    resolution_a: gr.Image
+    resolution_b: gr.Image
+    heatmap: gr.Image
+    weights: gr.Markdown
+    trace: gr.File
+    maps: gr.Gallery
+    channels: gr.Gallery
+
+    def in_order(self) -> list:
+        """The `ask` event's outputs, in the order of `handler.OUTPUT_NAMES`."""
+        return [self.answer_base, self.answer_arr, self.answer_compare, self.stats, self.heatmap, self.resolution_a,
+                self.resolution_b, self.maps, self.weights, self.channels, self.trace, self.error]
+
+
+def _make_request_runner(scope: Microscope, demo: gr.Blocks) -> Callable:
+    """The `ask` event's coroutine: runs the handler on a worker thread under a cancellation token, which
+    is cancelled when the client cancels or disconnects; then it waits (briefly) for the work to stop."""
+    import gradio as gr
 
     from arr_coc.cancel import CancelToken, cancellable
 
-    examples = read_examples() if examples is None else examples
     # Every request's model work runs here (not on Gradio's thread pool), so it can be told to stop.
     workers = ThreadPoolExecutor(max_workers=max(2, scope.admission.max_requests), thread_name_prefix="ask")
-    def respond(*args):   # a clip, when one was uploaded, replaces the image (microscope/video.py)
+    def respond(*args):   # a clip, when one was uploaded, replaces the image: one handler for both
         at = CLIP_INPUT   # the page's inputs: ..., periphery, video, looks, threshold (API order kept for clients)
         request, clip = list(args[:at]) + list(args[at + 1:]), args[at]
-        if clip:
-            from microscope.video import ask_video
-
-            return ask_video(scope, clip, request[1], request[2], request[3], request[5], tuple(request[6:])).outputs()
-        return handler.ask(scope, *request).outputs()
+        return handler.ask(scope, *request, video=clip).outputs()
 
     answer = _maybe_gpu(respond)
 
@@ -252,130 +298,202 @@ def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
             watcher.cancel()
 
     run_ask.__annotations__["request"] = gr.Request   # resolved here: this module imports gradio lazily
+    return run_ask
 
+
+def _introduction(scope: Microscope) -> str:
+    """The Markdown at the top of the page: what the page compares, with which model and layers."""
+    return (
+        "# ARR-COC microscope\n"
+        "Ask a question about an image. The **baseline** VLM reads every visual token; **config A** (ARR-COC "
+        "by default) and **config B** (ARR-COC with another layer or encoding) keep only the tokens their "
+        "relevance ranks highest for this question, and with *encode before* the vision tower encodes only "
+        f"those. Every answer comes from the same model (`{scope.model_name}`), one instrumented run each. "
+        f"ARR-COC layers: {', '.join(scope.layers)}."
+    )
+
+
+def _build_config_inputs(scope: Microscope) -> dict[str, Any]:
+    """Config A's method, encode mode and layer, and config B's encode mode and layer (in the current
+    context); returned by `_Inputs` field name."""
+    import gradio as gr
+
+    method = _hand_raw_values_to_the_handler(gr.Dropdown(
+        choices=scope.methods, value="arr_coc", label="config A: method", elem_id="method",
+        info="arr_coc, or a method registered with arr_coc.pipeline.register_selector"))
+    layers = list(scope.layers)
+    b_layer, b_encode = scope.default_compare
+    encode = _hand_raw_values_to_the_handler(gr.Radio(
+        list(ENCODE_CHOICES), value="after", label="config A: encode", elem_id="encode",
+        info="after: the vision tower encodes every patch, then the method selects; before: it "
+             "selects, then the tower encodes only the chosen cells"))
+    layer = _hand_raw_values_to_the_handler(gr.Dropdown(
+        choices=layers, value=layers[0], label="config A: ARR-COC layer", elem_id="layer"))
+    compare_encode = _hand_raw_values_to_the_handler(gr.Radio(
+        list(ENCODE_CHOICES), value=b_encode, label="config B (ARR-COC, same budget): encode",
+        elem_id="compare-encode"))
+    compare_layer = _hand_raw_values_to_the_handler(gr.Dropdown(
+        choices=[OFF, *layers], value=b_layer, label="config B: ARR-COC layer (off: no config B)",
+        elem_id="compare-layer", info="the layers this server was given (--arr-coc, --compare-arr-coc)"))
+    return dict(method=method, encode=encode, layer=layer, compare_encode=compare_encode, compare_layer=compare_layer)
+
+
+def _build_before_settings() -> dict[str, Any]:
+    """The "encode before" accordion (gist, margin, periphery, looks, threshold; in the current context);
+    returned by `_Inputs` field name."""
+    import gradio as gr
+
+    from arr_coc.saccade import THRESHOLD_INIT
+
+    with gr.Accordion("encode before: gist, margin, periphery, looks (A and B)", open=False,
+                      elem_id="before-settings"):
+        gist = _hand_raw_values_to_the_handler(gr.Slider(
+            0.0, MAX_GIST, value=0.0, step=0.05, label="gist: share of the tokens", elem_id="gist",
+            info="the tower first encodes a downscaled copy for the selector; 0: none (the selector "
+                 "reads the texture and the question only)"))
+        margin = _hand_raw_values_to_the_handler(gr.Slider(
+            0, MAX_MARGIN, value=0, step=1, label="margin: rings of context cells", elem_id="margin",
+            info="encoded around every chosen cell at full resolution, not read by the LM"))
+        periphery = gr.Checkbox(value=False, label="periphery", elem_id="periphery",
+                                info="the LM also reads the gist tokens of the regions not encoded "
+                                     "at full resolution (needs a gist)")
+        looks = _hand_raw_values_to_the_handler(gr.Slider(
+            1, MAX_LOOKS, value=1, step=1, label="looks: passes of the tower", elem_id="looks",
+            info="1: one look; more: while the first answer token's uncertainty is above the "
+                 "threshold, look again at cells not encoded yet and answer again"))
+        threshold = _hand_raw_values_to_the_handler(gr.Number(
+            value=THRESHOLD_INIT, minimum=THRESHOLD_RANGE[0], maximum=THRESHOLD_RANGE[1], step=0.01,
+            label="look-again threshold", elem_id="threshold",
+            info="uncertainty = 1 - (p1 - p2) of the two likeliest first tokens; -1: always look again, "
+                 "1 or more: never"))
+    return dict(gist=gist, margin=margin, periphery=periphery, looks=looks, threshold=threshold)
+
+
+def _build_input_column(scope: Microscope, examples: list[dict]) -> _Inputs:
+    """The input column's contents (in the current context, a gr.Column): the image or clip, the question,
+    the controls of configs A and B, the "Ask" button and the examples."""
+    import gradio as gr
+
+    from arr_coc.budget import DEFAULT_BUDGET
+
+    image = _hand_raw_uploads_to_the_handler(gr.Image(
+        label="image", type="filepath", image_mode=None, format="png", sources=["upload", "clipboard"],
+        elem_id="image", height=340))
+    with gr.Accordion("video clip (replaces the image)", open=False, elem_id="video-box"):
+        # a file input, not gr.Video: that one converts uploads with a system ffmpeg, which the
+        # project does not need (PyAV decodes the clip, arr_coc.video)
+        video = gr.File(label="video (mp4, webm, avi, mkv, mov, gif)", file_count="single", type="filepath",
+                        file_types=[".mp4", ".webm", ".avi", ".mkv", ".mov", ".gif"], elem_id="video",
+                        height=120)
+    question = _hand_raw_values_to_the_handler(gr.Textbox(
+        label="question", placeholder="What color is the circle?", lines=1, max_lines=4,
+        elem_id="question"))
+    with gr.Row():
+        arr_toggle = gr.Checkbox(value=True, label="ARR-COC on", elem_id="arr-toggle",
+                                 info="off: run the baseline only")
+        adaptive = gr.Checkbox(value=False, label="adaptive budget", elem_id="adaptive",
+                               info="ARR-COC picks 5-50% from how spread its relevance is")
+    budget = _hand_raw_budgets_to_the_handler(gr.Slider(
+        MIN_BUDGET, 1.0, value=DEFAULT_BUDGET, step=0.01, elem_id="budget",
+        label="budget: share of visual tokens kept",
+        info="the trained layer keeps it on average: more for a question about many objects, "
+             "fewer for one about one"))
+    configs = _build_config_inputs(scope)
+    before = _build_before_settings()
+    run = gr.Button("Ask both models", variant="primary", elem_id="run")
+    if examples:
+        gr.Examples(examples=[[e["image"], e["question"]] for e in examples], inputs=[image, question],
+                    elem_id="examples", cache_examples=False,
+                    label="Examples: ShapesVQA scenes (incl. hard cases) and photographs")
+    return _Inputs(image=image, video=video, question=question, arr_toggle=arr_toggle, adaptive=adaptive,
+                   budget=budget, run=run, **configs, **before)
+
+
+def _build_output_column() -> dict[str, Any]:
+    """The output column's contents (in the current context, a gr.Column): the three answers, the error,
+    the stats table, the resolution maps, the heatmap, the layer's weights and the trace; returned by
+    `_Outputs` field name."""
+    import gradio as gr
+
+    with gr.Row():
+        answer_base = gr.Textbox(label="baseline answer (all visual tokens)", elem_id="answer-baseline",
+                                 interactive=False, lines=2)
+        answer_arr = gr.Textbox(label="config A answer (pruned visual tokens)", elem_id="answer-arr",
+                                interactive=False, lines=2)
+        answer_compare = gr.Textbox(label="config B answer (pruned visual tokens)",
+                                    elem_id="answer-compare", interactive=False, lines=2)
+    error = gr.Markdown(elem_id="error")
+    stats = gr.Dataframe(headers=STATS_HEADERS, elem_id="stats", interactive=False, wrap=True,
+                         label="tokens, time and FLOPs (whole prefill = vision tower + ARR-COC's "
+                               "own work + LM prefill)", column_widths=["31%", "23%", "23%", "23%"],
+                         max_height=1200)
+    with gr.Row(equal_height=False):
+        resolution_a = gr.Image(label="A: encoded at which resolution", elem_id="resolution-a",
+                                format="png", type="filepath", interactive=False, height=480)
+        resolution_b = gr.Image(label="B: encoded at which resolution", elem_id="resolution-b",
+                                format="png", type="filepath", interactive=False, height=480)
+    with gr.Row(equal_height=False):
+        heatmap = gr.Image(label="A: relevance + kept tokens (green)", elem_id="heatmap", format="png",
+                           type="pil", interactive=False, height=420)
+        with gr.Column():
+            weights = gr.Markdown(elem_id="weights")
+            trace = gr.File(label="trace (JSON)", elem_id="trace", interactive=False)
+    return dict(answer_base=answer_base, answer_arr=answer_arr, answer_compare=answer_compare, error=error,
+                stats=stats, resolution_a=resolution_a, resolution_b=resolution_b, heatmap=heatmap,
+                weights=weights, trace=trace)
+
+
+def _build_galleries() -> dict[str, Any]:
+    """The two galleries under the columns (in the current context, the Blocks): config A's scorer maps
+    and its texture channels; returned by `_Outputs` field name."""
+    import gradio as gr
+
+    maps = gr.Gallery(label="A: scorer maps and the balanced relevance", elem_id="maps", columns=4, height=300,
+                      format="png", interactive=False, object_fit="contain")
+    channels = gr.Gallery(label="A: texture channels (one cell per visual token, fixed [0, 1] scale)",
+                          elem_id="channels", columns=7, height="auto", format="png", interactive=False,
+                          object_fit="contain")
+    return dict(maps=maps, channels=channels)
+
+
+def _wire_events(scope: Microscope, shown: _Inputs, results: _Outputs, run_ask: Callable, concurrency: int) -> None:
+    """The page's events (in the current context, the Blocks): the layer swaps on a change of encode mode
+    or gist, and `ask` (api_name="ask") on the button or on submitting the question."""
+    import gradio as gr
+
+    # Switching a config's encode mode (or the gist) swaps the shipped layer for the one trained for that mode.
+    # The swaps run one at a time in the order they were triggered (one queue slot of their own): unqueued, a
+    # quick "encode before" then "gist 0.25" could land out of order and leave the before-mode layer selected
+    # with a gist. In order, the last swap wins, and for the shipped pair it depends on the mode and gist only.
+    for mode_box, layer_box in ((shown.encode, shown.layer), (shown.compare_encode, shown.compare_layer)):
+        gr.on([mode_box.change, shown.gist.change], lambda mode, name, share: gr.update(
+                  value=layer_for_mode(scope, name, mode, share)),
+              inputs=[mode_box, layer_box, shown.gist], outputs=layer_box, concurrency_limit=1,
+              concurrency_id="layer-for-mode", api_visibility="private")
+    outputs = results.in_order()
+    assert len(outputs) == len(OUTPUT_NAMES)
+    inputs = shown.in_api_order()
+    assert inputs.index(shown.video) == CLIP_INPUT
+    gr.on([shown.run.click, shown.question.submit], run_ask, inputs=inputs, outputs=outputs,
+          js=slider_max_as_text(len(inputs), inputs.index(shown.budget)),
+          api_name="ask", concurrency_limit=concurrency)
+
+
+def build_demo(scope: Microscope, concurrency: int = DEFAULT_CONCURRENCY,
+               examples: list[dict] | None = None) -> gr.Blocks:
+    """The page: the inputs (left) and outputs (right) columns, the galleries under them, and the events."""
+    import gradio as gr
+
+    examples = read_examples() if examples is None else examples
     with gr.Blocks(title="ARR-COC microscope", delete_cache=(3600, 3600)) as demo:
-        gr.Markdown(
-            "# ARR-COC microscope\n"
-            "Ask a question about an image. The **baseline** VLM reads every visual token; **config A** (ARR-COC "
-            "by default) and **config B** (ARR-COC with another layer or encoding) keep only the tokens their "
-            "relevance ranks highest for this question, and with *encode before* the vision tower encodes only "
-            f"those. Every answer comes from the same model (`{scope.model_name}`), one instrumented run each. "
-            f"ARR-COC layers: {', '.join(scope.layers)}."
-        )
+        run_ask = _make_request_runner(scope, demo)
+        gr.Markdown(_introduction(scope))
         with gr.Row(equal_height=False):
             with gr.Column(scale=4, min_width=320):
-                image = _hand_raw_uploads_to_the_handler(gr.Image(
-                    label="image", type="filepath", image_mode=None, format="png", sources=["upload", "clipboard"],
-                    elem_id="image", height=340))
-                with gr.Accordion("video clip (replaces the image)", open=False, elem_id="video-box"):
-                    # a file input, not gr.Video: that one converts uploads with a system ffmpeg, which the
-                    # project does not need (PyAV decodes the clip, arr_coc.video)
-                    video = gr.File(label="video (mp4, webm, avi, mkv, mov, gif)", file_count="single", type="filepath",
-                                    file_types=[".mp4", ".webm", ".avi", ".mkv", ".mov", ".gif"], elem_id="video",
-                                    height=120)
-                question = _hand_raw_values_to_the_handler(gr.Textbox(
-                    label="question", placeholder="What color is the circle?", lines=1, max_lines=4,
-                    elem_id="question"))
-                with gr.Row():
-                    arr_toggle = gr.Checkbox(value=True, label="ARR-COC on", elem_id="arr-toggle",
-                                             info="off: run the baseline only")
-                    adaptive = gr.Checkbox(value=False, label="adaptive budget", elem_id="adaptive",
-                                           info="ARR-COC picks 5-50% from how spread its relevance is")
-                budget = _hand_raw_budgets_to_the_handler(gr.Slider(
-                    MIN_BUDGET, 1.0, value=DEFAULT_BUDGET, step=0.01, elem_id="budget",
-                    label="budget: share of visual tokens kept",
-                    info="the trained layer keeps it on average: more for a question about many objects, "
-                         "fewer for one about one"))
-                method = _hand_raw_values_to_the_handler(gr.Dropdown(
-                    choices=scope.methods, value="arr_coc", label="config A: method", elem_id="method",
-                    info="arr_coc, or a method registered with arr_coc.selection.register_selector"))
-                layers = list(scope.layers)
-                b_layer, b_encode = scope.default_compare
-                encode = _hand_raw_values_to_the_handler(gr.Radio(
-                    list(ENCODE_CHOICES), value="after", label="config A: encode", elem_id="encode",
-                    info="after: the vision tower encodes every patch, then the method selects; before: it "
-                         "selects, then the tower encodes only the chosen cells"))
-                layer = _hand_raw_values_to_the_handler(gr.Dropdown(
-                    choices=layers, value=layers[0], label="config A: ARR-COC layer", elem_id="layer"))
-                compare_encode = _hand_raw_values_to_the_handler(gr.Radio(
-                    list(ENCODE_CHOICES), value=b_encode, label="config B (ARR-COC, same budget): encode",
-                    elem_id="compare-encode"))
-                compare_layer = _hand_raw_values_to_the_handler(gr.Dropdown(
-                    choices=[OFF, *layers], value=b_layer, label="config B: ARR-COC layer (off: no config B)",
-                    elem_id="compare-layer", info="the layers this server was given (--arr-coc, --compare-arr-coc)"))
-                with gr.Accordion("encode before: gist, margin, periphery, looks (A and B)", open=False,
-                                  elem_id="before-settings"):
-                    gist = _hand_raw_values_to_the_handler(gr.Slider(
-                        0.0, MAX_GIST, value=0.0, step=0.05, label="gist: share of the tokens", elem_id="gist",
-                        info="the tower first encodes a downscaled copy for the selector; 0: none (the selector "
-                             "reads the texture and the question only)"))
-                    margin = _hand_raw_values_to_the_handler(gr.Slider(
-                        0, MAX_MARGIN, value=0, step=1, label="margin: rings of context cells", elem_id="margin",
-                        info="encoded around every chosen cell at full resolution, not read by the LM"))
-                    periphery = gr.Checkbox(value=False, label="periphery", elem_id="periphery",
-                                            info="the LM also reads the gist tokens of the regions not encoded "
-                                                 "at full resolution (needs a gist)")
-                    looks = _hand_raw_values_to_the_handler(gr.Slider(
-                        1, MAX_LOOKS, value=1, step=1, label="looks: passes of the tower", elem_id="looks",
-                        info="1: one look; more: while the first answer token's uncertainty is above the "
-                             "threshold, look again at cells not encoded yet and answer again"))
-                    threshold = _hand_raw_values_to_the_handler(gr.Number(
-                        value=THRESHOLD_INIT, minimum=THRESHOLD_RANGE[0], maximum=THRESHOLD_RANGE[1], step=0.01,
-                        label="look-again threshold", elem_id="threshold",
-                        info="uncertainty = 1 - (p1 - p2) of the two likeliest first tokens; -1: always look again, "
-                             "1 or more: never"))
-                run = gr.Button("Ask both models", variant="primary", elem_id="run")
-                if examples:
-                    gr.Examples(examples=[[e["image"], e["question"]] for e in examples], inputs=[image, question],
-                                elem_id="examples", cache_examples=False,
-                                label="Examples: ShapesVQA scenes (incl. hard cases) and photographs")
+                shown = _build_input_column(scope, examples)
             with gr.Column(scale=7, min_width=480):
-                with gr.Row():
-                    answer_base = gr.Textbox(label="baseline answer (all visual tokens)", elem_id="answer-baseline",
-                                             interactive=False, lines=2)
-                    answer_arr = gr.Textbox(label="config A answer (pruned visual tokens)", elem_id="answer-arr",
-                                            interactive=False, lines=2)
-                    answer_compare = gr.Textbox(label="config B answer (pruned visual tokens)",
-                                                elem_id="answer-compare", interactive=False, lines=2)
-                error = gr.Markdown(elem_id="error")
-                stats = gr.Dataframe(headers=STATS_HEADERS, elem_id="stats", interactive=False, wrap=True,
-                                     label="tokens, time and FLOPs (whole prefill = vision tower + ARR-COC's "
-                                           "own work + LM prefill)", column_widths=["31%", "23%", "23%", "23%"],
-                                     max_height=1200)
-                with gr.Row(equal_height=False):
-                    resolution_a = gr.Image(label="A: encoded at which resolution", elem_id="resolution-a",
-                                            format="png", type="filepath", interactive=False, height=480)
-                    resolution_b = gr.Image(label="B: encoded at which resolution", elem_id="resolution-b",
-                                            format="png", type="filepath", interactive=False, height=480)
-                with gr.Row(equal_height=False):
-                    heatmap = gr.Image(label="A: relevance + kept tokens (green)", elem_id="heatmap", format="png",
-                                       type="pil", interactive=False, height=420)
-                    with gr.Column():
-                        weights = gr.Markdown(elem_id="weights")
-                        trace = gr.File(label="trace (JSON)", elem_id="trace", interactive=False)
-        maps = gr.Gallery(label="A: scorer maps and the balanced relevance", elem_id="maps", columns=4, height=300,
-                          format="png", interactive=False, object_fit="contain")
-        channels = gr.Gallery(label="A: texture channels (one cell per visual token, fixed [0, 1] scale)",
-                              elem_id="channels", columns=7, height="auto", format="png", interactive=False,
-                              object_fit="contain")
-
-        # Switching a config's encode mode (or the gist) swaps the shipped layer for the one trained for that mode.
-        # The swaps run one at a time in the order they were triggered (one queue slot of their own): unqueued, a
-        # quick "encode before" then "gist 0.25" could land out of order and leave the before-mode layer selected
-        # with a gist. In order, the last swap wins, and for the shipped pair it depends on the mode and gist only.
-        for mode_box, layer_box in ((encode, layer), (compare_encode, compare_layer)):
-            gr.on([mode_box.change, gist.change], lambda mode, name, share: gr.update(
-                      value=layer_for_mode(scope, name, mode, share)),
-                  inputs=[mode_box, layer_box, gist], outputs=layer_box, concurrency_limit=1,
-                  concurrency_id="layer-for-mode", api_visibility="private")
-        outputs = [answer_base, answer_arr, answer_compare, stats, heatmap, resolution_a, resolution_b, maps, weights,
-                   channels, trace, error]
-        assert len(outputs) == len(OUTPUT_NAMES)
-        inputs = [image, question, arr_toggle, budget, adaptive, method, encode, layer, compare_layer,
-                  compare_encode, gist, margin, periphery, video, looks, threshold]
-        assert inputs.index(video) == CLIP_INPUT
-        gr.on([run.click, question.submit], run_ask, inputs=inputs, outputs=outputs,
-              js=slider_max_as_text(len(inputs), inputs.index(budget)),
-              api_name="ask", concurrency_limit=concurrency)
+                panels = _build_output_column()
+        results = _Outputs(**panels, **_build_galleries())
+        _wire_events(scope, shown, results, run_ask, concurrency)
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=concurrency)
     return _take_requests_as_the_api_describes_them(demo)

@@ -5,7 +5,7 @@ Times come from each run's `Trace` (one instrumented `generate()`): the vision t
 included, and the gist on its own), ARR-COC's own work (the selection: texture, scorers, allocator; and
 packing the chosen cells and the prompt), the language model's prefill, and the whole prefill = vision +
 ARR-COC's own work + LM prefill, which is what selecting before the tower saves on; FLOPs come from
-`microscope.cost` when the server counts them.
+`arr_coc.evaluation.cost` when the server counts them.
 
 A run that took more than one look (encode before, looks > 1: `Trace.looks`) adds one row per look, in
 order ("look 1", "look 2", ...): the cells it added to what the LM reads, the cells the tower encoded on it,
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     from arr_coc import Trace
     from arr_coc.budget import Budget
-    from microscope.handler import Microscope, Pruned, Run
-    from microscope.inputs import ImageInfo
+    from microscope.asked import Asked
+    from microscope.scope import Microscope, Pruned, Run
 
 STATS_HEADERS = ["", "baseline", "config A", "config B"]
 
@@ -118,13 +118,27 @@ ROWS: list[tuple[str, Callable[[Run], str], Callable[[Run, Any, Run], str]]] = [
 ROW_NAMES = [name for name, _, _ in ROWS]
 
 
+def per_group(t: Trace) -> str:
+    """A clip's tokens kept per temporal group, in time order ("12 3 0 5"); "-" for an image."""
+    groups = t.kept_per_group
+    return " ".join(str(k) for k in groups[0]) if groups else "-"
+
+
+CLIP_ROWS = [("tokens per temporal group", lambda b: per_group(b.trace), lambda r, c, b: per_group(r.trace))]
+
+
 def stats_rows(base: Run, pruned: list[Pruned]) -> list[list[str]]:
-    """One row per ROWS entry: [name, baseline, config A, config B] ("-" for a config that did not run), then,
-    when a config took more than one look, one row per look ("look 1", ...; `look_text`)."""
+    """One row per ROWS entry (a clip's also per CLIP_ROWS entry, after the kept tokens): [name, baseline, config A,
+    config B] ("-" for a config that did not run), then, when a config took more than one look, one row per look
+    ("look 1", ...; `look_text`)."""
     columns = [p for p in pruned] + [None] * (2 - len(pruned))
+    table = list(ROWS)
+    if base.trace.kept_per_group:
+        at = ROW_NAMES.index("visual tokens (kept)") + 1
+        table[at:at] = CLIP_ROWS
     rows = [[name, of_base(base)] + ["-" if p is None or p.run is None else of_run(p.run, p.config, base)
                                    for p in columns]
-            for name, of_base, of_run in ROWS]
+            for name, of_base, of_run in table]
     tables = [looks_table(p.run.trace, p.config.encode.saccade.threshold) if p is not None and p.run is not None
               else [] for p in columns]
     for n in range(max(len(t) for t in tables)):
@@ -179,7 +193,7 @@ def _grid_list(t: Any, h: int, w: int) -> list[list[float]]:
 
 def cells_record(t: Trace) -> dict[str, Any]:
     """Which cells were encoded at which resolution, per image (raster indices; `resolution` cell by cell)."""
-    from arr_coc.qwen.trace import RESOLUTION_LEVELS, UNREAD
+    from arr_coc.pipeline.trace import RESOLUTION_LEVELS, UNREAD
 
     codes = [t.resolution(j) for j in range(len(t.grid_hw))]
     return {
@@ -223,21 +237,27 @@ def run_record(p: Pruned, base: Run) -> dict[str, Any]:
     return entry
 
 
-def trace_record(scope: Microscope, question: str, info: ImageInfo, method: str, budget: Budget, adaptive: bool,
+def trace_record(scope: Microscope, question: str, asked: Asked, method: str, budget: Budget, adaptive: bool,
                  arr_on: bool, base: Run, pruned: list[Pruned], notes: list[str]) -> dict:
-    """The downloadable trace: request, image handling, the baseline, config A (`arr_coc`) and B (`compare`)."""
+    """The downloadable trace: request, what was asked about (`image` or `video`), the baseline, config A
+    (`arr_coc`) and B (`compare`); a clip's record also names them `config_A` / `config_B`, as the clip handler
+    of the previous release did (deprecated: one release)."""
     record: dict[str, Any] = {
         "model": scope.model_name,
+        "answered_by": base.trace.model or scope.model_name,
         "arr_coc_layer": scope.layer_name,
         "question": question,
         "request": {"arr_coc": arr_on, "method": method, "budget": budget, "adaptive": adaptive,
                     "configs": [config_record(p.config) for p in pruned]},
-        "image": {"original_size": list(info.original_size or ()), "used_size": list(info.used_size or ()),
-                  "mode": info.mode, "format": info.format, "frames": info.frames},
+        **asked.describe(),
         "notes": notes,
         "baseline": {"answer": base.answer, **base.trace.to_dict(), "cells": cells_record(base.trace),
                      "flops": base.flops.to_dict() if base.flops else None},
         "arr_coc": run_record(pruned[0], base) if pruned else None,
         "compare": run_record(pruned[1], base) if len(pruned) > 1 else None,
     }
+    if asked.kind == "clip":
+        for label, key in (("config_A", "arr_coc"), ("config_B", "compare")):
+            if record[key] is not None:
+                record[label] = record[key]
     return record

@@ -18,7 +18,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from arr_coc.cli.args import add_runtime
+from arr_coc.runtime import add_arguments as add_runtime
 from arr_coc.inputs import LIMITS
 from microscope.admission import Admission
 from microscope.configs import add_layers
@@ -176,7 +176,7 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     from arr_coc.paths import LayerNotFound, resolve_layer
     from arr_coc.qwen.loading import check_supported
     from arr_coc.runtime import Runtime, RuntimeChoiceError
-    from arr_coc.selection import available_methods
+    from arr_coc.pipeline.selection import available_methods
 
     try:
         run = Runtime.resolve(device, dtype, attn_implementation)

@@ -150,7 +150,7 @@ def test_page_has_every_hook_and_the_ask_api(scope):
 
 
 def test_method_list_follows_the_registry_at_start_up(tiny_dir):
-    from arr_coc.selection import SELECTORS, register_selector
+    from arr_coc.pipeline.selection import SELECTORS, register_selector
 
     def keep_first(ctx):
         import torch
@@ -284,7 +284,7 @@ def test_a_budget_keeps_what_the_library_and_cli_keep(scope, good_image, budget)
 
 
 def test_a_failing_selector_falls_back_to_the_baseline_with_a_notice(scope, good_image, monkeypatch):
-    from arr_coc.selection import SELECTORS
+    from arr_coc.pipeline.selection import SELECTORS
 
     def broken(ctx):
         raise RuntimeError("scorer exploded")
@@ -309,14 +309,14 @@ def test_a_failing_layer_stage_falls_back_with_a_notice(scope, good_image, monke
 
 
 def test_an_arr_coc_crash_still_answers_with_the_baseline(scope, good_image, monkeypatch):
-    real = scope.wrapper.generate
+    real = scope.wrapper.respond
 
-    def generate(image, question, method="arr_coc", **kw):
-        if method != "none":
+    def respond(images, questions, pruning=None, **kw):
+        if pruning.method != "none":
             raise RuntimeError("pruning path crashed")
-        return real(image, question, method=method, **kw)
+        return real(images, questions, pruning, **kw)
 
-    monkeypatch.setattr(scope.wrapper, "generate", generate)
+    monkeypatch.setattr(scope.wrapper, "respond", respond)
     r = handler.ask(scope, good_image, "Is there a circle?", True, 0.25, False, "arr_coc")
     assert "ARR-COC failed (RuntimeError: pruning path crashed)" in r.error
     assert r.answer_arr == r.answer_baseline and r.record["arr_coc"]["fell_back_to"] == "baseline"
@@ -469,28 +469,26 @@ def test_a_video_clip_is_answered_side_by_side(scope, tmp_path):
     import numpy as np
     from PIL import Image as PILImage
 
-    from microscope.video import ask_video
-
     frames = np.full((8, 112, 140, 3), 210, np.uint8)
     for k in range(8):
         frames[k, 40:70, 10 + 12 * k: 40 + 12 * k] = (200, 30, 30)
     path = tmp_path / "clip.gif"
     pictures = [PILImage.fromarray(f) for f in frames]
     pictures[0].save(path, save_all=True, append_images=pictures[1:], duration=500)
-    result = ask_video(scope, str(path), "What moves?", True, 0.25, "arr_coc")
+    result = handler.ask(scope, None, "What moves?", True, 0.25, video=str(path))   # the image handler: a clip
     assert not result.error.startswith("**Error"), result.error
     assert result.answer_baseline and result.answer_arr
     rows = {row[0]: row for row in result.stats}
     groups = rows["tokens per temporal group"]
     assert len(groups[1].split()) == 4 and len(groups[2].split()) == 4        # baseline and A: four groups each
-    kept, total = (int(x) for x in rows["visual tokens kept"][2].split(" / "))
+    kept, total = int(rows["visual tokens (kept)"][2].split()[0]), int(rows["visual tokens (total)"][2])
     assert kept == round(0.25 * total) and sum(int(x) for x in groups[2].split()) == kept
     strip = PILImage.open(result.heatmap)
     assert strip.size[0] > 3 * strip.size[1]                                    # the groups side by side
     assert result.record["config_A"]["kept_per_group"] == [[int(x) for x in groups[2].split()]]
     broken = tmp_path / "broken.mp4"
     broken.write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 64)
-    refused = ask_video(scope, str(broken), "What moves?", True, 0.25, "arr_coc")
+    refused = handler.ask(scope, None, "What moves?", True, 0.25, video=str(broken))
     assert refused.error.startswith("**Error:**") and not refused.answer_baseline
-    refused = ask_video(scope, str(path), "What moves?", True, 0.25, "fastv")
+    refused = handler.ask(scope, None, "What moves?", True, 0.25, method="fastv", video=str(path))
     assert "cannot prune a video" in refused.error

@@ -19,8 +19,8 @@ from PIL import Image
 from _app_server import free_port, save_tiny_model, scene
 
 from arr_coc import viz  # noqa: E402
-from arr_coc.qwen.trace import FOVEAL, GIST_ONLY, GRID_REASON, NOT_ENCODED, PERIPHERY, UNREAD, Trace  # noqa: E402
-from microscope import configs, cost, handler, page, server  # noqa: E402
+from arr_coc.pipeline.trace import FOVEAL, GIST_ONLY, GRID_REASON, NOT_ENCODED, PERIPHERY, UNREAD, Trace  # noqa: E402
+from microscope import configs, handler, page, server  # noqa: E402
 
 Q = "What color is the circle?"
 
@@ -276,7 +276,7 @@ def test_compare_layer_options_and_their_errors(tiny_dir, layer_dirs, tmp_path):
 
 @pytest.mark.parametrize("encode", ["after", "before"])
 def test_a_failing_selector_says_why_in_either_mode(scope, image, monkeypatch, encode):
-    from arr_coc.selection import SELECTORS, choose_before_encoding
+    from arr_coc.pipeline.selection import SELECTORS, choose_before_encoding
 
     def broken(ctx):
         raise RuntimeError("scorer exploded")
@@ -290,12 +290,12 @@ def test_a_failing_selector_says_why_in_either_mode(scope, image, monkeypatch, e
 
 
 def test_a_failing_gist_says_why(scope, image, monkeypatch):
-    from arr_coc.qwen import wrapper
+    from arr_coc.pipeline import fovea
 
     def no_gist(*args, **kwargs):
         raise RuntimeError("gist tower broke")
 
-    monkeypatch.setattr(wrapper, "encode_gist", no_gist)
+    monkeypatch.setattr(fovea, "encode_gist", no_gist)
     r = handler.ask(scope, image, Q, True, 0.25, False, "arr_coc", encode="before", gist=0.25, compare_layer="off")
     t = r.record["arr_coc"]
     assert t["fallback"] == ["keep_all"] and t["fallback_reason"] == ["gist failed: RuntimeError: gist tower broke"]
@@ -334,15 +334,15 @@ def test_the_readout_states_vision_and_the_whole_prefill(scope, image):
 
 
 def test_lm_flops_depend_on_the_prompt_length_only(scope, image):
-    """cost.lm_flops (a text prompt of the same length) equals counting the real pruned prompt's prefill."""
-    from arr_coc.evaluation.flops import count_flops
+    """The cost's LM prefill (counted on the real pruned prompt) equals a text prompt of the same length's."""
+    from arr_coc.evaluation.cost import lm_flops
+    from conftest import text_prefill_flops
 
     w = scope.wrapper
     inputs = w.build_inputs([[Image.open(image).convert("RGB")]], [Q])
     for budget in (0.25, 1.0):
         pruned, traces = w.prepare(inputs, budget=budget, method="arr_coc")
-        real = count_flops(w.prefill, pruned, logits_to_keep=1)[1]
-        assert cost.lm_flops(w, traces[0].prompt_tokens, {}) == real > 0
+        assert lm_flops(w.backend, pruned, 0, {}) == text_prefill_flops(w, traces[0].prompt_tokens) > 0
 
 
 def test_no_flops_shows_dashes(scope, image, monkeypatch):

@@ -14,7 +14,7 @@ import torch
 
 from _app_server import save_tiny_model, scene
 
-from arr_coc.qwen.trace import Look, Trace  # noqa: E402
+from arr_coc.pipeline.trace import Look, Trace  # noqa: E402
 from microscope import configs, handler, readout, server  # noqa: E402
 
 Q = "What color is the circle?"
@@ -84,9 +84,9 @@ def test_two_looks_show_the_table_and_cost_more(scope, image):
     # the FLOPs: both looks' tower passes and both prefills
     a, b, base = one.record["arr_coc"]["flops"], t["flops"], two.record["baseline"]["flops"]
     assert b["vision"] > a["vision"] and b["lm_prefill"] > a["lm_prefill"] and b["whole_prefill"] > a["whole_prefill"]
-    from microscope.cost import lm_flops
+    from conftest import text_prefill_flops
 
-    assert b["lm_prefill"] == sum(lm_flops(scope.wrapper, look["prompt_tokens"], {}) for look in t["looks"])
+    assert b["lm_prefill"] == sum(text_prefill_flops(scope.wrapper, look["prompt_tokens"]) for look in t["looks"])
     assert float(_rows(two)["whole prefill GFLOPs"][1]) > float(_rows(one)["whole prefill GFLOPs"][1])
     share = f"{100 * b['whole_prefill'] / base['whole_prefill']:.0f}%"
     assert _rows(two)["whole prefill FLOPs vs. baseline"][1] == share
