@@ -18,15 +18,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def main(argv: list[str] | None = None) -> int:
-    from arr_coc.evaluation.report import paired_stats
-    from arr_coc.training.saccade import frontier
-
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line: --rows, --one-look, --gate, --signal, --out, --markdown."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", required=True)
     p.add_argument("--one-look", required=True)
@@ -34,24 +33,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--signal", default="margin")
     p.add_argument("--out", default=None)
     p.add_argument("--markdown", default=None)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
-    rows = [json.loads(line) for line in Path(args.rows).read_text().splitlines() if line.strip()]
-    report = json.loads(Path(args.one_look).read_text())
+
+def _load(rows_path: str, one_look_path: str) -> tuple[list[dict], dict]:
+    """The two-look rows, in the one-look report's item order, and that report; they must cover the same items."""
+    rows = [json.loads(line) for line in Path(rows_path).read_text().splitlines() if line.strip()]
+    report = json.loads(Path(one_look_path).read_text())
     by_id = {r["id"]: r for r in rows}
     if [by_id.get(i) is not None for i in report["ids"]].count(True) != len(report["ids"]):
         raise SystemExit("the rows and the one-look report cover other items")
-    rows = [by_id[i] for i in report["ids"]]
-    full = sum(r["full"] for r in rows) / len(rows)
-    u = [r[f"u_{args.signal}"] for r in rows]
-    curve = frontier(rows, args.signal)
+    return [by_id[i] for i in report["ids"]], report
 
+
+def _table(rows: list[dict], report: dict, curve: list[dict], u: list[float], full: float,
+           paired_stats: Any) -> tuple[list[str], list[tuple]]:
+    """Each one-look budget beside the best two-look threshold as cheap -> (table lines, (cost, accuracy, budget)s)."""
     def outcome(t: float) -> list[float]:
+        """Each item's correctness when items above threshold `t` look again."""
         return [r["correct_2"] if x > t else r["correct_1"] for r, x in zip(rows, u)]
 
     lines = [f"{len(rows)} items; every token: whole prefill {full / 1e9:.3f} GFLOPs per item (vision tower included)",
              "", "| one look | its cost | its accuracy | two looks at <= that cost: threshold | cost | items looking "
-             "again | accuracy | two looks - one look [95%] | on count questions [95%] |", "|---|---|---|---|---|---|---|---|---|"]
+             "again | accuracy | two looks - one look [95%] | on count questions [95%] |",
+             "|---|---|---|---|---|---|---|---|---|"]
     count = [i for i, r in enumerate(rows) if r["type"] == "count"]
     one_look = []
     for res in sorted(report["results"], key=lambda r: r["e2e_flops_mean"]):
@@ -71,6 +76,44 @@ def main(argv: list[str] | None = None) -> int:
                      f"{100 * best['cost']:.2f}% | {100 * best['saccade_share']:.1f}% | {best['accuracy']:.4f} | "
                      f"{d['diff']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}] | "
                      f"{dc['diff']:+.4f} [{dc['low']:+.4f}, {dc['high']:+.4f}] |")
+    return lines, one_look
+
+
+def _plot(out: str, curve: list[dict], one_look: list[tuple], gate: dict | None, n_items: int) -> None:
+    """Draw the two-look curve, the one-look budgets and the trained gate to `out` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot([100 * c["cost"] for c in curve], [c["accuracy"] for c in curve], "-", lw=1.2, color="tab:orange",
+            label="two looks: every gate threshold")
+    ax.plot([100 * c for c, _, _ in one_look], [a for _, a, _ in one_look], "o-", color="tab:blue", lw=2,
+            label="one look: budgets " + ", ".join(f"{b:g}" for _, _, b in one_look))
+    if gate is not None:
+        ax.plot([100 * gate["cost"]], [gate["accuracy"]], "r*", ms=13, label="two looks: the trained gate")
+    ax.set_xlabel("whole-prefill FLOPs, % of the every-token model (vision tower included)")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"a second look against a larger first look ({n_items} items)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=130)
+    print(f"wrote {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print (and optionally write) the two-look vs one-look table; optionally plot it."""
+    from arr_coc.evaluation.report import paired_stats
+    from arr_coc.training.saccade import frontier
+
+    args = _parse_args(argv)
+    rows, report = _load(args.rows, args.one_look)
+    full = sum(r["full"] for r in rows) / len(rows)
+    u = [r[f"u_{args.signal}"] for r in rows]
+    curve = frontier(rows, args.signal)
+    lines, one_look = _table(rows, report, curve, u, full, paired_stats)
     gate = None
     if args.gate:
         g = json.loads(Path(args.gate).read_text())
@@ -83,26 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         Path(args.markdown).write_text(text)
     if args.out:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        ax.plot([100 * c["cost"] for c in curve], [c["accuracy"] for c in curve], "-", lw=1.2, color="tab:orange",
-                label="two looks: every gate threshold")
-        ax.plot([100 * c for c, _, _ in one_look], [a for _, a, _ in one_look], "o-", color="tab:blue", lw=2,
-                label="one look: budgets " + ", ".join(f"{b:g}" for _, _, b in one_look))
-        if gate is not None:
-            ax.plot([100 * gate["cost"]], [gate["accuracy"]], "r*", ms=13, label="two looks: the trained gate")
-        ax.set_xlabel("whole-prefill FLOPs, % of the every-token model (vision tower included)")
-        ax.set_ylabel("accuracy")
-        ax.set_title(f"a second look against a larger first look ({len(rows)} items)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
-        fig.tight_layout()
-        fig.savefig(args.out, dpi=130)
-        print(f"wrote {args.out}")
+        _plot(args.out, curve, one_look, gate, len(rows))
     return 0
 
 

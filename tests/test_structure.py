@@ -1,9 +1,20 @@
-"""The house's rules, checked from the code itself: no import cycles, the library never imports the
-command line or the app, the command line loads only what a command needs, one budget parser."""
+"""The house's rules, checked from the code itself (docs/DESIGN.md, "Layout" and "Dependencies"):
+
+- no import cycle of any kind: between files, counting imports at the top, inside functions and under
+  `if TYPE_CHECKING:` (a type-only or lazy import that closes a circle still ties the two files together), and
+  between packages (a subpackage or a top-level module of `arr_coc` is one node; `microscope` is one);
+- the layering DESIGN.md states, read off the imports: the core knows nothing of the pipeline, a backend or the
+  methods; the pipeline knows no backend and no method; selectors know no backend; the app and the library never
+  import the command line; Hugging Face model internals are reached from the Qwen backend (and the embedded
+  model's own builder) only;
+- no function over 80 lines; the command line loads only what a command needs; one budget parser.
+Each rule has a negative control that proves the check can fail.
+"""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,31 +23,34 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("arr_coc", "microscope")   # the library and the app package
+MAX_FUNCTION_LINES = 80
+
+# The core: the layer and what it is made of. It imports nothing above it.
+CORE = {f"arr_coc.{m}" for m in (
+    "config", "texture", "spectral", "kmeans", "components", "extent", "knowing", "balancing", "attending", "layer",
+    "persistence", "output", "batch", "grid", "viz", "temporal", "saccade", "resolution", "budget", "stopwatch",
+    "errors", "geometry", "cancel", "schedule")}
+ABOVE_THE_CORE = ("arr_coc.pipeline", "arr_coc.qwen", "arr_coc.methods", "arr_coc.evaluation", "arr_coc.training",
+                  "arr_coc.harness", "arr_coc.cli", "arr_coc.shapes", "arr_coc.data", "microscope")
+# Where a Hugging Face Qwen-VL model's internals may be reached: the backend, the embedded model's builder and
+# trainer (it makes a Qwen2-VL), and the bench, which builds random Qwen models at real widths.
+HF_INTERNALS = re.compile(r"\.model\.model\b|\.language_model\b|get_image_features|get_rope_index|"
+                          r"mm_encoder_outputs|\.visual\.blocks|model\.generate\(")
+HF_ALLOWED = ("arr_coc/qwen/", "arr_coc/shapes/", "arr_coc/evaluation/bench")
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def imports_of(path: Path, modules: set[str]) -> set[str]:
-    """Project modules `path` imports at run time, wherever the import sits (inside functions too:
-    a lazy import that hides a cycle is still one); `if TYPE_CHECKING:` blocks never run."""
-    name = module_name(path)
+def imports_of(path: Path, modules: set[str], root: Path = ROOT) -> set[str]:
+    """Project modules `path` imports, wherever the import sits: at the top, inside functions (a lazy import that
+    hides a cycle is still one) and under `if TYPE_CHECKING:` (a type-only import ties the files together too)."""
+    name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -47,21 +61,31 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
                 base = f"{anchor}.{base}" if base else anchor
             found.add(base)
             found.update(f"{base}.{a.name}" for a in node.names)   # `from pkg import submodule`
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(path.read_text(), str(path)))
     return {m for m in found if m in modules and m != name}
 
 
-def import_graph() -> dict[str, set[str]]:
-    files = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")]
-    modules = {module_name(p) for p in files}
-    return {module_name(p): imports_of(p, modules) for p in files}
+def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    files = [p for pkg in packages for p in (root / pkg).rglob("*.py")]
+    modules = {module_name(p, root) for p in files}
+    return {module_name(p, root): imports_of(p, modules, root) for p in files}
+
+
+def package_of(module: str) -> str:
+    """The package-level node: `arr_coc.X` (a subpackage or a top-level module), or the top package itself."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "arr_coc" and len(parts) > 1 else parts[0]
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        node = package_of(module)
+        out.setdefault(node, set()).update(package_of(d) for d in deps if package_of(d) != node)
+    return out
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    """Strongly connected components of more than one node (Tarjan), each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -96,38 +120,110 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def test_the_cycle_finder_finds_a_cycle_hidden_in_a_lazy_import(tmp_path):
-    """Negative control: two modules that import each other, one of them inside a function."""
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("from .b import g\n\ndef f():\n    return g()\n")
-    (pkg / "b.py").write_text("def g():\n    from . import a  # lazy\n    return a\n")
-    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import f\n")
-    mods = {"pkg", "pkg.a", "pkg.b", "pkg.c"}
-    rel = lambda p: imports_of(p, mods)  # noqa: E731
-    global ROOT
-    saved, ROOT = ROOT, tmp_path
-    try:
-        graph = {module_name(p): rel(p) for p in pkg.glob("*.py")}
-    finally:
-        ROOT = saved
-    assert find_cycles(graph) == [["pkg.a", "pkg.b"]]
-    assert graph["pkg.c"] == set()   # typing-only imports never run
+def long_functions(paths: list[Path], limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """'file:function (lines)' for every function longer than `limit` lines."""
+    out = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    out.append(f"{path.relative_to(ROOT)}:{node.name} ({lines})")
+    return out
 
 
-def test_no_import_cycles_in_the_library_or_the_app():
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+# ----------------------------------------------------------------------------- negative controls
+
+
+def test_the_cycle_finder_finds_cycles_of_every_kind(tmp_path):
+    """A lazy import, a type-only import and a circle between packages are each found; a one-way import is not."""
+    _write(tmp_path, {
+        "pkg/__init__.py": "", "pkg/a.py": "from .b import g\n\ndef f():\n    return g()\n",
+        "pkg/b.py": "def g():\n    from . import a  # lazy\n    return a\n",
+        "pkg/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .d import D\n",
+        "pkg/d.py": "from .c import thing\nclass D: ...\n",
+        "pkg/e.py": "from .a import f\n",
+        "pkg/up/__init__.py": "", "pkg/up/x.py": "from ..down.y import z\n",
+        "pkg/down/__init__.py": "", "pkg/down/y.py": "z = 1\n", "pkg/down/w.py": "from ..up import x\n",
+    })
+    graph = import_graph(tmp_path, ("pkg",))
+    assert find_cycles(graph) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d"]]     # lazy, and type-only
+    packages = {k.replace("pkg", "arr_coc", 1): {d.replace("pkg", "arr_coc", 1) for d in v} for k, v in graph.items()}
+    assert ["arr_coc.down", "arr_coc.up"] in find_cycles(package_graph(packages))   # up -> down -> up, across files
+    assert not any("pkg.e" in c for c in find_cycles(graph))                  # one way is no circle
+
+
+def test_the_function_length_check_catches_a_long_function(tmp_path, monkeypatch):
+    long = tmp_path / "long.py"
+    long.write_text("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES + "    return x\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert long_functions([long]) == [f"long.py:f ({MAX_FUNCTION_LINES + 2})"]
+
+
+# ----------------------------------------------------------------------------- the rules
+
+
+def test_no_import_cycles_between_files():
     graph = import_graph()
     assert len(graph) > 40, "the walk found too few modules: is it reading the packages?"
     assert find_cycles(graph) == []
 
 
-def test_the_library_never_imports_the_command_line_or_the_app():
+def test_no_import_cycles_between_packages():
+    assert find_cycles(package_graph(import_graph())) == []
+
+
+def test_the_layers_import_only_downwards():
+    """DESIGN.md's layering, from the imports (type-only and function-local ones included)."""
     graph = import_graph()
-    library = [m for m in graph if m.startswith("arr_coc") and not m.startswith(("arr_coc.cli", "arr_coc.__main__"))]
-    bad = {m: sorted(d for d in graph[m] if d.startswith(("arr_coc.cli", "microscope", "app")))
-           for m in library}
+
+    def reaches(module: str, prefixes: tuple[str, ...]) -> list[str]:
+        return sorted(d for d in graph[module] if d.startswith(prefixes))
+
+    bad = {}
+    for module in graph:
+        if module in CORE:
+            bad[module] = reaches(module, ABOVE_THE_CORE)
+        elif module.startswith("arr_coc.pipeline"):   # backend-agnostic: no backend, no method, nothing above it
+            bad[module] = reaches(module, ("arr_coc.qwen", "arr_coc.methods", "arr_coc.evaluation",
+                                           "arr_coc.training", "arr_coc.harness", "arr_coc.cli", "microscope"))
+        elif module.startswith("arr_coc.methods"):     # selectors read a typed context, never a backend
+            bad[module] = reaches(module, ("arr_coc.qwen", "arr_coc.evaluation", "arr_coc.cli", "microscope"))
+        elif module.startswith("arr_coc") and not module.startswith(("arr_coc.cli", "arr_coc.__main__")):
+            bad[module] = reaches(module, ("arr_coc.cli", "microscope"))
+        elif module.startswith("microscope"):          # the app uses the library, not the command line
+            bad[module] = reaches(module, ("arr_coc.cli",))
     assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path):
+    """Negative control: a core module that imports the pipeline is reported."""
+    graph = {"arr_coc.texture": {"arr_coc.pipeline.prompt"}}
+    assert [d for d in graph["arr_coc.texture"] if d.startswith(ABOVE_THE_CORE)] == ["arr_coc.pipeline.prompt"]
+
+
+def test_model_internals_are_reached_from_the_backend_only():
+    offenders = []
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            rel = path.relative_to(ROOT).as_posix()
+            if not rel.startswith(HF_ALLOWED) and HF_INTERNALS.search(path.read_text()):
+                offenders.append(rel)
+    assert offenders == []
+    assert HF_INTERNALS.search("hidden = model.model.language_model(x)")   # negative control: the pattern matches
+
+
+def test_no_function_is_longer_than_80_lines():
+    paths = [p for pkg in (*PACKAGES, "scripts", "assets") for p in (ROOT / pkg).rglob("*.py")] + [ROOT / "app.py"]
+    assert len(paths) > 100
+    assert long_functions(paths) == []
 
 
 @pytest.mark.parametrize("command", ["gen-data", "convert", "train-vlm", "eval", "train", "bench", "ask"])

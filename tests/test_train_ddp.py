@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from arr_coc.cli import main as cli_main
 from arr_coc.paths import EMBEDDED_MODEL, SHIPPED_LAYER
 from arr_coc.shapes import write_split
-from arr_coc.training.distributed import LaunchError, Processes
+from arr_coc.distributed import LaunchError, Processes
 
 ROOT = Path(__file__).resolve().parent.parent
 SAME = 1e-6  # float32 rounding of the same training (two processes sum the batch's gradient in another order)

@@ -10,7 +10,7 @@ Data-parallel, one process per device (--batch-size is then per process; only ra
     accelerate launch --multi_gpu --num_processes 2 -m arr_coc train --device cpu ...   # CPU processes (gloo)
     torchrun --nproc_per_node 2 -m arr_coc train --device cpu ...
 
-What the stages do: arr_coc/training/loop.py; how the processes share a step: arr_coc/training/distributed.py.
+What the stages do: arr_coc/training/loop.py; how the processes share a step: arr_coc/distributed.py.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def _spread_range(text: str) -> tuple[float, float]:
 
 def run(args: argparse.Namespace) -> int:
     from arr_coc.training.config import TrainConfig
-    from arr_coc.training.distributed import LaunchError, Processes
+    from arr_coc.distributed import LaunchError, Processes
     from arr_coc.training.loop import train
 
     try:  # under a launcher, this process's device is the launcher's (accelerate's), not a second opinion

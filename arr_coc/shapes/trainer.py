@@ -42,11 +42,13 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ..training.schedule import lr_at
+from ..schedule import lr_at
 from .attention import SUPERVISED_SDPA, AttentionRecorder
 from .batching import Batcher, visual_tokens
 from .checkpoint import save, warm_start
@@ -102,11 +104,36 @@ def make_optimizer(model, head, stage: str, cfg: VLMTrainConfig):
     return torch.optim.AdamW(unique, lr=cfg.lr[k], weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
 
 
-def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> dict:
-    from tqdm import tqdm
+@dataclass
+class _Run:
+    """The embedded VLM's training between steps: the model and its helpers, the progress state, the generator."""
 
-    torch.manual_seed(cfg.seed)
-    model, processor = build_embedded(seed=cfg.seed)
+    cfg: VLMTrainConfig
+    model: Any
+    processor: Any
+    head: DenseHead
+    batcher: Batcher
+    recorder: AttentionRecorder
+    answer_weights: torch.Tensor | None
+    state: dict
+    gen: torch.Generator
+    opt_state: dict | None = None  # a resumed optimiser's state, loaded into the first stage's optimiser
+
+
+def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> dict:
+    """Train (or resume) the embedded model through its STAGES, checkpointing as it goes; returns the progress."""
+    run = _start(cfg, resume)
+    while run.state["stage"] < len(STAGES):
+        _train_stage(run, progress)
+        run.state["stage"] += 1
+        run.state["step"] = 0
+        run.opt_state = None
+    save(run.model, run.processor, run.head, None, run.state, run.gen, cfg)
+    return run.state
+
+
+def _attention_recorder(model, cfg: VLMTrainConfig) -> AttentionRecorder:
+    """A recorder of the supervised heads' attention rows (head 0 of the attention layers, the count heads)."""
     # The auxiliary loss reads head-0 attention rows: sdpa plus a recorder while training
     # (the saved config says plain sdpa; both use the same additive masks).
     heads = {layer: (0,) for layer in (0, *cfg.attn_layers)}
@@ -118,6 +145,14 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
         heads[layer] = tuple(sorted({*heads.get(layer, ()), h}))
     recorder = AttentionRecorder(model.model.language_model, heads)
     model.model.language_model.set_attn_implementation(SUPERVISED_SDPA)
+    return recorder
+
+
+def _start(cfg: VLMTrainConfig, resume: bool) -> _Run:
+    """Build the seeded model and its helpers, then warm-start it or resume the saved run."""
+    torch.manual_seed(cfg.seed)
+    model, processor = build_embedded(seed=cfg.seed)
+    recorder = _attention_recorder(model, cfg)
     model.train()
     head = DenseHead(model, processor.tokenizer, cfg.letter_weight)
     batcher = Batcher(model, processor)
@@ -140,78 +175,100 @@ def train(cfg: VLMTrainConfig, resume: bool = False, progress: bool = True) -> d
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     if resume and "gen_state" in state:
         gen.set_state(state.pop("gen_state"))
+    return _Run(cfg=cfg, model=model, processor=processor, head=head, batcher=batcher, recorder=recorder,
+                answer_weights=answer_weights, state=state, gen=gen, opt_state=opt_state)
 
-    while state["stage"] < len(STAGES):
-        k = state["stage"]
-        stage = STAGES[k]
-        opt = make_optimizer(model, head, stage, cfg)
-        if opt_state is not None:
-            opt.load_state_dict(opt_state)
-            opt_state = None
-        total = cfg.steps[k]
-        bar = tqdm(total=total, initial=state["step"], desc=f"train-vlm [{stage}]", disable=not progress,
-                   dynamic_ncols=True, mininterval=1.0 if os.isatty(2) else 30.0)
-        while state["step"] < total:
-            t0 = time.perf_counter()
-            lr = lr_at(state["step"], total, cfg.lr[k], cfg.warmup, floor=LR_FLOOR)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            loss_dense = loss_answer = loss_attn = torch.zeros(())
-            acc = float("nan")
-            if stage != "language":
-                loss_dense = dense_loss(model, processor, head, cfg, state["item"], cfg.images_per_step[k])
-                state["item"] += cfg.images_per_step[k]
-            if stage != "vision":
-                items = [training_item(cfg, state["item"] + i) for i in range(cfg.images_per_step[k])]
-                state["item"] += len(items)
-                with torch.no_grad():  # the LM's gradient never reaches the tower (see the module docstring)
-                    feats, grids = visual_tokens(model, processor, [it[0] for it in items])
-                keep = [choose_kept(it[2], h, w, gen, cfg) for it, (h, w) in zip(items, grids)]
-                inputs, pos, mask, targets, _, sup = batcher.build(feats, grids, [it[2] for it in items], keep)
-                rows, positions, index = sup.rows()
-                recorder.request(rows, positions)
-                out = model.model.language_model(inputs_embeds=inputs, position_ids=pos, attention_mask=mask)
-                recorder.rows = None
-                sel = targets >= 0
-                logits = model.lm_head(out.last_hidden_state[sel])
-                loss_answer = F.cross_entropy(logits, targets[sel], reduction="none")
-                if answer_weights is not None:
-                    loss_answer = loss_answer * answer_weights[targets[sel]]
-                loss_answer = loss_answer.mean()
-                if cfg.attn_weight > 0 and sup.cells:
-                    loss_attn = attention_loss(recorder.probs, sup.cells, index, cfg.attn_layers)
-                if cfg.attn_weight > 0 and sup.words:
-                    loss_attn = loss_attn + attention_loss(recorder.probs, sup.words, index, (0,))
-                if cfg.attn_weight > 0 and sup.count:
-                    for layer, h, sink in cfg.count_heads:
-                        loss_attn = loss_attn + count_loss(recorder.probs, sup.count, index, layer, h, sink)
-                acc = float((logits.argmax(-1) == targets[sel]).float().mean())
-            loss = loss_answer + cfg.dense_weight * loss_dense + cfg.attn_weight * loss_attn
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gnorm = float(torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], cfg.grad_clip))
-            opt.step()
-            state["step"] += 1
-            state["elapsed"] += time.perf_counter() - t0
-            rec = {"stage": stage, "step": state["step"], "lr": lr, "loss_answer": float(loss_answer.detach()),
-                   "loss_dense": float(loss_dense.detach()), "loss_attn": float(loss_attn.detach()), "train_token_acc": acc, "grad_norm": gnorm,
-                   "minutes": state["elapsed"] / 60}
-            bar.set_postfix(ans=f"{rec['loss_answer']:.3f}", dense=f"{rec['loss_dense']:.3f}",
-                            attn=f"{rec['loss_attn']:.3f}", acc=f"{acc:.2f}")
-            bar.update(1)
-            if state["step"] % 25 == 0:
-                state["log"].append(rec)
-            last = state["step"] == total
-            if stage != "vision" and (state["step"] % cfg.eval_every == 0 or last):
-                val = validate(model, processor, batcher, cfg)
-                state["log"].append({"stage": stage, "step": state["step"], "minutes": state["elapsed"] / 60, "val": val})
-                bar.write(f"[{stage} {state['step']}] val acc {val['accuracy']:.3f} "
-                          + " ".join(f"{t}={a:.2f}" for t, a in val["per_type"].items()))
-            if state["step"] % cfg.save_every == 0 or last:
-                save(model, processor, head, opt, state, gen, cfg)
-        bar.close()
-        state["stage"] += 1
-        state["step"] = 0
-        opt_state = None
-    save(model, processor, head, None, state, gen, cfg)
-    return state
+
+def _train_stage(run: _Run, progress: bool) -> None:
+    """The current stage's optimiser steps, from the state's step to the stage's total, under a progress bar."""
+    from tqdm import tqdm
+
+    cfg, state = run.cfg, run.state
+    k = state["stage"]
+    stage = STAGES[k]
+    opt = make_optimizer(run.model, run.head, stage, cfg)
+    if run.opt_state is not None:
+        opt.load_state_dict(run.opt_state)
+        run.opt_state = None
+    total = cfg.steps[k]
+    bar = tqdm(total=total, initial=state["step"], desc=f"train-vlm [{stage}]", disable=not progress,
+               dynamic_ncols=True, mininterval=1.0 if os.isatty(2) else 30.0)
+    while state["step"] < total:
+        rec = _train_step(run, opt, k, total)
+        bar.set_postfix(ans=f"{rec['loss_answer']:.3f}", dense=f"{rec['loss_dense']:.3f}",
+                        attn=f"{rec['loss_attn']:.3f}", acc=f"{rec['train_token_acc']:.2f}")
+        bar.update(1)
+        _log_and_save(run, opt, rec, total, bar)
+    bar.close()
+
+
+def _train_step(run: _Run, opt: torch.optim.Optimizer, k: int, total: int) -> dict:
+    """One optimiser step of stage `k`: the tower's dense loss and/or the LM's answer and attention losses."""
+    cfg, state = run.cfg, run.state
+    stage = STAGES[k]
+    t0 = time.perf_counter()
+    lr = lr_at(state["step"], total, cfg.lr[k], cfg.warmup, floor=LR_FLOOR)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    loss_dense = loss_answer = loss_attn = torch.zeros(())
+    acc = float("nan")
+    if stage != "language":
+        loss_dense = dense_loss(run.model, run.processor, run.head, cfg, state["item"], cfg.images_per_step[k])
+        state["item"] += cfg.images_per_step[k]
+    if stage != "vision":
+        loss_answer, loss_attn, acc = _answer_losses(run, k, loss_attn)
+    loss = loss_answer + cfg.dense_weight * loss_dense + cfg.attn_weight * loss_attn
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gnorm = float(torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], cfg.grad_clip))
+    opt.step()
+    state["step"] += 1
+    state["elapsed"] += time.perf_counter() - t0
+    return {"stage": stage, "step": state["step"], "lr": lr, "loss_answer": float(loss_answer.detach()),
+            "loss_dense": float(loss_dense.detach()), "loss_attn": float(loss_attn.detach()), "train_token_acc": acc,
+            "grad_norm": gnorm, "minutes": state["elapsed"] / 60}
+
+
+def _answer_losses(run: _Run, k: int, loss_attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The LM's answer loss, supervised-attention loss (added to `loss_attn`) and token accuracy on fresh items."""
+    cfg, state, model, recorder = run.cfg, run.state, run.model, run.recorder
+    items = [training_item(cfg, state["item"] + i) for i in range(cfg.images_per_step[k])]
+    state["item"] += len(items)
+    with torch.no_grad():  # the LM's gradient never reaches the tower (see the module docstring)
+        feats, grids = visual_tokens(model, run.processor, [it[0] for it in items])
+    keep = [choose_kept(it[2], h, w, run.gen, cfg) for it, (h, w) in zip(items, grids)]
+    inputs, pos, mask, targets, _, sup = run.batcher.build(feats, grids, [it[2] for it in items], keep)
+    rows, positions, index = sup.rows()
+    recorder.request(rows, positions)
+    out = model.model.language_model(inputs_embeds=inputs, position_ids=pos, attention_mask=mask)
+    recorder.rows = None
+    sel = targets >= 0
+    logits = model.lm_head(out.last_hidden_state[sel])
+    loss_answer = F.cross_entropy(logits, targets[sel], reduction="none")
+    if run.answer_weights is not None:
+        loss_answer = loss_answer * run.answer_weights[targets[sel]]
+    loss_answer = loss_answer.mean()
+    if cfg.attn_weight > 0 and sup.cells:
+        loss_attn = attention_loss(recorder.probs, sup.cells, index, cfg.attn_layers)
+    if cfg.attn_weight > 0 and sup.words:
+        loss_attn = loss_attn + attention_loss(recorder.probs, sup.words, index, (0,))
+    if cfg.attn_weight > 0 and sup.count:
+        for layer, h, sink in cfg.count_heads:
+            loss_attn = loss_attn + count_loss(recorder.probs, sup.count, index, layer, h, sink)
+    acc = float((logits.argmax(-1) == targets[sel]).float().mean())
+    return loss_answer, loss_attn, acc
+
+
+def _log_and_save(run: _Run, opt: torch.optim.Optimizer, rec: dict, total: int, bar) -> None:
+    """After a step: keep every 25th record, validate when due (not in the vision stage), checkpoint when due."""
+    cfg, state, stage = run.cfg, run.state, rec["stage"]
+    if state["step"] % 25 == 0:
+        state["log"].append(rec)
+    last = state["step"] == total
+    if stage != "vision" and (state["step"] % cfg.eval_every == 0 or last):
+        val = validate(run.model, run.processor, run.batcher, cfg)
+        state["log"].append({"stage": stage, "step": state["step"], "minutes": state["elapsed"] / 60, "val": val})
+        bar.write(f"[{stage} {state['step']}] val acc {val['accuracy']:.3f} "
+                  + " ".join(f"{t}={a:.2f}" for t, a in val["per_type"].items()))
+    if state["step"] % cfg.save_every == 0 or last:
+        save(run.model, run.processor, run.head, opt, state, run.gen, cfg)

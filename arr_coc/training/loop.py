@@ -44,7 +44,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -56,10 +56,10 @@ from ..extent import ExtentHead, fit_extent_head
 from ..layer import ARRCOCLayer
 from ..persistence import LayerCard
 from .config import VAL_BUDGETS, TrainConfig
-from .distributed import Processes
+from ..distributed import Processes
 from .features import Features, load_features
 from .losses import answer_loss, batch_scores, coverage, health, ranking_loss
-from .schedule import lr_at
+from ..schedule import lr_at
 from .widen import widen_texture
 
 if TYPE_CHECKING:
@@ -67,6 +67,24 @@ if TYPE_CHECKING:
     from ..runtime import Runtime
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Run:
+    """What one stage's run holds while it trains: the models, the data, the optimiser and the loop's state."""
+
+    cfg: TrainConfig
+    procs: Processes
+    wrapper: ARRCOCQwen
+    layer: ARRCOCLayer
+    opt: torch.optim.Optimizer
+    train_set: list[Features]
+    val_set: list[Features]
+    state: dict
+    state_path: str
+    card: LayerCard
+    params: list[torch.nn.Parameter] = field(default_factory=list)
+    t_start: float = 0.0
 
 
 def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | None = None, resume: bool = False,
@@ -84,19 +102,43 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
     """
     from tqdm import tqdm
 
-    from ..qwen import ARRCOCQwen
-    from ..runtime import Runtime
-
     if init and cfg.attn_dim is not None:  # before minutes of feature extraction
         raise ValueError(f"attn_dim sets the width of a fresh layer; {init} already has its own (drop --attn-dim)")
     procs = processes or Processes.start()
     progress = progress and procs.is_main
+    feature_cache = _shared_feature_cache(cfg, procs, feature_cache)
+    torch.manual_seed(cfg.seed)
+    wrapper = _load_vlm(cfg, model_path, wrapper, runtime, procs)
+    train_set, val_set = _load_data(cfg, wrapper, data, feature_cache, progress, procs)
+    layer = _build_layer(cfg, wrapper, init)
+    run = _start_run(cfg, procs, wrapper, layer, train_set, val_set, layer_card(cfg, model_path, data, init), resume)
+    bar = tqdm(total=cfg.steps, initial=run.state["step"], desc=f"train stage {cfg.stage}", disable=not progress,
+               dynamic_ncols=True)
+    while run.state["step"] < min(cfg.steps, stop_after or cfg.steps):
+        _log_step(run, _train_step(run), bar)
+    bar.close()
+    if procs.is_main:
+        _finish(run, progress)
+    procs.barrier()  # the checkpoint is on disk before any process returns
+    return run.state
+
+
+def _shared_feature_cache(cfg: TrainConfig, procs: Processes, feature_cache: str | None) -> str | None:
+    """The feature cache folder: several processes share their features through one, by default in `cfg.out`."""
     if procs.world > 1 and not feature_cache:
         feature_cache = os.path.join(cfg.out, "feature_cache")
         if procs.is_main:
             logger.warning("%d processes share their features through files: caching them in %s "
                            "(--feature-cache chooses the folder)", procs.world, feature_cache)
-    torch.manual_seed(cfg.seed)
+    return feature_cache
+
+
+def _load_vlm(cfg: TrainConfig, model_path: str, wrapper: ARRCOCQwen | None, runtime: Runtime | None,
+              procs: Processes) -> ARRCOCQwen:
+    """The frozen VLM (loaded unless given), refused for stage 2 if its attention cannot take a soft mask."""
+    from ..qwen import ARRCOCQwen
+    from ..runtime import Runtime
+
     if wrapper is None:
         run = runtime or Runtime.resolve(procs.device or "cpu")
         wrapper = ARRCOCQwen.from_pretrained(model_path, device=run.device, dtype=run.dtype,
@@ -104,6 +146,12 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
     if cfg.stage == 2 and getattr(wrapper.model.config, "_attn_implementation", None) == "flash_attention_2":
         raise ValueError("stage 2 masks visual tokens softly with an additive attention bias, which flash_attention_2 "
                          "cannot apply: train stage 2 with --attn-implementation sdpa (the default) or eager")
+    return wrapper
+
+
+def _load_data(cfg: TrainConfig, wrapper: ARRCOCQwen, data: str | list[str], feature_cache: str | None,
+               progress: bool, procs: Processes) -> tuple[list[Features], list[Features]]:
+    """The training and validation items' features, the first `val_fraction` of each file held out."""
     train_set, val_set = [], []
     for path in [data] if isinstance(data, str) else data:
         records = list(read_jsonl(path))
@@ -121,7 +169,11 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
     if len(train_set) < procs.world:
         raise ValueError(f"{len(train_set)} training items cannot be shared by {procs.world} processes; "
                          "use more data or fewer processes")
+    return train_set, val_set
 
+
+def _build_layer(cfg: TrainConfig, wrapper: ARRCOCQwen, init: str | None) -> ARRCOCLayer:
+    """The layer to train, from `init` or fresh, strict, in training mode on the VLM's device."""
     if init:
         layer = ARRCOCLayer.from_pretrained(init)
         if cfg.add_texture:  # new channels with zero weights: it starts scoring exactly as `init` does
@@ -136,95 +188,119 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
     layer.config.strict = True  # training must see errors, not silently keep all tokens
     layer.to(wrapper.device)  # float32, beside the VLM (a no-op on the CPU)
     layer.train()
-    opt = torch.optim.AdamW(layer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    state = {"step": 0, "log": [], "warnings": []}
-    state_path = os.path.join(cfg.out, f"train_state_stage{cfg.stage}.pt")
-    card = layer_card(cfg, model_path, data, init)
-    if procs.agree(resume and os.path.isfile(state_path)):
-        saved = torch.load(state_path, weights_only=True, map_location="cpu")
+    return layer
+
+
+def _start_run(cfg: TrainConfig, procs: Processes, wrapper: ARRCOCQwen, layer: ARRCOCLayer,
+               train_set: list[Features], val_set: list[Features], card: LayerCard, resume: bool) -> _Run:
+    """The optimiser and the loop's state, fresh or resumed from the stage's state file, alike in every process."""
+    run = _Run(cfg=cfg, procs=procs, wrapper=wrapper, layer=layer,
+               opt=torch.optim.AdamW(layer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay),
+               train_set=train_set, val_set=val_set, state={"step": 0, "log": [], "warnings": []},
+               state_path=os.path.join(cfg.out, f"train_state_stage{cfg.stage}.pt"), card=card)
+    if procs.agree(resume and os.path.isfile(run.state_path)):
+        saved = torch.load(run.state_path, weights_only=True, map_location="cpu")
         layer.load_state_dict(saved["layer"])
-        opt.load_state_dict(saved["optimizer"])
-        state = saved["state"]
+        run.opt.load_state_dict(saved["optimizer"])
+        run.state = saved["state"]
         torch.set_rng_state(saved["rng"])
-        if state.get("processes", 1) != procs.world and procs.is_main:
+        if run.state.get("processes", 1) != procs.world and procs.is_main:
             logger.warning("resuming a run of %d process(es) with %d: the global batch changes from here on",
-                           state.get("processes", 1), procs.world)
+                           run.state.get("processes", 1), procs.world)
     procs.broadcast_module(layer)  # every process starts from rank 0's weights
-    state.update(train_items=len(train_set), val_items=len(val_set))
+    run.state.update(train_items=len(train_set), val_items=len(val_set))
     if procs.world > 1:
-        state.update(processes=procs.world)
-    params = list(layer.parameters())
-    t_start = time.perf_counter()
-    bar = tqdm(total=cfg.steps, initial=state["step"], desc=f"train stage {cfg.stage}", disable=not progress,
-               dynamic_ncols=True)
-    while state["step"] < min(cfg.steps, stop_after or cfg.steps):
-        step = state["step"]
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)  # per step: resuming replays exactly
-        lr = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        # The global batch, drawn alike in every process; this process scores its share of it.
-        pick = torch.randint(len(train_set), (min(cfg.batch_size * procs.world, len(train_set)),),
-                             generator=gen).tolist()
-        batch = [train_set[i] for i in pick]
-        items = batch[procs.share(len(batch))]
-        boxed, boxed_all = sum(bool(f.target.any()) for f in items), sum(bool(f.target.any()) for f in batch)
-        maps = batch_scores(layer, items)
-        rec = {"step": step + 1, "lr": lr}
-        if cfg.stage == 1:
-            loss = procs.weigh(ranking_loss(maps["relevance"], maps["valid"], maps["target"], cfg.tau),
-                               boxed, boxed_all)
-            logged = procs.sum_values({"loss": float(loss.detach())})  # contributions -> the global batch's
-        else:
-            budget = cfg.budgets[int(torch.randint(len(cfg.budgets), (1,), generator=gen))]
-            t0, t1 = cfg.mask_temperature
-            temperature = t0 * (t1 / t0) ** (step / max(1, cfg.steps - 1))
-            ans, penalty, share = answer_loss(wrapper, items, maps["relevance"], budget, temperature)
-            ans, penalty = procs.weigh(ans, len(items), len(batch)), procs.weigh(penalty, len(items), len(batch))
-            loss = ans + cfg.budget_weight * penalty
-            if cfg.rank_weight:
-                rank = procs.weigh(ranking_loss(maps["relevance"], maps["valid"], maps["target"], cfg.tau),
-                                   boxed, boxed_all)
-                loss = loss + cfg.rank_weight * rank
-            logged = procs.sum_values({"loss": float(loss.detach()), "answer_loss": float(ans.detach()),
-                                       "soft_kept_share": procs.weigh(share, len(items), len(batch)),
-                                       **({"ranking_loss": float(rank.detach())} if cfg.rank_weight else {})})
-            if cfg.rank_weight:
-                rec.update(ranking_loss=logged["ranking_loss"])
-            rec.update(budget=budget, temperature=temperature, soft_kept_share=logged["soft_kept_share"],
-                       answer_loss=logged["answer_loss"])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        procs.sum_gradients(params)  # every process now holds the global batch's gradient
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
-        opt.step()
-        state["step"] += 1
-        loss_value = logged["loss"]
-        rec.update(loss=loss_value, grad_norm=grad_norm, seconds=time.perf_counter() - t_start)
-        for w in health(maps, [f.grid_hw for f in items], grad_norm):  # this process's share of the batch
-            if procs.is_main:
-                logger.warning("step %d: %s", step + 1, w)
-            state["warnings"].append({"step": step + 1, "warning": w})
-        if (state["step"] % cfg.eval_every == 0 or state["step"] == cfg.steps) and procs.is_main:
-            rec["val_coverage"] = validate(layer, val_set)
-            bar.write(f"[stage {cfg.stage} step {state['step']}] loss {loss_value:.3f} val coverage "
-                      + " ".join(f"{b}:{c:.3f}" for b, c in rec["val_coverage"].items()))
-            save(layer, opt, state, cfg, state_path, card)
-        state["log"].append(rec)
-        bar.set_postfix(loss=f"{loss_value:.3f}")
-        bar.update(1)
-    bar.close()
-    if procs.is_main:
-        if state["step"] >= cfg.steps:
-            state["budget_spread"] = calibrate_budget_spread(layer, train_set, cfg.spread_tau, cfg.budget_follows,
-                                                             cfg.spread_bounds, cfg.spread_per_cell)
-            if progress and cfg.spread_tau > 0:
-                tqdm.write("budget follows the question: cells by {source} (median {median_cells:.1f}) / reference "
-                           "{reference:.2f}, clipped to [{low}, {high}], at most {per_cell} tokens per cell"
-                           .format(**state["budget_spread"]))
-        save(layer, opt, state, cfg, state_path, card)
-    procs.barrier()  # the checkpoint is on disk before any process returns
-    return state
+        run.state.update(processes=procs.world)
+    run.params = list(layer.parameters())
+    run.t_start = time.perf_counter()
+    return run
+
+
+def _train_step(run: _Run) -> dict:
+    """One optimiser step on the global batch (this process scoring its share); returns the step's log record."""
+    cfg, procs, state = run.cfg, run.procs, run.state
+    step = state["step"]
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)  # per step: resuming replays exactly
+    lr = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
+    for g in run.opt.param_groups:
+        g["lr"] = lr
+    # The global batch, drawn alike in every process; this process scores its share of it.
+    pick = torch.randint(len(run.train_set), (min(cfg.batch_size * procs.world, len(run.train_set)),),
+                         generator=gen).tolist()
+    batch = [run.train_set[i] for i in pick]
+    items = batch[procs.share(len(batch))]
+    boxed, boxed_all = sum(bool(f.target.any()) for f in items), sum(bool(f.target.any()) for f in batch)
+    maps = batch_scores(run.layer, items)
+    rec = {"step": step + 1, "lr": lr}
+    if cfg.stage == 1:
+        loss = procs.weigh(ranking_loss(maps["relevance"], maps["valid"], maps["target"], cfg.tau),
+                           boxed, boxed_all)
+        logged = procs.sum_values({"loss": float(loss.detach())})  # contributions -> the global batch's
+    else:
+        loss, logged = _stage2_loss(run, items, batch, maps, (boxed, boxed_all), gen, rec)
+    run.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    procs.sum_gradients(run.params)  # every process now holds the global batch's gradient
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, cfg.grad_clip))
+    run.opt.step()
+    state["step"] += 1
+    rec.update(loss=logged["loss"], grad_norm=grad_norm, seconds=time.perf_counter() - run.t_start)
+    for w in health(maps, [f.grid_hw for f in items], grad_norm):  # this process's share of the batch
+        if procs.is_main:
+            logger.warning("step %d: %s", step + 1, w)
+        state["warnings"].append({"step": step + 1, "warning": w})
+    return rec
+
+
+def _stage2_loss(run: _Run, items: list[Features], batch: list[Features], maps: dict, boxed: tuple[int, int],
+                 gen: torch.Generator, rec: dict) -> tuple[torch.Tensor, dict]:
+    """Stage 2's loss on this process's share (answer + budget penalty [+ ranking]); fills `rec`'s stage-2 keys."""
+    cfg, procs, step = run.cfg, run.procs, run.state["step"]
+    budget = cfg.budgets[int(torch.randint(len(cfg.budgets), (1,), generator=gen))]
+    t0, t1 = cfg.mask_temperature
+    temperature = t0 * (t1 / t0) ** (step / max(1, cfg.steps - 1))
+    ans, penalty, share = answer_loss(run.wrapper, items, maps["relevance"], budget, temperature)
+    ans, penalty = procs.weigh(ans, len(items), len(batch)), procs.weigh(penalty, len(items), len(batch))
+    loss = ans + cfg.budget_weight * penalty
+    if cfg.rank_weight:
+        rank = procs.weigh(ranking_loss(maps["relevance"], maps["valid"], maps["target"], cfg.tau), *boxed)
+        loss = loss + cfg.rank_weight * rank
+    logged = procs.sum_values({"loss": float(loss.detach()), "answer_loss": float(ans.detach()),
+                               "soft_kept_share": procs.weigh(share, len(items), len(batch)),
+                               **({"ranking_loss": float(rank.detach())} if cfg.rank_weight else {})})
+    if cfg.rank_weight:
+        rec.update(ranking_loss=logged["ranking_loss"])
+    rec.update(budget=budget, temperature=temperature, soft_kept_share=logged["soft_kept_share"],
+               answer_loss=logged["answer_loss"])
+    return loss, logged
+
+
+def _log_step(run: _Run, rec: dict, bar) -> None:
+    """After a step: validate and checkpoint when due (rank 0), log the step's record, move the progress bar."""
+    cfg, state = run.cfg, run.state
+    if (state["step"] % cfg.eval_every == 0 or state["step"] == cfg.steps) and run.procs.is_main:
+        rec["val_coverage"] = validate(run.layer, run.val_set)
+        bar.write(f"[stage {cfg.stage} step {state['step']}] loss {rec['loss']:.3f} val coverage "
+                  + " ".join(f"{b}:{c:.3f}" for b, c in rec["val_coverage"].items()))
+        save(run.layer, run.opt, state, cfg, run.state_path, run.card)
+    state["log"].append(rec)
+    bar.set_postfix(loss=f"{rec['loss']:.3f}")
+    bar.update(1)
+
+
+def _finish(run: _Run, progress: bool) -> None:
+    """End of the run on rank 0: fit the budget spread once the stage is complete, and save."""
+    from tqdm import tqdm
+
+    cfg, state = run.cfg, run.state
+    if state["step"] >= cfg.steps:
+        state["budget_spread"] = calibrate_budget_spread(run.layer, run.train_set, cfg.spread_tau, cfg.budget_follows,
+                                                         cfg.spread_bounds, cfg.spread_per_cell)
+        if progress and cfg.spread_tau > 0:
+            tqdm.write("budget follows the question: cells by {source} (median {median_cells:.1f}) / reference "
+                       "{reference:.2f}, clipped to [{low}, {high}], at most {per_cell} tokens per cell"
+                       .format(**state["budget_spread"]))
+    save(run.layer, run.opt, state, cfg, run.state_path, run.card)
 
 
 @torch.no_grad()

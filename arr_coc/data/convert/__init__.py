@@ -92,6 +92,20 @@ def convert(dataset: str, src: str | Path, out: str | Path, images: str | Path |
     ValueError) naming the file and the field when a file is not in the expected layout.
     """
     module = converter(dataset)
+    given = _check_options(dataset, module, extra, split, limit)
+    src, out = Path(src), Path(out)
+    root = _images_root(dataset, module, src, images)
+    report = ConvertReport()
+    inputs = Inputs(src=src, images=root, split=split, extra=given, log=report.log)
+    placer = Images(root, out, image_mode)
+    kept = _collect(module, inputs, placer, report, src, root, out, limit)
+    _write(report, kept, src, out)
+    return report
+
+
+def _check_options(dataset: str, module: ModuleType, extra: dict[str, str | Path | None], split: str | None,
+                   limit: int | None) -> dict[str, Path]:
+    """Check the other input files against the data set's, --limit and --split; -> the given files as Paths."""
     unknown = [k for k in extra if k not in EXTRA_INPUTS]
     if unknown:
         raise ValueError(f"unknown input(s) {unknown}; the converters take {', '.join(EXTRA_INPUTS)}")
@@ -107,14 +121,21 @@ def convert(dataset: str, src: str | Path, out: str | Path, images: str | Path |
         raise ValueError(f"--limit must be at least 1, got {limit}")
     if split is not None:
         check_split_name(split)
-    src, out = Path(src), Path(out)
+    return given
+
+
+def _images_root(dataset: str, module: ModuleType, src: Path, images: str | Path | None) -> Path:
+    """The images folder: `images`, else the data set's default next to SRC; it must exist."""
     root = Path(images) if images is not None else default_images(module, src)
     if not root.is_dir():
         raise FileNotFoundError(f"no images folder at {root}; pass --images FOLDER, the folder holding the "
                                 f"{dataset} image files")
-    report = ConvertReport()
-    inputs = Inputs(src=src, images=root, split=split, extra=given, log=report.log)
-    placer = Images(root, out, image_mode)
+    return root
+
+
+def _collect(module: ModuleType, inputs: Inputs, placer: Images, report: ConvertReport, src: Path, root: Path,
+             out: Path, limit: int | None) -> dict[str, list[dict[str, Any]]]:
+    """Every split's records to write (the first `limit` kept of each), logging what is dropped or noted."""
     kept: dict[str, list[dict[str, Any]]] = {}
     seen: set[tuple[str, str]] = set()
     sizes: dict[str, tuple[int, int] | None] = {}   # image file -> (width, height), read once
@@ -129,32 +150,47 @@ def convert(dataset: str, src: str | Path, out: str | Path, images: str | Path |
             report.skipped[f"duplicate id in {rec_split}"] += 1
             report.log.add("record dropped: duplicate id", f"{where}: 'id' already written to {rec_split}")
             continue
-        name = rec["image"]
-        placed = placer.place(name)
-        if placed is None:
-            report.skipped[f"image not found under {root}"] += 1
-            report.first_missing_image = report.first_missing_image or placer.path(name)
-            report.log.add("record dropped: image not found", f"{where}: 'image' {name!r} is not under {root}")
+        checked = _check_record(rec, where, placer, report, root, out, sizes)
+        if checked is None:
             continue
-        rec = {**rec, "image": placed}
-        note, stated = rec.pop("_note", None), rec.pop("_size", None)
-        actual = _file_size(placer.path(name), sizes) if rec.get("boxes") and stated is not None else None
-        if actual is not None and (abs(actual[0] - stated[0]) >= 1 or abs(actual[1] - stated[1]) >= 1):
-            report.log.add("boxes left out: the data's image size is not the file's",
-                           f"{where}: boxes are for a {stated[0]:g}x{stated[1]:g} image, but {name} is "
-                           f"{actual[0]}x{actual[1]}")
-            rec.pop("boxes")   # pixels of another size: wrong cells; the question and answers stand
-        try:
-            parse_record(rec, out, check_image=False)   # the reader's own check, before anything is written
-        except ValueError as exc:
-            report.skipped[f"not a valid record ({exc})"] += 1
-            report.log.add("record dropped: not a valid record", f"{where}: {exc}")
-            continue
+        rec, note = checked
         seen.add((rec_split, rec["id"]))
         rows.append(rec)
         if note:
             report.notes[note] += 1
             report.log.add(f"note: {note}", f"{where}")
+    return kept
+
+
+def _check_record(rec: dict[str, Any], where: str, placer: Images, report: ConvertReport, root: Path, out: Path,
+                  sizes: dict[str, tuple[int, int] | None]) -> tuple[dict[str, Any], Any] | None:
+    """A record with its image placed and boxes checked -> (record, note); None (logged) when it is dropped."""
+    name = rec["image"]
+    placed = placer.place(name)
+    if placed is None:
+        report.skipped[f"image not found under {root}"] += 1
+        report.first_missing_image = report.first_missing_image or placer.path(name)
+        report.log.add("record dropped: image not found", f"{where}: 'image' {name!r} is not under {root}")
+        return None
+    rec = {**rec, "image": placed}
+    note, stated = rec.pop("_note", None), rec.pop("_size", None)
+    actual = _file_size(placer.path(name), sizes) if rec.get("boxes") and stated is not None else None
+    if actual is not None and (abs(actual[0] - stated[0]) >= 1 or abs(actual[1] - stated[1]) >= 1):
+        report.log.add("boxes left out: the data's image size is not the file's",
+                       f"{where}: boxes are for a {stated[0]:g}x{stated[1]:g} image, but {name} is "
+                       f"{actual[0]}x{actual[1]}")
+        rec.pop("boxes")   # pixels of another size: wrong cells; the question and answers stand
+    try:
+        parse_record(rec, out, check_image=False)   # the reader's own check, before anything is written
+    except ValueError as exc:
+        report.skipped[f"not a valid record ({exc})"] += 1
+        report.log.add("record dropped: not a valid record", f"{where}: {exc}")
+        return None
+    return rec, note
+
+
+def _write(report: ConvertReport, kept: dict[str, list[dict[str, Any]]], src: Path, out: Path) -> None:
+    """Write each split's JSONL and the log (or remove an earlier run's), filling `report`; none to write: raise."""
     if not any(kept.values()):
         raise ValueError(f"no record to write from {src}\n{report.summary()}".rstrip())
     for name, rows in kept.items():
@@ -168,7 +204,6 @@ def convert(dataset: str, src: str | Path, out: str | Path, images: str | Path |
         report.log_file = log_file
     elif log_file.exists():
         log_file.unlink()   # an earlier run's log would describe other records
-    return report
 
 
 def default_images(module: ModuleType, src: Path) -> Path:
