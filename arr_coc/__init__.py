@@ -40,7 +40,7 @@ _EXPORTS = {
     "InputLimits": "arr_coc.inputs",
     "LIMITS": "arr_coc.inputs",
     "Clip": "arr_coc.video.clip",
-    "load_clip": "arr_coc.video.decode",
+    "load_clip": "arr_coc.video.reading",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from .qwen import ARRCOCQwen, Trace
     from .texture import channel_names, generate_texture_array
     from .video.clip import Clip
-    from .video.decode import load_clip
+    from .video.reading import load_clip
 
 
 def __getattr__(name: str):

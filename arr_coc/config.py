@@ -144,7 +144,7 @@ class TemporalConfig:
     static_threshold: float = 0.02  # mean |colour change| of a cell under which it did not change
     static_weight: float = 0.25    # score multiplier of an unchanged cell (its earlier token stands in)
     time_cue: float = 2.0          # how far words about the start / end tilt the budget in time
-    min_per_group: int = 1         # every group keeps at least this many cells
+    min_per_group: int = 1         # every group keeps at least this many cells (and one at the least)
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.decay < 1.0, f"temporal decay={self.decay} must be in [0, 1)")

@@ -35,6 +35,7 @@ import dataclasses
 import math
 import numbers
 import os
+import re
 import unicodedata
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
@@ -272,9 +273,11 @@ def _open_file(f: Any, size: int, path: str | None, limits: InputLimits, shown: 
                              "Save the image smaller (JPEG, or fewer pixels) and try again.", "file_too_large")
         try:
             im = Image.open(f)
-        except Image.DecompressionBombError:
-            raise InputError(f"The image is too large to decode safely (its header declares more than "
-                             f"{2 * Image.MAX_IMAGE_PIXELS / 1e6:.0f} MP; the limit is "
+        except Image.DecompressionBombError as exc:
+            declared = re.search(r"\((\d+) pixels\)", str(exc))   # PIL's message holds the header's own size
+            says = f"{int(declared.group(1)) / 1e6:,.0f} MP" if declared else \
+                f"more than {2 * Image.MAX_IMAGE_PIXELS / 1e6:.0f} MP"
+            raise InputError(f"The image is too large to decode safely (its header declares {says}; the limit is "
                              f"{limits.max_decode_pixels / 1e6:.0f} MP). Downscale it and try again.",
                              "image_too_large") from None
         except Cancelled:
@@ -471,16 +474,19 @@ def check_items(images: list[list[Any]], questions: list[Any], limits: InputLimi
     with `sampling` (`arr_coc.qwen.processing.video_sampling(processor)`: the model's own rule) and returned
     as Clips, in place."""
     from .video.clip import Clip
-    from .video.decode import is_video_path
+    from .video.animation import animated_note, animation_frames
+    from .video.reading import is_clip_path
 
     out_images, out_questions, notes = [], [], []
     for ims, q in zip(images, questions):
         text, q_notes = check_question(q, limits)
         checked = []
         for im in ims:
-            if isinstance(im, Clip) or is_video_path(im):
+            if isinstance(im, Clip) or is_clip_path(im):
                 checked.append(check_clip(im, limits, name=os.fspath(im) if not isinstance(im, Clip) else None,
                                           sampling=sampling))
+                if not isinstance(im, Clip) and animation_frames(im):
+                    q_notes.append(animated_note(im))
                 continue
             if type(im).__module__.startswith(("torch", "numpy")):
                 checked.append(im)   # an array: the processor's business
@@ -511,7 +517,7 @@ def check_clip(value: Any, limits: InputLimits = LIMITS, name: str | None = None
     sampling will keep (`max_clip_pixels`). A one-frame clip is refused: it is a picture, pass it as an image.
     """
     from .video.clip import Clip
-    from .video.decode import check_path, load_clip, probe_video, sample_indices
+    from .video.reading import load_clip
 
     sampling = dict(sampling or {})
     rate = sampling.pop("frame_rate", None)
@@ -522,15 +528,7 @@ def check_clip(value: Any, limits: InputLimits = LIMITS, name: str | None = None
     elif isinstance(value, (str, os.PathLike)):
         path = os.fspath(value)
         shown = repr(name) if name else "the uploaded video"
-        size = check_path(path, shown)
-        if size > limits.max_video_file_bytes:
-            raise InputError(f"The video file is {size:,} bytes, over the {limits.max_video_file_bytes / 2**20:.0f} MB "
-                             "limit. Cut it shorter or save it smaller and try again.", "file_too_large")
-        info = probe_video(path, name=shown, frame_rate=rate)
-        _check_frame(info.width, info.height, limits)
-        if info.frames:
-            kept = len(sample_indices(info.frames, info.fps, **sampling))
-            _check_clip_pixels(kept, info.width, info.height, limits)
+        check_video_file(path, limits, name, sampling, rate)
         clip = load_clip(path, frame_rate=rate, name=shown, **sampling)
     elif value is None:
         raise InputError("No video: give a video file, a list of frames or an arr_coc.video.Clip.", "video_missing")
@@ -541,11 +539,51 @@ def check_clip(value: Any, limits: InputLimits = LIMITS, name: str | None = None
     if n < limits.min_frames:
         raise InputError(f"The video has {n} frame{'s' if n != 1 else ''}: a one-frame clip is an image, pass it as an "
                          f"image (a video needs at least {limits.min_frames} frames).", "video_too_short")
-    if n > limits.max_frames:
-        raise InputError(f"The video has {n} frames, more than the {limits.max_frames} a video may keep: sample it "
-                         f"(fps=2.0, or num_frames={limits.max_frames} or fewer).", "video_too_long")
-    _check_clip_pixels(n, clip.width, clip.height, limits)
+    if n > limits.max_frames:        # a clip sampled already, as a file is: kept to the cap, evenly, as a file is
+        clip = cap_frames(clip, limits.max_frames)
+    _check_clip_pixels(clip.num_frames, clip.width, clip.height, limits)
     return clip
+
+
+def cap_frames(clip: Clip, most: int) -> Clip:
+    """`clip` with at most `most` frames (an even count: whole temporal groups), evenly spread over its frames, as
+    sampling a file with max_frames keeps them."""
+    import numpy as np
+
+    from .video.clip import Clip
+
+    keep = max(2, most - most % 2)
+    at = np.linspace(0, clip.num_frames - 1, keep).round().astype(np.int64)
+    return Clip(frames=np.ascontiguousarray(clip.frames[at]), timestamps=clip.timestamps[at], fps=clip.fps,
+                source=clip.source, indices=clip.indices[at], total_frames=clip.total_frames)
+
+
+def check_video_file(path: str | os.PathLike, limits: InputLimits = LIMITS, name: str | None = None,
+                     sampling: Mapping[str, Any] | None = None, frame_rate: float | None = None) -> None:
+    """A video file's checks that need no decoding (its path, size and header: frame size, the pixels the sampling
+    will keep), so a command can refuse a bad clip before it loads a model. InputError."""
+    from .video.animation import is_animation
+    from .video.decode import check_path, probe_video, sample_indices
+
+    path = os.fspath(path)
+    shown = repr(name) if name else "the uploaded video"
+    size = check_path(path, shown)
+    if size > limits.max_video_file_bytes:
+        raise InputError(f"The video file is {size:,} bytes, over the {limits.max_video_file_bytes / 2**20:.0f} MB "
+                         "limit. Cut it shorter or save it smaller and try again.", "file_too_large")
+    if is_animation(path):      # an animation: its frames' size from its header; its length once read
+        from PIL import Image
+
+        with Image.open(path) as im:
+            _check_frame(im.width, im.height, limits)
+        return
+    info = probe_video(path, name=shown, frame_rate=frame_rate)
+    _check_frame(info.width, info.height, limits)
+    sampling = dict(sampling or {})
+    sampling.setdefault("max_frames", limits.max_frames)
+    if info.frames:
+        kept = len(sample_indices(info.frames, info.fps, **sampling))
+        _check_clip_pixels(kept, info.width, info.height, limits)
 
 
 def _check_frame(w: int, h: int, limits: InputLimits) -> None:

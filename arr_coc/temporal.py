@@ -141,18 +141,27 @@ def clip_signals(relevance: torch.Tensor, colours: torch.Tensor, question: str |
 
 def allocate(score: torch.Tensor, k: int, min_per_group: int = 1) -> torch.Tensor:
     """score [t, h, w] -> keep mask [t, h, w]: the top-k cells of the clip, at least `min_per_group` per group
-    (those first: each group's best), ties broken by raster order over (t, h, w)."""
+    (those first: each group's best), ties broken by raster order over (t, h, w).
+
+    The clip's minimum is one cell per group whatever `min_per_group` and `k` say (a temporal group keeps its place
+    in the prompt: a unit the language model reads holds at least one token), so a budget below it keeps exactly
+    that minimum, never more (`minimum_count`; the trace says so)."""
     t = score.shape[0]
     flat = score.reshape(t, -1).float()
     n = flat.shape[1]
-    k = max(1, min(int(k), t * n))
-    floor = min(min_per_group, n, k // t if t else 0)
+    floor = max(1, min(int(min_per_group), n))
+    k = max(floor * t, min(int(k), t * n))
     forced = torch.zeros_like(flat, dtype=torch.bool)
     if floor > 0:
         forced.scatter_(1, flat.topk(floor, dim=1, sorted=False).indices, True)
     ranked = torch.where(forced, torch.full_like(flat, float("inf")), flat).reshape(-1)
     top = torch.sort(ranked, descending=True, stable=True).indices[:k]
     return torch.zeros_like(ranked, dtype=torch.bool).index_fill_(0, top, True).reshape(score.shape)
+
+
+def minimum_count(t: int, n: int, min_per_group: int = 1) -> int:
+    """The fewest cells a clip of t groups of n cells keeps: `allocate`'s floor (at least one per group)."""
+    return t * max(1, min(int(min_per_group), n))
 
 
 def spread_clip(relevance: torch.Tensor, colours: torch.Tensor, question: str | None, k: int,
@@ -163,5 +172,5 @@ def spread_clip(relevance: torch.Tensor, colours: torch.Tensor, question: str | 
     return allocate(signals.score, k, config.min_per_group), signals
 
 
-__all__ = ["ClipSignals", "TemporalConfig", "allocate", "carry_matrix", "cell_colours", "clip_signals",
+__all__ = ["ClipSignals", "TemporalConfig", "allocate", "minimum_count", "carry_matrix", "cell_colours", "clip_signals",
            "motion_of", "scene_cuts", "spread_clip", "time_weights"]

@@ -95,13 +95,27 @@ Asked = AskedImage | AskedClip
 
 
 def open_asked(image: Any, video: Any, limits: InputLimits, sampling: dict[str, Any]) -> Asked:
-    """The request's visual: the clip when one was sent, else the image (opened, not decoded yet)."""
-    from arr_coc.inputs import check_clip
-    from microscope.inputs import open_upload
+    """The request's visual: the clip or the image, whichever was sent (opened, not decoded yet); both, or an upload
+    the app did not receive, is refused with what to do. An animated GIF / PNG is a clip wherever it is sent (as
+    `generate` reads its path)."""
+    from arr_coc.inputs import InputError, check_clip
+    from arr_coc.video.reading import is_clip_path
+    from microscope.inputs import Refused, Unreadable, open_upload
 
-    if video:
-        path = video if isinstance(video, str) else getattr(video, "path", None) or (video or {}).get("path")
-        return AskedClip(check_clip(path, limits, name=None, sampling=sampling))
+    if video and image:
+        raise InputError("Both an image and a video were sent: ask about one of them (clear the other box, or pass "
+                         "image=None or video=None through the API).", "two_visuals")
+    if isinstance(video, Unreadable):
+        raise InputError(str(video) if isinstance(video, Refused) else f"Could not read the video ({video}).",
+                         "video_refused")
+    clip = video or (image if isinstance(image, str) and not isinstance(image, Unreadable) and is_clip_path(image)
+                     else None)
+    if clip:
+        from arr_coc.video.animation import animated_note
+
+        path = clip if isinstance(clip, str) else getattr(clip, "path", None) or (clip or {}).get("path")
+        notes = [] if clip is video else [animated_note(path)]
+        return AskedClip(check_clip(path, limits, name=None, sampling=sampling), notes)
     return AskedImage(open_upload(image, limits))
 
 

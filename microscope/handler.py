@@ -137,7 +137,7 @@ def _ask(scope: Microscope, image: Any, question: Any, arr_on: Any, budget: Any,
     notes: list[str] = []
     configs = read_configs(scope, method, *choices, notes=notes)
     question, q_notes = check_question(question, scope.limits)
-    asked = open_asked(image, video, scope.limits, video_sampling(scope.wrapper.processor))
+    asked = open_asked(image, video, scope.limits, video_sampling(scope.wrapper_for(None, "clip").processor))
     if asked.kind == "clip":
         configs = _for_a_clip(method, configs, notes)
     request = _Request(question, arr_on, budget, adaptive, method, configs, q_notes + notes)
@@ -189,7 +189,8 @@ def _answer(scope: Microscope, asked: Asked, request: _Request) -> Result:
                                 request.question, scope.wrapper.tokenizer)
     if asked.kind == "clip":
         notes.append(f"A video: {asked.clip.num_frames} frames sampled, {len(base.trace.kept_per_image)} temporal "
-                     "groups.")
+                     f"groups, answered by {scope.model_for('clip')}.")
+    notes += list(dict.fromkeys(n for p in pruned if p.run is not None for n in p.run.trace.notes))
     _count_flops(scope, base, pruned)
     return _result(scope, asked, request, base, pruned, notes)
 
@@ -249,7 +250,8 @@ def _generate(scope: Microscope, wrapper: ARRCOCQwen, asked: Asked, question: st
         got = wrapper.respond([asked.visual], [question], pruning, max_new_tokens=scope.max_new_tokens)
     finally:
         scope.lock.release()
-    return Run(answer=str(got.answers[0]).strip(), trace=got.traces[0], counted=counted, answered=got.answered)
+    return Run(answer=str(got.answers[0]).strip(), trace=got.traces[0], counted=counted, wrapper=wrapper,
+               answered=got.answered)
 
 
 def _run_pruned(scope: Microscope, config: RunConfig, asked: Asked, request: _Request, base: Run, notes: list[str],
@@ -292,8 +294,8 @@ def _count_flops(scope: Microscope, base: Run, pruned: list[Pruned]) -> None:
     from arr_coc.evaluation.cost import item_flops
 
     token = current_token()
-    runs = [(scope.wrapper, base, 0.0)] + [(scope.layers[p.config.layer], p.run, p.config.encode.gist)
-                                            for p in pruned if p.run is not None]
+    runs = [(base.wrapper, base, 0.0)] + [(p.run.wrapper, p.run, p.config.encode.gist)
+                                          for p in pruned if p.run is not None]
     try:
         if not scope.count_flops or (token is not None and token.cancelled):
             return
@@ -307,7 +309,7 @@ def _count_flops(scope: Microscope, base: Run, pruned: list[Pruned]) -> None:
         logger.exception("counting FLOPs failed; the page shows '-'")
     finally:
         for _, run, _ in runs:   # the selector's context and the prompt's tensors are not kept past the request
-            run.counted, run.answered = None, None
+            run.counted, run.answered, run.wrapper = None, None, None
 
 
 # ----------------------------------------------------------------------------- files

@@ -150,14 +150,18 @@ def _url_of(payload: Any) -> str | None:
     return text if text.startswith(("http://", "https://")) else None
 
 
+FILE_INPUTS = {0: "image", CLIP_INPUT: "video"}   # the page's inputs that carry an uploaded file
+
+
 def _take_requests_as_the_api_describes_them(demo: gr.Blocks) -> gr.Blocks:
     """Make this Blocks instance read `ask` requests as docs/APP.md describes them, before Gradio's own checks.
 
     - Inputs left out are optional: a raw HTTP call with only the image and the question gets None for the
       rest, which the handler reads as the defaults (Gradio refuses a short list with `{"error": null}`).
-    - An image URL is not fetched (no outbound requests from a public Space): the handler says so.
-    - An image payload Gradio cannot take in (a path outside the app's folders, a malformed file object)
-      reaches the handler as `Refused`, with a message that names no server path.
+    - An image or video URL is not fetched (no outbound requests from a public Space): the handler says so.
+    - An image or video payload Gradio cannot take in (a path outside the app's folders, a string that was never
+      uploaded, a malformed file object) reaches the handler as `Refused`, with a message that names no server
+      path, whichever of the two it was.
     Patched on this one instance, like the components above.
     """
     stock = demo.preprocess_data
@@ -166,25 +170,47 @@ def _take_requests_as_the_api_describes_them(demo: gr.Blocks) -> gr.Blocks:
         if getattr(block_fn, "api_name", None) != "ask":
             return await stock(block_fn, inputs, state, explicit_call)
         inputs = list(inputs) + [None] * (len(block_fn.inputs) - len(inputs))
-        problem = URL_REFUSED if _url_of(inputs[0]) else None
-        if problem:
-            inputs[0] = None
-        try:
-            processed = await stock(block_fn, inputs, state, explicit_call)
-        except Exception as exc:  # noqa: BLE001 - only the image payload can fail here (the rest are patched)
-            if inputs[0] is None:
-                raise
-            logger.info("an image payload was refused before the handler: %s", type(exc).__name__)
-            problem = NOT_UPLOADED if type(exc).__name__ == "InvalidPathError" else (
-                f"The image could not be taken in ({type(exc).__name__}): upload the file again.")
-            inputs[0] = None
-            processed = await stock(block_fn, inputs, state, explicit_call)
-        if problem:
-            processed[0] = Refused(problem)
+        problems = {at: _url_refused(what) for at, what in FILE_INPUTS.items() if _url_of(inputs[at])}
+        for at in problems:
+            inputs[at] = None
+        processed, refused = await _preprocess_refusing(stock, block_fn, inputs, state, explicit_call)
+        problems.update(refused)
+        for at, problem in problems.items():
+            processed[at] = Refused(problem)
         return processed
 
     demo.preprocess_data = preprocess_data
     return demo
+
+
+async def _preprocess_refusing(stock: Callable, block_fn: Any, inputs: list, state: Any, explicit_call: bool
+                               ) -> tuple[list, dict[int, str]]:
+    """Gradio's preprocess; when it fails on a file input, the same without the file that failed (tried one at a
+    time, then both) -> (what it produced, {input: why it was refused})."""
+    try:
+        return await stock(block_fn, inputs, state, explicit_call), {}
+    except Exception as exc:  # noqa: BLE001 - only a file payload can fail here (the rest are patched)
+        files = [at for at in FILE_INPUTS if inputs[at] is not None]
+        for bad in [[at] for at in files] + ([files] if len(files) > 1 else []):
+            trial = [None if i in bad else v for i, v in enumerate(inputs)]
+            try:
+                processed = await stock(block_fn, trial, state, explicit_call)
+            except Exception:  # noqa: BLE001 - not this one: try the next
+                continue
+            logger.info("a file payload was refused before the handler: %s", type(exc).__name__)
+            return processed, {at: _not_taken(FILE_INPUTS[at], exc) for at in bad}
+        raise
+
+
+def _url_refused(what: str) -> str:
+    return URL_REFUSED if what == "image" else URL_REFUSED.replace("images", "videos").replace("the image", "the video")
+
+
+def _not_taken(what: str, exc: BaseException) -> str:
+    """Why a file payload was refused: never uploaded (a server path, a plain string), or malformed."""
+    if type(exc).__name__ == "InvalidPathError" or what == "video":
+        return NOT_UPLOADED.replace("upload the image", f"upload the {what}")
+    return f"The {what} could not be taken in ({type(exc).__name__}): upload the file again."
 
 
 def _maybe_gpu(fn: Callable) -> Callable:
@@ -274,9 +300,10 @@ def _make_request_runner(scope: Microscope, demo: gr.Blocks) -> Callable:
             finally:
                 release_memory()
 
-    async def run_ask(image, question, arr_coc, budget, adaptive, method, encode, layer, compare_layer,
-                      compare_encode, gist, margin, periphery, video=None, looks=None, threshold=None,
-                      request: gr.Request = None):
+    async def run_ask(image=None, question=None, arr_coc=None, budget=None, adaptive=None, method=None, encode=None,
+                      layer=None, compare_layer=None, compare_encode=None, gist=None, margin=None, periphery=None,
+                      video=None, looks=None, threshold=None, request: gr.Request = None):
+        # every input optional for an API client (the handler reads None as the page's default): issue 49
         token = CancelToken()
         job = asyncio.get_running_loop().run_in_executor(
             workers, work, token, (image, question, arr_coc, budget, adaptive, method, encode, layer, compare_layer,
@@ -308,8 +335,9 @@ def _introduction(scope: Microscope) -> str:
         "Ask a question about an image. The **baseline** VLM reads every visual token; **config A** (ARR-COC "
         "by default) and **config B** (ARR-COC with another layer or encoding) keep only the tokens their "
         "relevance ranks highest for this question, and with *encode before* the vision tower encodes only "
-        f"those. Every answer comes from the same model (`{scope.model_name}`), one instrumented run each. "
-        f"ARR-COC layers: {', '.join(scope.layers)}."
+        f"those. Every answer comes from the same model (`{scope.model_name}`), one instrumented run each"
+        + (f"; a clip's from the model made for clips (`{scope.clip_model_name}`)" if scope.clip_wrappers else "")
+        + f". ARR-COC layers: {', '.join(scope.layers)}."
     )
 
 
@@ -456,6 +484,13 @@ def _build_galleries() -> dict[str, Any]:
     return dict(maps=maps, channels=channels)
 
 
+def _clear_if_set(value: Any) -> Any:
+    """The other visual's box: emptied when this one was given a file, left as it is when this one was cleared."""
+    import gradio as gr
+
+    return gr.update(value=None) if value else gr.update()
+
+
 def _wire_events(scope: Microscope, shown: _Inputs, results: _Outputs, run_ask: Callable, concurrency: int) -> None:
     """The page's events (in the current context, the Blocks): the layer swaps on a change of encode mode
     or gist, and `ask` (api_name="ask") on the button or on submitting the question."""
@@ -470,6 +505,10 @@ def _wire_events(scope: Microscope, shown: _Inputs, results: _Outputs, run_ask: 
                   value=layer_for_mode(scope, name, mode, share)),
               inputs=[mode_box, layer_box, shown.gist], outputs=layer_box, concurrency_limit=1,
               concurrency_id="layer-for-mode", api_visibility="private")
+    # What is asked about is what the page shows (issue 49): choosing an image (an upload, an example) clears the
+    # clip box, and uploading a clip clears the image, so a clip left behind never answers for a new image.
+    shown.image.change(_clear_if_set, inputs=shown.image, outputs=shown.video, queue=False, api_visibility="private")
+    shown.video.change(_clear_if_set, inputs=shown.video, outputs=shown.image, queue=False, api_visibility="private")
     outputs = results.in_order()
     assert len(outputs) == len(OUTPUT_NAMES)
     inputs = shown.in_api_order()

@@ -82,6 +82,7 @@ def _periphery(t: Trace) -> str:
 
 # (row name, value for the baseline, value for a pruned run); pruned values get (run, its config, the baseline)
 ROWS: list[tuple[str, Callable[[Run], str], Callable[[Run, Any, Run], str]]] = [
+    ("model (answered)", lambda b: b.trace.model or "-", lambda r, c, b: r.trace.model or "-"),
     ("method", lambda b: "none (all tokens)", lambda r, c, b: str(r.trace.method)),
     ("ARR-COC layer", lambda b: "-", lambda r, c, b: c.layer if str(c.method).startswith("arr_coc") else "-"),
     ("encode", lambda b: "after", lambda r, c, b: c.encode_text()),

@@ -63,6 +63,8 @@ class Microscope:
     count_flops: bool = True         # count each run's FLOPs off the clock (arr_coc.evaluation.cost); --no-flops: off
     flops_memo: dict = field(default_factory=dict)                      # shape-only counts, shared by requests
     before_layer: str | None = None  # the layer trained for encode="before" (embedded model), by name, if offered
+    clip_wrappers: dict[str, ARRCOCQwen] = field(default_factory=dict)   # per layer name, on the clip model (if any)
+    clip_model_name: str = ""        # the model that answers clips, when it is not `model_name`'s
 
     @property
     def cell_px(self) -> int:
@@ -87,8 +89,17 @@ class Microscope:
         return (next(iter(self.more_layers)), "after") if self.more_layers else (self.layer_name, "before")
 
     def wrapper_for(self, layer: str | None, kind: str) -> ARRCOCQwen:
-        """The wrapper (model + layer) a run uses: the layer's (the server's own for the baseline)."""
-        return self.wrapper if layer is None else self.layers[layer]
+        """The wrapper (model + layer) a run uses: the layer's (None: the server's own, for the baseline), on the
+        model made for the input: a clip is answered by the clip model when the server has one (`clip_wrappers`,
+        the embedded model's video fine-tune by default), an image by the image model."""
+        name = self.layer_name if layer is None else layer
+        if kind == "clip" and self.clip_wrappers:
+            return self.clip_wrappers[name]
+        return self.layers[name]
+
+    def model_for(self, kind: str) -> str:
+        """How the page names the model that answers this kind of input."""
+        return self.clip_model_name if kind == "clip" and self.clip_wrappers else self.model_name
 
 
 @dataclass
@@ -98,6 +109,7 @@ class Run:
     answer: str
     trace: Trace
     counted: Any = None              # the CountedSelector it ran (FLOPs), or None
+    wrapper: Any = None              # the ARRCOCQwen that ran it (its model answered; its backend counts the FLOPs)
     flops: Flops | None = None       # filled off the clock by `_count_flops`
     answered: Answered | None = None  # the pipeline's record of the run (its prompt, every look), for the FLOPs
 

@@ -64,6 +64,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compare-arr-coc", dest="compare_arr_coc", action="append", default=[], metavar="PATH",
                    help="another ARR-COC layer folder (or 'untrained') the page offers for config A and B, to compare "
                         "checkpoints side by side; repeat for more (config B defaults to the first)")
+    p.add_argument("--video-model", dest="video_model", default="auto",
+                   help="the model that answers clips: a folder or hub id, 'same' (--model answers clips too), or "
+                        "'auto' (default: the embedded model's video fine-tune, checkpoints/shapes-qwen2vl-video, when "
+                        "--model is the embedded model; else --model)")
     p.add_argument("--flops", action=argparse.BooleanOptionalAction, default=True,
                    help="count each run's FLOPs (vision tower, selector, LM prefill) off the clock (default on; "
                         "--no-flops for a large model on a CPU, where counting costs a second prefill)")
@@ -218,6 +222,37 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
                                           max_pixels=2 * LIMITS.max_decode_pixels))
 
 
+def clip_model_path(video_model: str | None, model: str | None) -> str | None:
+    """The model that answers clips: None when --model answers them too ('same', or 'auto' with a model of the
+    user's own: one made for both)."""
+    from arr_coc.paths import default_model_path
+
+    if video_model in (None, "same"):
+        return None
+    if video_model == "auto":
+        found = default_model_path(video=True)
+        return found if model is None and found != default_model_path() else None
+    return video_model
+
+
+def add_clip_model(scope: Microscope, path: str | None) -> None:
+    """Load the clip model (issue 49: a clip is answered by the model made for clips, and the page says which):
+    one wrapper per layer the server offers, each with that layer, on the clip model. LoadError when it cannot."""
+    if path is None:
+        return
+    from arr_coc import ARRCOCQwen
+
+    try:
+        first = ARRCOCQwen.from_pretrained(path, arr_coc=scope.wrapper.arr_coc_layer, device=scope.wrapper.device,
+                                           dtype=scope.wrapper.model.dtype)
+        scope.clip_wrappers = {name: ARRCOCQwen(first.model, first.processor, arr_coc=w.arr_coc_layer, seed=w.seed,
+                                                name=first.name) for name, w in scope.layers.items()}
+    except (OSError, ValueError) as exc:
+        raise LoadError(f"--video-model: {load_failure(path, exc)}") from exc
+    scope.clip_model_name = path
+    logger.info("clips are answered by %s", path)
+
+
 # ----------------------------------------------------------------------------- serving
 
 
@@ -247,7 +282,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(str(exc)) from None
     try:
         add_layers(scope, shipped_before_layer(scope, args) + args.compare_arr_coc)
-    except ValueError as exc:
+        add_clip_model(scope, clip_model_path(args.video_model, args.model))
+    except (ValueError, LoadError) as exc:
         raise SystemExit(str(exc)) from None
     scope.count_flops = args.flops
     serve(build_demo(scope, concurrency=args.concurrency), host=args.host, port=args.port, share=args.share)

@@ -156,7 +156,7 @@ def make_bad_inputs(folder: Path) -> list[BadInput]:
         BadInput("unreadable", f(folder / "unreadable.png"), q, "Could not read the file as an image", True),
         BadInput("empty_file", f(folder / "empty.png"), q, "Could not read the file as an image", True),
         BadInput("truncated", f(folder / "truncated.png"), q, "truncated or damaged", True),
-        BadInput("animated", f(folder / "animated.gif"), q, "Animated image (3 frames)", False),
+        BadInput("animated", f(folder / "animated.gif"), q, "The animated image (3 frames) is read as a clip", False),
         BadInput("16bit", f(folder / "deep16.png"), q, "16-bit image", False),
         BadInput("cmyk", f(folder / "cmyk.jpg"), q, "CMYK image", False),
         BadInput("rgba", f(folder / "rgba.png"), q, "flattened onto a white background", False),

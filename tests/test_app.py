@@ -378,6 +378,28 @@ def test_client_asks_about_a_video(live, tmp_path):
     assert len(rows["tokens per temporal group"][0].split()) == 3
 
 
+def test_a_clip_needs_no_image_and_a_video_never_uploaded_is_refused_in_words(live, tmp_path):
+    """Issue 49: `video=handle_file(path)` alone is a whole request (every input is optional), and a video value the
+    app never received (a server path, a URL) gets a message, as an image does, never a bare error event."""
+    import numpy as np
+    from gradio_client import handle_file
+    from PIL import Image as PILImage
+
+    frames = [PILImage.fromarray(np.full((112, 140, 3), 40 * k, np.uint8)) for k in range(4)]
+    path = tmp_path / "clip.gif"
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=500)
+    out = live.predict(question="What changes?", video=handle_file(str(path)), api_name="/ask")
+    assert out[0] and "A video: 4 frames" in out[-1], out[-1]
+    from test_fuzz import raw_api
+
+    for value in ({"path": "/etc/hostname", "meta": {"_type": "gradio.FileData"}}, "/etc/hostname",
+                  {"path": "https://example.com/clip.mp4", "meta": {"_type": "gradio.FileData"}}):
+        data = [None, "What changes?"] + [None] * 11 + [value]
+        error = raw_api(live.src, data)[-1]
+        assert error.startswith("**Error:** The ") and ("not uploaded" in error or "URLs" in error), (value, error)
+        assert "/etc/hostname" not in error
+
+
 def test_client_keyword_call_as_documented(live):
     """The docs/APP.md example, keyword for keyword."""
     from gradio_client import handle_file

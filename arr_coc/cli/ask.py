@@ -67,9 +67,11 @@ class _Plan:
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
-    from arr_coc.inputs import InputError, check_max_new_tokens, check_question, open_image
+    from arr_coc.inputs import LIMITS, InputError, check_max_new_tokens, check_question, check_video_file, open_image
     from arr_coc.paths import CHECKPOINTS, default_model_path, resolve_layer
-    from arr_coc.pipeline.request import Pruning, check_encode, check_method
+    from arr_coc.pipeline.request import Pruning, check_encode, check_for_video, check_method
+    from arr_coc.video.animation import animated_note
+    from arr_coc.video.reading import is_clip_path
 
     run_on = runtime(args)  # a wrong device / dtype / attention name, or no GPU for cuda: said before anything loads
     model_path = args.model or default_model_path(video=args.video is not None)
@@ -85,6 +87,13 @@ def _plan(args: argparse.Namespace) -> _Plan:
     layer = resolve_layer(model_path, args.arr_coc, encode)
     if args.video is None and (args.fps is not None or args.num_frames is not None):
         raise InputError("--fps and --num-frames sample a video: pass --video PATH", "video_options")
+    if args.video is not None:       # issue 49: what a clip cannot be asked with, and its file, before the model loads
+        check_for_video(args.method, encode)
+        check_video_file(args.video, LIMITS, name=args.video, sampling=_sampling(args))
+    elif is_clip_path(args.image):   # an animated GIF / PNG is a clip wherever it is given (issue 49)
+        notes.append(animated_note(args.image))
+        args.video, args.image = args.image, None
+        check_for_video(args.method, encode)
     opened = open_image(args.image, name=args.image) if args.video is None else None
     none = args.method == "none"            # the budget was read by argparse (`budget_arg`): once
     pruning = Pruning.of(args.method, 1.0 if none else args.budget, args.budget_mode, None if none else encode,
@@ -142,7 +151,7 @@ def _print(args: argparse.Namespace, wrapper: Any, got: Any, visual: Any, questi
         result["frames"] = visual.num_frames
     if trace.looks:                            # --passes 2+: each look's cells, uncertainty and decision
         result["looks"] = [look.to_dict() for look in trace.looks]
-    result["notes"] = notes = notes + answer_notes(answer, question, wrapper.tokenizer)
+    result["notes"] = notes = notes + list(trace.notes) + answer_notes(answer, question, wrapper.tokenizer)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if args.json:
@@ -159,17 +168,24 @@ def _print(args: argparse.Namespace, wrapper: Any, got: Any, visual: Any, questi
               f"-> {'looked again' if look.saccade else 'stopped'}", file=sys.stderr)
 
 
-def load_video(args: argparse.Namespace, processor: Any) -> Any:
-    """The --video clip, checked by the one validator and sampled by the model's rule (--fps / --num-frames)."""
-    from arr_coc.inputs import check_clip, limits_for
+def _sampling(args: argparse.Namespace, processor: Any = None) -> dict[str, Any]:
+    """How --video is sampled: the model's own rule (its processor's; before it loads, Qwen's: 2 frames per
+    second), with --fps / --num-frames."""
     from arr_coc.qwen.processing import video_sampling
 
-    sampling = dict(video_sampling(processor))
+    sampling = dict(video_sampling(processor)) if processor is not None else {"fps": 2.0}
     if args.fps is not None:
         sampling["fps"] = args.fps
     if args.num_frames is not None:
         sampling["num_frames"] = args.num_frames
-    return check_clip(args.video, limits_for(processor), name=args.video, sampling=sampling)
+    return sampling
+
+
+def load_video(args: argparse.Namespace, processor: Any) -> Any:
+    """The --video clip, checked by the one validator and sampled by the model's rule (--fps / --num-frames)."""
+    from arr_coc.inputs import check_clip, limits_for
+
+    return check_clip(args.video, limits_for(processor), name=args.video, sampling=_sampling(args, processor))
 
 
 def refuse(exc: Exception) -> int:

@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=8, help="questions per forward pass (default: 8)")
     parser.add_argument("--seed", type=int, default=0, help="seed of random selections (default: 0)")
     parser.add_argument("--max-new-tokens", type=int, default=8, help="answer length limit (default: 8)")
-    parser.add_argument("--fastv-layer", type=int, default=2, help="FastV's scoring layer K, 1-based (default: 2)")
+    parser.add_argument("--fastv-layer", type=int, default=None,
+                        help="FastV's scoring layer K, 1-based (default: 2; images only: FastV cannot run on clips)")
     parser.add_argument("--arr-coc-weights", default=None,
                         help="folder of trained ARR-COC weights for arr_coc_trained (default: the layer shipped under "
                              "checkpoints/ when --model is the embedded model; otherwise skipped without it)")
@@ -63,6 +64,7 @@ def _plan(args: argparse.Namespace) -> tuple[Any, str, list, list[str], dict[str
     from arr_coc.evaluation.items import is_video_split, read_items
     from arr_coc.evaluation.loop import resolve_methods
     from arr_coc.inputs import InputError, check_max_new_tokens
+    from arr_coc.pipeline.request import LOOKS_REFUSAL
     from arr_coc.paths import (EMBEDDED_MODEL, UNTRAINED, LayerNotFound, check_layer_folder, default_model_path,
                                resolve_layer)
 
@@ -72,6 +74,13 @@ def _plan(args: argparse.Namespace) -> tuple[Any, str, list, list[str], dict[str
     except InputError as exc:
         fail(args, str(exc))
     video = is_video_split(args.data)
+    if video:   # issue 49: an option that cannot change a clip's result is refused, not ignored
+        if args.fastv_layer is not None:
+            _error("--fastv-layer sets FastV's layer, and FastV cannot run on a video split (it reads the unpruned "
+                   "prompt's layout): leave it out")
+        if encode_config(args).passes > 1:
+            _error(LOOKS_REFUSAL)
+    args.fastv_layer = 2 if args.fastv_layer is None else args.fastv_layer
     model = args.model or (default_model_path(video=True) if video else None) or EMBEDDED_MODEL
     if args.arr_coc_weights is None:   # the shipped trained layer for this encoding, embedded model only
         args.arr_coc_weights = resolve_layer(model, None, encode_config(args))

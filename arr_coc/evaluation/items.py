@@ -41,7 +41,7 @@ class ImageItem:
     def boxes(self) -> Any:
         return self.record.boxes
 
-    def load(self) -> Any:
+    def load(self, sampling: dict[str, Any] | None = None) -> Any:
         return self.record.load_image()
 
 
@@ -68,11 +68,13 @@ class ClipItem:
     def boxes(self) -> Any:
         return None        # per frame: `boxes_over_time` (the oracle reads it); no coverage for clips
 
-    def load(self) -> Any:
-        from ..shapes.video import load_clip_frames
-        from ..video import load_clip
+    def load(self, sampling: dict[str, Any] | None = None) -> Any:
+        """The clip read by the one clip reader and validator, as `generate` and `ask --video` read its file
+        (`arr_coc.inputs.check_clip`: an animation by its frames' durations, a video file by PyAV), sampled by the
+        model's rule (`sampling`, `VLMBackend.video_sampling`)."""
+        from ..inputs import check_clip
 
-        return load_clip(load_clip_frames(self.record["clip_path"]), frame_rate=float(self.record.get("fps", 2)))
+        return check_clip(self.record["clip_path"], sampling=sampling)
 
 
 Item = ImageItem | ClipItem

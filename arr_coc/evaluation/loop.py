@@ -138,6 +138,7 @@ class _Rows:
     latency: list[float] = dataclasses.field(default_factory=list)   # per item, one entry per batch
     fallback: list[str | None] = dataclasses.field(default_factory=list)   # per item: None | "grid" | "keep_all"
     looks: list[int] = dataclasses.field(default_factory=list)       # per item: passes it took (1: no saccade)
+    notes: list[list[str]] = dataclasses.field(default_factory=list)  # per item: the trace's notes (a budget raised)
     errors: list[str] = dataclasses.field(default_factory=list)      # distinct failures of the method
 
     def extend(self, other: _Rows) -> None:
@@ -171,7 +172,8 @@ class _Batch:
 
 
 def _load(wrapper: ARRCOCQwen, items: list[Item]) -> _Batch:
-    visuals = [it.load() for it in items]
+    sampling = wrapper.backend.video_sampling()
+    visuals = [it.load(sampling) for it in items]
     t0 = time.perf_counter()
     inputs = wrapper.build_inputs([[v] for v in visuals], [it.question for it in items])
     build_s = time.perf_counter() - t0
@@ -293,6 +295,8 @@ NOTES = {
     "total_tokens_mean": "visual tokens of the ORIGINAL visual (downscale reports its smaller image's "
                          "tokens as kept; a clip counts every temporal group's)",
     "keep_all": "a budget that keeps every token of every item runs no selector: that row repeats none",
+    "over_budget": "items that kept more visual tokens than the budget allows, and why (budget_notes): a clip's "
+                   "budget below its minimum of one token per temporal group keeps that minimum",
     "status": "ok, or failed (strict mode: the selector raised or kept every token of an item; see error)",
 }
 
@@ -366,6 +370,7 @@ def _record(rows: _Rows, wrapper: Any, plan: MethodPlan, item: Item, visual: Any
     from ..methods import downscale
 
     rows.looks.append(max(1, len(tr.looks)))
+    rows.notes.append(list(tr.notes))
     rows.correct.append(score_record(answer, item.record))
     rows.answers.append(answer)
     rows.coverage.append(None)
@@ -404,7 +409,8 @@ def summarise(method: str, budget: Budget, r: _Rows, error: str | None = None,
                 "prefill_flops_mean": None, "latency_s_median": None, "per_type": {}, "kept_share": None,
                 "selector_flops_mean": None, "n": 0, "n_with_boxes": 0, "fallbacks": {}, "correct": [],
                 "answers": [], "item_coverage": [], "item_kept": [], "item_encoded": [], "item_total": [],
-                "passes_mean": None, "saccade_share": None, "per_type_looks": {}, "item_looks": []}
+                "passes_mean": None, "saccade_share": None, "per_type_looks": {}, "item_looks": [],
+                "over_budget": 0, "budget_notes": []}
     by_type: dict[str, list[float]] = defaultdict(list)
     looks_by_type: dict[str, list[int]] = defaultdict(list)
     for t, c, n in zip(r.types, r.correct, r.looks):
@@ -446,4 +452,6 @@ def summarise(method: str, budget: Budget, r: _Rows, error: str | None = None,
         "item_encoded": list(r.encoded),    # cells the tower encoded at full resolution (after: the whole grid)
         "item_total": list(r.total),        # the full grid's merged cells
         "item_looks": list(r.looks),        # looks the item took (1: no saccade)
+        "over_budget": sum(1 for n in r.notes if n),
+        "budget_notes": list(dict.fromkeys(x for n in r.notes for x in n))[:3],
     }

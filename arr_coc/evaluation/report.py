@@ -119,18 +119,20 @@ def paired_table(report: dict[str, Any], method: str) -> str:
 
 def cost_table(report: dict[str, Any]) -> str:
     """Markdown: per row its encoding, budget, kept share, whole-prefill cost against every token, accuracy, the
-    paired interval against every token and the agreement with its answers (rows without a `none` row: '–')."""
-    lines = ["| method | encode | budget | kept | cost (whole prefill) | accuracy | vs full (95%) | agree |",
-             "|---|---|---|---|---|---|---|---|"]
+    paired interval against every token, the agreement with its answers (rows without a `none` row: '–') and how
+    many items kept more than the budget (a clip's minimum; `budget_notes` in the JSON says why)."""
+    lines = ["| method | encode | budget | kept | cost (whole prefill) | accuracy | vs full (95%) | agree | over budget |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         if r.get("status") == "failed":
             lines.append(f"| {r['method']} | {r.get('encode', 'after')} | {r['budget']} | failed: {r.get('error', '')} "
-                         "| | | | |")
+                         "| | | | | |")
             continue
         vs = r.get("vs_full")
         lines.append(f"| {r['method']} | {r.get('encode', 'after')} | {r['budget']} | {_fmt(r.get('kept_share'))} | "
                      f"{_fmt(r.get('cost'))} | {_fmt(r.get('accuracy'))} | "
-                     f"{'–' if not vs else f'[{vs[0]:+.3f}, {vs[1]:+.3f}]'} | {_fmt(r.get('agree'))} |")
+                     f"{'–' if not vs else f'[{vs[0]:+.3f}, {vs[1]:+.3f}]'} | {_fmt(r.get('agree'))} | "
+                     f"{r.get('over_budget') or ''} |")
     return "\n".join(lines) + "\n"
 
 

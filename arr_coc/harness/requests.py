@@ -206,9 +206,9 @@ def _image(visual: Any) -> Any:
     """A visual of doc_to_visual: an image (PIL, or a path with an image extension, as lmms-eval reads them) or a
     video file path (mp4, webm, ...: `generate` reads it as a clip, sampled by the model's rule, one budget over
     it); an audio clip or anything else (a dict, another path) is refused."""
-    from ..video.decode import is_video_path
+    from ..video.reading import is_clip_path
 
-    if isinstance(visual, str) and is_video_path(visual):
+    if isinstance(visual, str) and is_clip_path(visual):
         return visual
     if isinstance(visual, dict) or (isinstance(visual, str) and os.path.splitext(visual)[1].lower() not in IMAGE_EXTS):
         raise NotImplementedError(

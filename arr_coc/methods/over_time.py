@@ -8,9 +8,10 @@ An image in the same batch is pruned as `grid` would (both methods are about tim
   how much its token changed since the previous group (1 - cosine of the merger's tokens, as EVS compares
   the encoder's outputs), and the clip keeps its top-K, the first group first (ties by raster order).
   It reads encoded tokens, so it runs after the tower.
-- `uniform_frames`: keep whole groups, evenly spaced over the clip (as many as the budget pays for,
-  round(K / (h * w)), at least one), and one centre cell of every other group. It needs no tokens and runs
-  before the tower too.
+- `uniform_frames`: keep whole groups, evenly spaced over the clip (as many as the budget pays for beside one
+  centre cell of every other group: floor((K - t) / (h * w - 1)), none when it pays for none), and one centre
+  cell of every other group. It never keeps more than the budget (the clip's minimum aside: one cell per group).
+  It needs no tokens and runs before the tower too.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def token_change(tokens: torch.Tensor) -> torch.Tensor:
     """[t, n, D] -> [t, n]: 1 - cosine similarity with the same cell's token in the previous group (1 in group 0)."""
     x = F.normalize(tokens.float(), dim=-1)
     change = 1.0 - (x[1:] * x[:-1]).sum(-1)
-    return torch.cat([torch.full_like(change[:1], 2.0), change])
+    first = torch.full_like(x[:1, :, 0], 2.0)           # group 0 is new everywhere (a one-group clip: all of it)
+    return torch.cat([first, change])
 
 
 @register_selector("evs")
@@ -66,7 +68,7 @@ def select_uniform_frames(ctx: SelectionContext) -> Selection:
     for units in ctx.clip_units():
         h, w = ctx.grid_hw[units[0]]
         t, k = len(units), _clip_count(ctx, units)
-        whole = min(t, max(1, round((k - t) / max(1, h * w - 1)))) if k > t else 0
+        whole = min(t, (k - t) // max(1, h * w - 1)) if k > t else 0   # the whole groups the budget pays for
         chosen = set(np.unique(np.round(np.linspace(0, t - 1, whole)).astype(int)).tolist()) if whole else set()
         centre = (h // 2) * w + w // 2
         for g, i in enumerate(units):

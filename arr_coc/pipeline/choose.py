@@ -153,16 +153,15 @@ def validate_kept(
 
 
 def unit_counts(budgets: list[Budget], prompt: Prompt) -> list[int]:
-    """K_i per unit. A video's count budget is the clip's: split over its groups (earlier groups take the
-    remainder, each at least 1), so a per-group selector keeps what the clip was given; a share is a share."""
+    """K_i per unit. A clip's budget, a share or a count, is the clip's: its count over the clip's t * n cells, at
+    least its minimum of one token per temporal group, split over its groups (earlier groups take the remainder),
+    so a per-group selector keeps what the clip was given and never more."""
     counts = [count_of(bud, h * w) for bud, (h, w) in zip(budgets, prompt.grid_hw)]
     for units in prompt.clips:
-        bud = budgets[units[0]]
-        if isinstance(bud, int):
-            t, n = len(units), prompt.n_tokens[units[0]]
-            k = max(t, min(bud, t * n))
-            for g, i in enumerate(units):
-                counts[i] = min(n, k // t + (g < k % t))
+        t, n = len(units), prompt.n_tokens[units[0]]
+        k = max(t, count_of(budgets[units[0]], t * n))
+        for g, i in enumerate(units):
+            counts[i] = min(n, k // t + (g < k % t))
     return counts
 
 

@@ -36,7 +36,8 @@ from .backend import PrunedPrompt, VLMBackend
 from .choose import as_selection, context, slice_output
 from .fovea import reads
 from .look import Prepared, prepare
-from .request import Pruning
+from ..errors import InputError
+from .request import LOOKS_REFUSAL, Pruning
 from .trace import Look, Trace
 
 if TYPE_CHECKING:
@@ -139,9 +140,7 @@ class Looker:
     def run(self, inputs: Mapping[str, Any]) -> Looked:
         t0 = time.perf_counter()
         if "video" in self.backend.visual_kinds(inputs):
-            raise ValueError("passes > 1 looks again at images only: a video's budget is spread over its temporal "
-                             "groups by the time stage, which a second look would have to re-run per clip; answer "
-                             "videos with passes=1 (docs/DESIGN.md, Saccades)")
+            raise InputError(LOOKS_REFUSAL, "encode")
         memory = self.backend.new_tower_memory() if self.config.memory and self.config.passes > 1 else None
         with self.backend.remembering(memory, None) if memory is not None else nullcontext():
             first = prepare(self.backend, inputs, self.pruning, self.layer, self.seed, self.clock)

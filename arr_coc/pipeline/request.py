@@ -27,8 +27,8 @@ from ..budget import DEFAULT_BUDGET, Budget, BudgetError, BudgetMode, BudgetSpec
 from ..encode import EncodeConfig, EncodeMode, as_encode_config
 from ..errors import InputError
 from ..inputs import LIMITS, ImageInfo, InputLimits, check_image, check_question
-from .selection import (Selector, available_methods, get_selector, selector_name, selects_before_encoding,
-                        selects_video, unknown_method_message, video_methods)
+from .selection import (Selector, available_methods, get_selector, method_info, methods_where, selector_name,
+                        selects_before_encoding, selects_video, unknown_method_message, video_methods)
 
 if TYPE_CHECKING:
     from ..layer import ARRCOCLayer
@@ -86,8 +86,9 @@ class Pruning:
     def check_prompt(self, prompt: Prompt) -> None:
         """Refuse, before any work, a method that cannot prune what the prompt holds."""
         if prompt.has_video and self.selector is not None and not selects_video(self.selector):
-            raise ValueError(f"method {self.method!r} cannot prune a video: it reads the unpruned prompt's layout "
-                             f"itself; choose one of {video_methods()} for videos")
+            raise InputError(video_refusal(self.method), "method")
+        if prompt.has_video and self.encode.passes > 1:
+            raise InputError(LOOKS_REFUSAL, "encode")
 
     def unit_budgets(self, prompt: Prompt, layer: Callable[[], ARRCOCLayer] | None = None) -> list[Budget]:
         """One budget per unit: this request's, or the method's default where it gave none (module docstring)."""
@@ -110,6 +111,26 @@ class Pruning:
                 or not uses_layer(self.selector) or layer is None:
             return self.budget_mode
         return ADAPTIVE if layer().config.attending.mode == ADAPTIVE else None
+
+
+LOOKS_REFUSAL = ("Looking again (passes > 1) applies to images only: a video's budget is spread over its temporal "
+                 "groups by the time stage, which a second look would have to re-run per clip; answer videos with "
+                 "passes=1 (docs/DESIGN.md, Saccades).")
+
+
+def video_refusal(method: str) -> str:
+    """Why a method cannot be given a clip, and which can."""
+    return (f"Method {method!r} cannot prune a video: it reads the unpruned prompt's layout itself; choose one of "
+            f"{', '.join(video_methods())} for videos.")
+
+
+def check_for_video(method: str, encode: EncodeConfig) -> None:
+    """Refuse, before any work, what a clip cannot be asked with: a method that cannot be given one, or more than
+    one look (InputError, the validator's words)."""
+    if method not in ("none", "explicit") and method in methods_where() and not method_info(method).video:
+        raise InputError(video_refusal(method), "method")
+    if encode.passes > 1:
+        raise InputError(LOOKS_REFUSAL, "encode")
 
 
 def uses_layer(selector: Selector) -> bool:
@@ -220,15 +241,24 @@ class CheckedRequest:
 
 def validate(image: Any, question: Any, budget: Any = None, method: Any = None, limits: InputLimits = LIMITS,
              name: str | None = None, default_budget: Budget | None = DEFAULT_BUDGET) -> CheckedRequest:
-    """Check a whole request in one fixed order (budget, method, question, image), so a request with
-    several problems gets the same first verdict everywhere. Raises InputError."""
+    """Check a whole request in one fixed order (budget, method, question, visual), so a request with
+    several problems gets the same first verdict everywhere. An animated GIF / PNG path is a clip, as everywhere
+    (`image` is then the checked `Clip`, `info` None). Raises InputError."""
+    from ..inputs import check_clip
+    from ..video.animation import animated_note
+    from ..video.reading import is_clip_path
+
     checked_budget = read_budget(budget, default_budget, limits)
     checked_method = check_method(method)
     text, notes = check_question(question, limits)
+    if is_clip_path(image):
+        return CheckedRequest(checked_budget, checked_method, text, check_clip(image, limits, name), None,
+                              notes + [animated_note(image)])
     picture, info = check_image(image, limits, name)
     return CheckedRequest(checked_budget, checked_method, text, picture, info, notes + info.notes)
 
 
-__all__ = ["CheckedRequest", "Pruning", "check_encode", "check_method", "expand_budgets", "read_budget",
+__all__ = ["CheckedRequest", "LOOKS_REFUSAL", "Pruning", "check_encode", "check_for_video", "check_method",
+           "expand_budgets", "read_budget", "video_refusal",
            "read_budgets", "uses_layer", "validate"]
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..budget import Budget, BudgetMode
+from ..budget import Budget, BudgetMode, budget_label, count_of
 from ..resolution import (FOVEAL, GIST_ONLY, NOT_ENCODED, PERIPHERY, RESOLUTION_LEVELS,  # noqa: F401 - re-exported
                           UNREAD)
 from .choose import Choice, slice_output
@@ -86,6 +86,7 @@ class Trace:
     # kept_indices / encoded_cells / kept_tokens are then the union over the looks. Empty with one look.
     looks: list[Look] = field(default_factory=list)
     model: str = ""                              # which model answered (its folder or hub id; "" when not known)
+    notes: list[str] = field(default_factory=list)   # what the user should know: a clip's minimum applied, ...
 
     @property
     def kept_per_group(self) -> list[list[int]]:
@@ -143,6 +144,7 @@ class Trace:
             else [round(float(c), 2) for c in self.arr_coc.extent],
             "looks": [look.to_dict() for look in self.looks],
             "model": self.model,
+            "notes": list(self.notes),
         }
 
 
@@ -179,9 +181,33 @@ def item_traces(name: str, budgets: list[Budget | None], budget_mode: BudgetMode
             gist_grid=[gist.grid_hw[i] for i in imgs] if gist else [],
             clip_per_image=[prompt.clip[i] for i in imgs],
             group_per_image=[prompt.group[i] for i in imgs],
+            notes=budget_notes(name, budgets, budget_mode, prompt, imgs, lm_cells),
             **timing,
         ))
     return traces
+
+
+def budget_notes(name: str, budgets: list[Budget | None], budget_mode: BudgetMode | None, prompt: Prompt,
+                 units: list[int], lm_cells: list[torch.Tensor]) -> list[str]:
+    """What a row's clips kept beyond their budget, and why: a budget below a clip's minimum of one token per
+    temporal group keeps that minimum (`temporal.allocate`), and says so here; nothing else may exceed it."""
+    if name == "none" or budget_mode in (ADAPTIVE, "mean"):
+        return []
+    out = []
+    for clip in sorted({prompt.clip[i] for i in units if prompt.clip[i] >= 0}):
+        members = [i for i in units if prompt.clip[i] == clip]
+        t, n = len(members), prompt.n_tokens[members[0]]
+        allowed = count_of(budgets[members[0]], t * n)
+        kept = sum(int(lm_cells[i].numel()) for i in members)
+        if kept <= allowed:
+            continue
+        if kept <= t:
+            out.append(f"The clip's budget ({budget_label(budgets[members[0]])}: {allowed} token"
+                       f"{'s' if allowed != 1 else ''}) is below its minimum of one token per temporal group: it "
+                       f"kept {kept}, one for each of its {t} groups.")
+        else:
+            out.append(f"The clip kept {kept} tokens, more than its budget's {allowed}.")
+    return out
 
 
 @dataclass

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 _EXPORTS = {
     "Clip": "arr_coc.video.clip",
-    "load_clip": "arr_coc.video.decode",
+    "load_clip": "arr_coc.video.reading",
+    "is_clip_path": "arr_coc.video.reading",
     "sample_indices": "arr_coc.video.decode",
     "probe_video": "arr_coc.video.decode",
     "is_video_path": "arr_coc.video.decode",
@@ -29,7 +30,8 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from .clip import Clip
-    from .decode import VIDEO_EXTENSIONS, VideoError, VideoInfo, is_video_path, load_clip, probe_video, sample_indices
+    from .decode import VIDEO_EXTENSIONS, VideoError, VideoInfo, is_video_path, probe_video, sample_indices
+    from .reading import is_clip_path, load_clip
     from .processor import VideoProcessor
 
 

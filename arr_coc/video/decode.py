@@ -6,7 +6,9 @@
 
 Files are decoded with PyAV (`av`, FFmpeg bundled in its wheel) to RGB24, the call transformers' own PyAV
 reader makes (`frame.to_ndarray(format="rgb24")`), so the pixels are the stock ones. The source's frame
-rate is the stream's `average_rate` (also transformers' choice); `frame_rate=` overrides it. Timestamps are
+rate is the stream's `average_rate` (also transformers' choice; a header that states none, or 0 fps, leaves it
+unknown: derived from the duration when there is one, else sampling by fps is refused with what to pass);
+`frame_rate=` overrides it. A frame with transparency is flattened onto white, as frames in memory are. Timestamps are
 the frames' presentation times, from the first frame: for a constant-rate video exactly `index / fps`,
 the value the stock processors compute; for a variable-rate one the times the frames are really shown.
 
@@ -30,7 +32,9 @@ keeps every frame (refused when that is more than `max_frames`).
 
 Frames given in memory (a list of PIL images / HxWx3 uint8 arrays / 3xHxW float tensors in [0, 1], or one
 [N, H, W, 3] / [N, 3, H, W] array or tensor) are a source at `frame_rate` (default 2.0) and are used whole
-unless `num_frames` is given or `fps` is below `frame_rate` (then sampled by the same rule). Errors are
+unless `num_frames` is given or `fps` is below `frame_rate` (then sampled by the same rule), or they are more than
+`max_frames` (then kept to max_frames, evenly, as a file sampled at its own rate is; `fps=None` still asks for
+every frame, and is refused above max_frames). Errors are
 `VideoError`, an `arr_coc.inputs.InputError` (a ValueError) whose message says what to do and whose `code`
 names the case.
 """
@@ -48,8 +52,8 @@ from ..cancel import Cancelled, checkpoint
 from ..errors import InputError
 from .clip import Clip
 
-# What `arr_coc.inputs.check_items` reads as a video when a path is given where an image could be. GIF is
-# not here: a .gif path stays an animated image (its first frame, as before); load_clip("x.gif") decodes it.
+# Video containers' extensions: a path with one is a clip where an image could be (`reading.is_clip_path`, which
+# adds animated GIF / APNG files, read by `animation.py`).
 VIDEO_EXTENSIONS = frozenset({".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".mpg", ".mpeg", ".ts",
                               ".wmv", ".flv", ".ogv", ".3gp"})
 FORMATS = "MP4, WebM, MKV, MOV, AVI or GIF"
@@ -172,7 +176,11 @@ def load_clip(video: Any, fps: float | None = 2.0, num_frames: int | None = None
     frames = frames_array(video)
     rate = 2.0 if frame_rate is None else float(frame_rate)
     total = len(frames)
-    if num_frames is None and (fps is None or fps >= rate):
+    most = DEFAULT_MAX_FRAMES if max_frames is None else int(max_frames)
+    if num_frames is None and fps is not None and fps >= rate and total > most:
+        # more frames than a clip may keep, at their own rate: kept to max_frames, evenly, as a file's are
+        indices = np.linspace(0, total - 1, max(1, most - most % TEMPORAL_PATCH)).round().astype(np.int64)
+    elif num_frames is None and (fps is None or fps >= rate):
         # Frames given in memory are used whole (never up-sampled).
         indices = sample_indices(total, rate, **{**sampling, "fps": None, "num_frames": None})
     else:
@@ -386,10 +394,28 @@ def _probe(container: Any, path: str, shown: str, frame_rate: float | None) -> V
         duration = float(stream.duration * stream.time_base)
     elif container.duration:
         duration = container.duration / 1_000_000
-    rate = float(frame_rate) if frame_rate else float(stream.average_rate or stream.guessed_rate or 0) or None
-    if rate is None and duration and total:
+    # The header's own rate; FFmpeg's guess (25 for a header that says 0 fps) is not the file's: unknown is said
+    no_rate = not frame_rate and _states_no_rate(path)
+    rate = float(frame_rate) if frame_rate else None if no_rate else float(stream.average_rate or 0) or None
+    if rate is None and duration and total and not no_rate:      # (a duration FFmpeg derived from its guess is not)
         rate = total / duration
     return VideoInfo(width, height, total, rate, duration, header, len(container.streams))
+
+
+def _states_no_rate(path: str) -> bool:
+    """An AVI whose video stream header says 0 frames per second (dwRate or dwScale 0): FFmpeg then reports its
+    own guess, 25, as the stream's rate, which would sample the clip as if it were 25 fps."""
+    if os.path.splitext(path)[1].lower() != ".avi":
+        return False
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    at = head.find(b"strh")
+    while at >= 0 and head[at + 8: at + 12] != b"vids":        # the first video stream's header
+        at = head.find(b"strh", at + 4)
+    if at < 0 or at + 36 > len(head):
+        return False
+    scale, rate = int.from_bytes(head[at + 28: at + 32], "little"), int.from_bytes(head[at + 32: at + 36], "little")
+    return scale == 0 or rate == 0
 
 
 def _load_file(path: str, shown: str, frame_rate: float | None, sampling: dict[str, Any]) -> Clip:
@@ -434,7 +460,7 @@ def _decode(path: str, shown: str, wanted: set[int], info: VideoInfo) -> tuple[d
                 checkpoint("decoding")
                 times.append(float(frame.time) if frame.time is not None else count / (info.fps or 2.0))
                 if count in wanted:
-                    frames[count] = frame.to_ndarray(format="rgb24")
+                    frames[count] = _rgb(frame)
                 count += 1
         except Cancelled:
             raise
@@ -444,6 +470,18 @@ def _decode(path: str, shown: str, wanted: set[int], info: VideoInfo) -> tuple[d
                              f"{'s' if count != 1 else ''}{of} ({_reason(exc, path)}). Re-save or re-download the "
                              "whole file and try again.", "video_damaged") from None
     return frames, times, count
+
+
+def _rgb(frame: Any) -> np.ndarray:
+    """A decoded frame as HxWx3 uint8 RGB: the stock `to_ndarray(format="rgb24")`, except that a frame with
+    transparency (an alpha channel or a palette) is flattened onto white, as the same frames given in memory and
+    the image validator are (rgb24 would keep the hidden colours of its transparent pixels)."""
+    fmt = frame.format
+    if fmt.has_palette or any(c.is_alpha for c in fmt.components):
+        from PIL import Image
+
+        return _pil_rgb(Image.fromarray(frame.to_ndarray(format="rgba"), "RGBA"), "a frame")
+    return frame.to_ndarray(format="rgb24")
 
 
 def _check_complete(shown: str, info: VideoInfo, times: list[float]) -> None:
