@@ -173,6 +173,16 @@ class Decision:
     void: torch.Tensor  # BoolTensor[B]: low-structure items, covered by an even grid (`grid_indices`)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """A batch's budgets before the device decides: host [3, B] float64 on the device (each item's fixed count,
+    its number of cells, whether it is adaptive), the budget mode, and whether any item is adaptive."""
+
+    host: torch.Tensor
+    mode: BudgetMode
+    adaptive: bool
+
+
 def _resolve(share: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     """`resolve_count` of float64 shares [B] against n [B] cells: round half up, in [1, n]."""
     return torch.minimum(torch.floor(share * n + 0.5), n).clamp_min(1.0)
@@ -240,19 +250,31 @@ class TokenAllocator(nn.Module):
         self.resolve_mode(budget_mode)
         _per_image(budget, b)
 
-    def decide(self, relevance: torch.Tensor, grid: GridBatch, budget: Budget | Sequence[Budget | None] | None = None,
-               structure: torch.Tensor | None = None, budget_mode: BudgetMode | None = None,
-               cells: torch.Tensor | None = None) -> Decision:
-        """relevance [B, ...] (each item's padded cells); structure: the same, the bottom-up map that finds
-        low-structure items (defaults to relevance); budget: one for all or one per item (None: the layer's
-        default); cells [B]: what "mean" budgets scale by (the layer's `ExtentHead`; None: the perplexity)."""
+    def plan(self, grid: GridBatch, budget: Budget | Sequence[Budget | None] | None = None,
+             budget_mode: BudgetMode | None = None) -> Plan:
+        """The budgets of a batch, worked out on the host and uploaded once (see `Plan`)."""
         cfg = self.config
         mode = self.resolve_mode(budget_mode)
         budgets = _per_image(budget, len(grid))
         n_host = grid.cells
         fixed = [count_of(cfg.budget if b is None else b, n) for b, n in zip(budgets, n_host)]
         adaptive = [mode == "adaptive" or (b is None and cfg.mode == "adaptive") for b in budgets]
-        host = upload(np.array([fixed, n_host, adaptive], dtype=np.float64), relevance.device)   # [3, B]
+        host = upload(np.array([fixed, n_host, adaptive], dtype=np.float64), grid.device)   # [3, B]
+        return Plan(host, mode, any(adaptive))
+
+    def decide(self, relevance: torch.Tensor, grid: GridBatch, budget: Budget | Sequence[Budget | None] | None = None,
+               structure: torch.Tensor | None = None, budget_mode: BudgetMode | None = None,
+               cells: torch.Tensor | None = None) -> Decision:
+        """relevance [B, ...] (each item's padded cells); structure: the same, the bottom-up map that finds
+        low-structure items (defaults to relevance); budget: one for all or one per item (None: the layer's
+        default); cells [B]: what "mean" budgets scale by (the layer's `ExtentHead`; None: the perplexity)."""
+        return self.decide_planned(relevance, grid, self.plan(grid, budget, budget_mode), structure, cells)
+
+    def decide_planned(self, relevance: torch.Tensor, grid: GridBatch, plan: Plan,
+                       structure: torch.Tensor | None = None, cells: torch.Tensor | None = None) -> Decision:
+        """`decide` on budgets already planned: device work only (what a compiled pass captures; the budgets
+        are its input, so a new budget is new data, not a new graph)."""
+        cfg, mode, host = self.config, plan.mode, plan.host
         k, n = host[0], host[1]
         rel = relevance.detach().flatten(1).float()
         ok = grid.item_valid if not grid.uniform else torch.ones_like(rel, dtype=torch.bool)
@@ -264,7 +286,7 @@ class TokenAllocator(nn.Module):
         if mode == "mean":
             need = perplexity_cells(rel, ok, cfg.spread_tau) if cells is None else cells.double()
             k = torch.where(void, k, spread_counts(k, need, n, cfg))
-        if any(adaptive):
+        if plan.adaptive:
             k = torch.where(host[2] > 0, adaptive_counts(rel, ok, n, cfg), k)
         counts = k.long()
         return Decision(keep_top(rel, ok, counts), counts, void)

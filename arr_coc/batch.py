@@ -59,6 +59,17 @@ class LayerBatch:
             query, mask = self.query[i: i + 1, :n], torch.ones(1, n, dtype=torch.bool, device=self.query.device)
         return LayerBatch(WorkImages(pixels, grid, px), query, mask, vis)
 
+    def with_query_length(self, length: int) -> LayerBatch:
+        """The same batch with its question tokens padded to `length` (zeros, masked out): a fixed shape for a
+        compiled pass. No question, or one as long already: itself."""
+        if self.query is None or self.query.shape[1] >= length:
+            return self
+        b, n, _ = self.query.shape
+        mask = self.query_mask if self.query_mask is not None else torch.ones(b, n, dtype=torch.bool,
+                                                                                device=self.query.device)
+        return dataclasses.replace(self, query=F.pad(self.query, (0, 0, 0, length - n)),
+                                   query_mask=F.pad(mask, (0, length - n)))
+
     def to(self, device: torch.device | str) -> LayerBatch:
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         work = WorkImages(self.work.pixels.to(device), dataclasses.replace(self.grid, device=torch.device(device)),

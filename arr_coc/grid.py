@@ -19,7 +19,7 @@ a frame's border exactly what it would read on the frame alone; `masked_median` 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from .lazy import cached
 from typing import Callable, Sequence
 
 import numpy as np
@@ -106,12 +106,12 @@ class GridBatch:
         return groups
 
     # -- on the device ----------------------------------------------------------------------------
-    @cached_property
+    @cached
     def frame_sizes(self) -> torch.Tensor:
         """LongTensor[B * T, 2] (h, w) of every padded frame."""
         return upload(np.array(self.frame_hw(), dtype=np.int64), self.device)
 
-    @cached_property
+    @cached
     def valid(self) -> torch.Tensor:
         """BoolTensor[B, T, H, W]: the cells each item really has (made on the host, one upload)."""
         T, H, W = self.shape
@@ -137,7 +137,7 @@ class GridBatch:
         """BoolTensor[B * T, H, W]."""
         return self.valid.flatten(0, 1)
 
-    @cached_property
+    @cached
     def cell_rows(self) -> torch.Tensor | None:
         """LongTensor[B * T * H * W]: for each padded cell, its row among the items' cells concatenated (each
         item raster over its own (t, h, w)); padding points at row 0. None when the batch is uniform (the

@@ -213,9 +213,11 @@ class ParticipatoryScorer(nn.Module):
         """
         if self.training:
             return True
+        cache = self.__dict__.setdefault("_nonzero", {})
+        if torch.compiler.is_compiling() and id(module) in cache:   # a compiled pass reads what was known at load
+            return cache[id(module)][1]
         params = list(module.parameters())
         key = tuple(p._version for p in params)
-        cache = self.__dict__.setdefault("_nonzero", {})
         if cache.get(id(module), (None,))[0] != key:
             cache[id(module)] = (key, any(bool(p.any()) for p in params))
         return cache[id(module)][1]

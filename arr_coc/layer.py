@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-from .attending import Decision, TokenAllocator, finish_on_host
+from .attending import Decision, Plan, TokenAllocator, finish_on_host
 from .balancing import AdaptiveTensionBalancer
 from .batch import LayerBatch, layer_batch
 from .budget import Budget, BudgetError, BudgetMode, check_budget
@@ -199,7 +199,30 @@ class ARRCOCLayer(LayerPersistence, nn.Module):
         """Queue every stage for the whole batch on the layer's device; nothing is read back.
 
         converge: run iterative parts until they converge (reading flags back) instead of a fixed number of
-        steps: `read` redoes a batch this way when a fixed-step part had not converged."""
+        steps: `read` redoes a batch this way when a fixed-step part had not converged. The budgets are planned
+        on the host first; the device pass runs compiled when `compile_device_pass` set one (and converge is off:
+        converging reads flags back, which no captured graph can)."""
+        plan = self.allocator.plan(batch.grid, budget, budget_mode)
+        compiled = self.__dict__.get("_compiled_pass")
+        if compiled is not None and not converge:
+            query_length = self.__dict__["_query_length"]
+            if batch.query is not None:
+                batch = batch.with_query_length(query_length(batch.query.shape[1]))
+            if not self.__dict__.get("_warm"):   # module-level constants (filters, weights) built once, eagerly,
+                self.device_pass(batch, plan)    # so no graph is traced while they are being created
+                self.__dict__["_warm"] = True
+            maps, texture, extent, allocation, finite, converged = compiled(batch, plan)
+            lap(clock, "allocator")          # one captured pass: its time is reported as the last stage's
+        else:
+            maps, texture, extent, allocation, finite, converged = self.device_pass(batch, plan, converge, clock)
+        return LayerDecision(batch.grid, budget, budget_mode, maps, texture, extent, allocation, finite, converged)
+
+    def device_pass(self, batch: LayerBatch, plan: Plan, converge: bool = False, clock: Stopwatch | None = None
+                    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor | None, Decision, torch.Tensor,
+                               torch.Tensor | None]:
+        """Texture -> scorers -> balancer -> allocator on the device: (maps, texture, extent, allocation,
+        finite, converged), the fields of `LayerDecision` (see there). Pure device work on tensors and the
+        host's plan: what `compile_device_pass` captures as one graph per batch shape."""
         grid = batch.grid
         texture, converged = texture_array(batch.work, self.config.texture, converge)
         lap(clock, "texture")
@@ -211,10 +234,27 @@ class ARRCOCLayer(LayerPersistence, nn.Module):
         structure = torch.nan_to_num(0.5 * (maps["information"] + maps["perspectival"]), nan=0.0, posinf=0.0, neginf=0.0)
         lap(clock, "scorers")
         extent = None if self.extent is None else self.extent(relevance, valid, batch.query, batch.query_mask)
-        allocation = self.allocator.decide(relevance, grid, budget, structure, budget_mode, extent)
+        allocation = self.allocator.decide_planned(relevance, grid, plan, structure, extent)
         lap(clock, "allocator")
-        return LayerDecision(grid, budget, budget_mode, {**maps, "relevance": relevance}, texture, extent, allocation, finite,
-                             None if converge else converged)
+        return {**maps, "relevance": relevance}, texture, extent, allocation, finite, None if converge else converged
+
+    def compile_device_pass(self, compile_fn: Callable[[Callable], Callable] | None,
+                            query_length: Callable[[int], int] = lambda n: n) -> None:
+        """Run `device_pass` through `compile_fn` from now on (e.g. `Execution.compile`: torch.compile with
+        fullgraph), the question's tokens padded to `query_length(n)` (masked: a fixed shape per bucket, not per
+        question); None: eager again. The scorers' zero-initialised terms are read first, so the captured graph
+        holds no read-back (`ParticipatoryScorer.know_weights`)."""
+        if compile_fn is None:
+            self.__dict__.pop("_compiled_pass", None)
+            return
+        know = getattr(self.participatory, "know_weights", None)
+        if know is not None:
+            know()
+        self.__dict__["_compiled_pass"] = compile_fn(self._captured_pass)
+        self.__dict__["_query_length"] = query_length
+
+    def _captured_pass(self, batch: LayerBatch, plan: Plan):
+        return self.device_pass(batch, plan)
 
     def read(self, decision: LayerDecision, batch: LayerBatch | None = None,
              clock: Stopwatch | None = None) -> ARRCOCOutput:

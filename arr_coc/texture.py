@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from .lazy import cached
 from typing import Callable, Sequence, Union
 
 import numpy as np
@@ -132,41 +132,46 @@ class _Context:
         """[F, C, H * px, W * px] pixels -> [F, C, H, W] cell means."""
         return pool_to(x, self.grid_hw)
 
-    @cached_property
+    @cached
     def valid(self) -> torch.Tensor | None:  # [F, H * W] the frames' own cells; None when the batch is uniform
         return None if self.grid.uniform else self.grid.frame_valid.flatten(1)
 
-    @cached_property
+    @cached
     def luma(self) -> torch.Tensor:  # [F, 1, H, W]
         weights = constant("luma", lambda: torch.tensor(LUMA), self.image)
         return torch.einsum("bchw,c->bhw", self.image, weights).unsqueeze(1)
 
-    @cached_property
+    @cached
     def cell_rgb(self) -> torch.Tensor:  # [F, 3, h, w]
         return self.pool(self.image)
 
-    @cached_property
+    @cached
     def cell_luma_std(self) -> torch.Tensor:  # [F, 1, h, w]
         mean = self.pool(self.luma)
         return (self.pool(self.luma**2) - mean**2).clamp_min(0).sqrt()
 
-    @cached_property
+    @cached
     def dominant_rgb(self) -> torch.Tensor:  # [F, 3, 1, 1] per-channel median colour of the frame's cells
         valid = None if self.valid is None else self.valid[:, None]
         return masked_median(self.cell_rgb.flatten(2), valid)[..., None, None]
 
-    @cached_property
+    @cached
     def foreground(self) -> torch.Tensor:  # [F, 1, H, W] in [0, 1): colour distance from the dominant colour
         distance = (self.image - self.dominant_rgb).pow(2).sum(1, keepdim=True).sqrt() / math.sqrt(3)
         return squash(distance, self.config.contrast_scale)
 
-    @cached_property
+    @cached
     def kmeans(self) -> tuple[torch.Tensor, torch.Tensor]:
         n_valid = None
         if self.valid is not None:
             n_valid = self.grid.frame_sizes.prod(1)
         return kmeans(self.cell_rgb.flatten(2).transpose(1, 2), self.config.n_clusters, self.config.kmeans_iters,
                       self.valid, n_valid)
+
+    @cached
+    def gradients(self) -> torch.Tensor:  # [F, 2 or 4, H, W]: `sobel_bank` of the luminance (and the foreground)
+        maps = [self.luma] + ([self.foreground] if "orientation" in self.config.groups else [])
+        return sobel_bank(torch.cat(maps, dim=1))
 
     def fill_cells(self, x: torch.Tensor) -> torch.Tensor:
         """[F, C, H, W] cell maps with each frame's last cell row and column repeated over its padding."""
@@ -199,19 +204,26 @@ def _channel_norm(x: torch.Tensor) -> torch.Tensor:
     return x.movedim(1, -1).contiguous().norm(dim=-1).unsqueeze(1)
 
 
-def _sobel_gradients(x: torch.Tensor) -> torch.Tensor:
-    """[B, 1, H, W] -> [B, 2, H, W] (d/dx, d/dy), replicate padding; |response| <= 1 for x in [0, 1]."""
+BLUR_SIGMA = 1.5                                       # the highpass group's Gaussian
 
-    def kernel() -> torch.Tensor:
-        kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]) / 8.0
-        return torch.stack([kx, kx.T]).unsqueeze(1)  # [2, 1, 3, 3]
 
-    return F.conv2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), constant("sobel", kernel, x))
+def _sobel_kernels() -> torch.Tensor:
+    """[2, 1, 3, 3]: d/dx and d/dy; |response| <= 1 for x in [0, 1]."""
+    kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]) / 8.0
+    return torch.stack([kx, kx.T]).unsqueeze(1)
+
+
+def sobel_bank(x: torch.Tensor) -> torch.Tensor:
+    """[F, n, H, W] maps -> [F, 2n, H, W]: each map's Sobel d/dx, d/dy (replicate padding), every map in ONE
+    grouped convolution (the luminance's and the foreground's gradients: one kernel launch, not two)."""
+    n = x.shape[1]
+    weight = constant(f"sobel{n}", lambda: _sobel_kernels().repeat(n, 1, 1, 1), x)      # [2n, 1, 3, 3]
+    return F.conv2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), weight, groups=n)
 
 
 @register_channels("sobel", ("sobel_x", "sobel_y", "sobel_mag"))
 def _sobel(ctx: _Context) -> torch.Tensor:
-    g = _sobel_gradients(ctx.luma)  # [F, 2, H, W]
+    g = ctx.gradients[:, 0:2]  # [F, 2, H, W] the luminance's d/dx, d/dy
     mag = g.pow(2).sum(1, keepdim=True).sqrt()
     energy = ctx.pool(torch.cat([g.abs(), mag], dim=1))
     return squash(energy, ctx.config.edge_scale)
@@ -264,7 +276,7 @@ def _clusters(ctx: _Context) -> torch.Tensor:
 
 @register_channels("highpass", ("highpass",))
 def _highpass(ctx: _Context) -> torch.Tensor:
-    detail = ctx.luma - gaussian_blur(ctx.luma, sigma=1.5)
+    detail = ctx.luma - gaussian_blur(ctx.luma, sigma=BLUR_SIGMA)
     return squash(ctx.pool(detail**2).sqrt(), ctx.config.highpass_scale)
 
 
@@ -280,7 +292,7 @@ def _silhouette(ctx: _Context) -> torch.Tensor:
 
 @register_channels("orientation", ("edge_vert", "edge_horiz", "edge_rise", "edge_fall"))
 def _orientation(ctx: _Context) -> torch.Tensor:
-    g = _sobel_gradients(ctx.foreground)  # [F, 2, H, W]
+    g = ctx.gradients[:, 2:4]  # [F, 2, H, W] the foreground's d/dx, d/dy
     gx, gy = g[:, :1], g[:, 1:]
     # The gradient runs across an edge and y grows downwards: a vertical edge has a horizontal gradient, a
     # rising edge "/" a gradient along (1, 1). vert + horiz = rise + fall = the cell's whole edge energy, so each

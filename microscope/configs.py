@@ -55,7 +55,8 @@ def add_layers(scope: Microscope, folders: list[str] | None) -> None:
             path = path if path is None else check_layer_folder(path)
         except LayerNotFound as exc:
             raise ValueError(f"--compare-arr-coc: {exc}") from None
-        wrapper = ARRCOCQwen(scope.wrapper.model, scope.wrapper.processor, arr_coc=path, seed=scope.wrapper.seed)
+        wrapper = ARRCOCQwen(scope.wrapper.model, scope.wrapper.processor, arr_coc=path, seed=scope.wrapper.seed,
+                             execution=scope.wrapper.execution)
         try:
             wrapper.arr_coc_layer   # built now: a bad folder fails at start-up, not on a request
         except Exception as exc:  # noqa: BLE001 - say which folder and why

@@ -80,9 +80,18 @@ def _periphery(t: Trace) -> str:
     return str(sum(int(c.numel()) for c in t.periphery_cells)) if t.periphery_cells else "-"
 
 
+def execution_text(t: Any) -> str:
+    """How a run executed: "eager", or "fast: 64 cells, 256-token prompt" (its fixed-shape bucket)."""
+    if not t.bucket:
+        return t.execution
+    cells = "+".join(str(c) for c in t.bucket["cells"])
+    return f"{t.execution}: {cells} cells, {t.bucket['prompt']}-token prompt"
+
+
 # (row name, value for the baseline, value for a pruned run); pruned values get (run, its config, the baseline)
 ROWS: list[tuple[str, Callable[[Run], str], Callable[[Run, Any, Run], str]]] = [
     ("model (answered)", lambda b: b.trace.model or "-", lambda r, c, b: r.trace.model or "-"),
+    ("execution (bucket)", lambda b: execution_text(b.trace), lambda r, c, b: execution_text(r.trace)),
     ("method", lambda b: "none (all tokens)", lambda r, c, b: str(r.trace.method)),
     ("ARR-COC layer", lambda b: "-", lambda r, c, b: c.layer if str(c.method).startswith("arr_coc") else "-"),
     ("encode", lambda b: "after", lambda r, c, b: c.encode_text()),

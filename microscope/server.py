@@ -72,6 +72,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="count each run's FLOPs (vision tower, selector, LM prefill) off the clock (default on; "
                         "--no-flops for a large model on a CPU, where counting costs a second prefill)")
     add_runtime(p)  # --device, --dtype, --attn-implementation: the same names and meaning as every command
+    p.add_argument("--fast", choices=("auto", "on", "off"), default="auto",
+                   help="answer as fixed-shape compiled graphs (arr_coc/execution.py): auto = on a GPU, off on the "
+                        "CPU, where it measured no faster (default auto)")
+    p.add_argument("--warm-up", dest="warm_up", action=argparse.BooleanOptionalAction, default=True,
+                   help="answer one generated question at start-up, so the first user's request is as fast as the "
+                        "next (default on)")
     p.add_argument("--host", default=default_host(),
                    help="interface to listen on (default 127.0.0.1; 0.0.0.0 on a Hugging Face Space or when "
                         "GRADIO_SERVER_NAME says so)")
@@ -165,7 +171,7 @@ def shipped_before_layer(scope: Microscope, args: argparse.Namespace) -> list[st
 
 def load(model: str | None = None, device: str = "auto", arr_coc: str | None = None,
          max_new_tokens: int = 32, retries: int = 3, concurrency: int = DEFAULT_CONCURRENCY,
-         dtype: str = "auto", attn_implementation: str | None = None) -> Microscope:
+         dtype: str = "auto", attn_implementation: str | None = None, fast: str = "off") -> Microscope:
     """Load the VLM (default: the embedded checkpoint) into a `Microscope`; LoadError says what to do.
 
     device / dtype / attn_implementation mean what they mean on every command (`arr_coc.runtime`);
@@ -196,7 +202,7 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     for attempt in range(attempts):
         try:
             wrapper = ARRCOCQwen.from_pretrained(path, arr_coc=layer_path, device=run.device, dtype=run.dtype,
-                                                 attn_implementation=run.attn_implementation)
+                                                 attn_implementation=run.attn_implementation, fast=fast)
             break
         except Exception as exc:
             if attempt == attempts - 1:
@@ -246,11 +252,30 @@ def add_clip_model(scope: Microscope, path: str | None) -> None:
         first = ARRCOCQwen.from_pretrained(path, arr_coc=scope.wrapper.arr_coc_layer, device=scope.wrapper.device,
                                            dtype=scope.wrapper.model.dtype)
         scope.clip_wrappers = {name: ARRCOCQwen(first.model, first.processor, arr_coc=w.arr_coc_layer, seed=w.seed,
-                                                name=first.name) for name, w in scope.layers.items()}
+                                                name=first.name, execution=w.execution)
+                               for name, w in scope.layers.items()}
     except (OSError, ValueError) as exc:
         raise LoadError(f"--video-model: {load_failure(path, exc)}") from exc
     scope.clip_model_name = path
     logger.info("clips are answered by %s", path)
+
+
+def warm_up(scope: Microscope) -> float:
+    """Answer one generated ShapesVQA question with the page's defaults before serving (what a first request
+    would otherwise pay: lazy builds, allocator growth, and on the fast path each stage's compile for that
+    bucket). Returns the seconds it took; a failure is logged, never fatal."""
+    from arr_coc.shapes import make_item
+    from microscope.handler import ask
+
+    t0 = time.perf_counter()
+    image, record, _ = make_item(0, "warm-up", 0)
+    result = ask(scope, image, record["question"])
+    seconds = time.perf_counter() - t0
+    if result.error:
+        logger.warning("warm-up request failed (%s); the first request pays its start-up", result.error)
+    else:
+        logger.info("warmed up in %.1f s (%s)", seconds, scope.wrapper.execution.label)
+    return seconds
 
 
 # ----------------------------------------------------------------------------- serving
@@ -277,7 +302,8 @@ def main(argv: list[str] | None = None) -> None:
     limit_malloc_arenas()
     try:
         scope = load(args.model, device=args.device, arr_coc=args.arr_coc, max_new_tokens=args.max_new_tokens,
-                     concurrency=args.concurrency, dtype=args.dtype, attn_implementation=args.attn_implementation)
+                     concurrency=args.concurrency, dtype=args.dtype, attn_implementation=args.attn_implementation,
+                     fast=args.fast)
     except LoadError as exc:
         raise SystemExit(str(exc)) from None
     try:
@@ -286,4 +312,6 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, LoadError) as exc:
         raise SystemExit(str(exc)) from None
     scope.count_flops = args.flops
+    if args.warm_up:
+        warm_up(scope)
     serve(build_demo(scope, concurrency=args.concurrency), host=args.host, port=args.port, share=args.share)

@@ -52,6 +52,10 @@ class ToyPruned:
     def rows(self, rows):
         return ToyPruned([self.rows_tokens[b] for b in rows], self.kept_indices, [self.lengths[b] for b in rows])
 
+    @property
+    def width(self) -> int:                # the toy never pads: its rows are read one by one
+        return max(self.lengths)
+
 
 @dataclass
 class ToyDecoded:
@@ -152,7 +156,7 @@ class ToyBackend:
         return contextlib.nullcontext()
 
     # the language model
-    def rewrite(self, prompt, visual, lm_cells):
+    def rewrite(self, prompt, visual, lm_cells, round_length=None):
         feats, _ = visual.gather([c.numpy() for c in lm_cells])
         rows = []
         for b in range(prompt.rows):

@@ -102,6 +102,13 @@ def encode_config(args: argparse.Namespace, method: str | None = None):
         fail(args, str(exc))
 
 
+def add_fast(parser: argparse.ArgumentParser) -> None:
+    """--fast: fixed-shape compiled execution (arr_coc/execution.py, docs/GPU.md "Fast path")."""
+    parser.add_argument("--fast", choices=("auto", "on", "off"), default="auto",
+                        help="run requests as fixed-shape compiled graphs (buckets, torch.compile, static KV cache): "
+                             "auto = on a GPU, off on the CPU where it measured no faster (default auto)")
+
+
 def fail(args: argparse.Namespace, message: str) -> NoReturn:
     """An argument the validator refused: one line on stderr, as argparse words its own errors, and exit 2."""
     command = getattr(args, "command", None)

@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from .args import add_budget_mode, add_encode, add_runtime, budget_arg, encode_options, runtime
+from .args import add_budget_mode, add_encode, add_fast, add_runtime, budget_arg, encode_options, runtime
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "under checkpoints/ for the embedded model, else untrained)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     add_runtime(parser)
+    add_fast(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -108,7 +109,8 @@ def _load(args: argparse.Namespace, plan: _Plan) -> Any:
     run_on = plan.run_on
     try:
         wrapper = ARRCOCQwen.from_pretrained(plan.model, arr_coc=plan.layer, device=run_on.device,
-                                             dtype=run_on.dtype, attn_implementation=run_on.attn_implementation)
+                                             dtype=run_on.dtype, attn_implementation=run_on.attn_implementation,
+                                             fast=args.fast)
     except RuntimeChoiceError as exc:  # e.g. flash_attention_2 without a GPU: not the model's fault
         raise SystemExit(f"error: {exc}") from None
     except (OSError, ValueError) as exc:

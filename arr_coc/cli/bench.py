@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from .args import add_budget_mode, add_runtime, budget_arg, budgets_arg, runtime
+from .args import add_budget_mode, add_fast, add_runtime, budget_arg, budgets_arg, runtime
 
 PRESETS = ("qwen2-vl-2b", "qwen2.5-vl-3b", "tiny", "tiny-qwen2.5")
 
@@ -70,6 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "checkpoints/shapes-qwen2vl with --arr-coc checkpoints/arr-coc-shapes-before")
     add_budget_mode(parser)
     add_runtime(parser)
+    add_fast(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="results JSON path")
     parser.add_argument("--markdown", default=None, help="Markdown table path")
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         report = bench(preset=args.preset, vision_layers=args.vision_layers, lm_layers=args.lm_layers,
                        budgets=args.budgets, encodes=encodes, gist=args.gist, repeats=args.repeats,
                        method=args.method, arr_coc=args.arr_coc, budget_mode=args.budget_mode, runtime=run_on,
-                       seed=args.seed, margin=args.margin, windows=args.whole_windows)
+                       seed=args.seed, margin=args.margin, windows=args.whole_windows, fast=args.fast)
     except ValueError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
@@ -148,18 +149,20 @@ def _stages(args: argparse.Namespace, run_on) -> int:
 
 def _stage_model(args: argparse.Namespace, run_on):
     """The wrapper --stages runs: a real checkpoint (--model) or a preset's random model at real widths."""
+    from arr_coc.execution import read_fast_flag
     from arr_coc.qwen import ARRCOCQwen
 
     arr_coc = None if args.arr_coc in (None, "untrained") else args.arr_coc
     if args.model:
         wrapper = ARRCOCQwen.from_pretrained(args.model, arr_coc=arr_coc, device=run_on.device, dtype=run_on.dtype,
-                                             attn_implementation=run_on.attn_implementation)
+                                             attn_implementation=run_on.attn_implementation, fast=args.fast)
         return wrapper, f"{args.model}, ARR-COC layer {arr_coc or 'untrained'}"
     from arr_coc.evaluation.bench_presets import build_model, get_preset, label, run_layers
 
     spec = get_preset(args.preset)
     n_vision, n_lm = run_layers(spec, args.vision_layers, args.lm_layers)
     model, processor, summary = build_model(spec, n_vision, n_lm, run_on, args.seed)
-    wrapper = ARRCOCQwen(model, processor, arr_coc=arr_coc, seed=args.seed)
+    wrapper = ARRCOCQwen(model, processor, arr_coc=arr_coc, seed=args.seed,
+                         execution=read_fast_flag(args.fast, run_on.device))
     return wrapper, f"{summary['shape']} widths, random weights, {label(spec, n_vision, n_lm)}, ARR-COC layer " \
                     f"{arr_coc or 'untrained'}"

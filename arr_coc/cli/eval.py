@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any
 
-from .args import add_budget_mode, add_encode, add_runtime, budgets_arg, encode_config, fail, runtime
+from .args import add_budget_mode, add_encode, add_fast, add_runtime, budgets_arg, encode_config, fail, runtime
 
 DEFAULT_BUDGETS = "0.02,0.03,0.05,0.1,0.25,0.5,1.0"
 METHODS_HELP = ("'all' (every method that can be given the split's visuals) or a comma list of: none, random, grid, "
@@ -52,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="report a method that failed on some items with those items' keep-all fallback "
                              "(default: strict, such a row is reported as failed)")
     add_runtime(parser)
+    add_fast(parser)
     parser.add_argument("--out", required=True, help="results JSON path")
     parser.add_argument("--plot", default=None, help="accuracy vs. kept-token share plot (PNG)")
     parser.add_argument("--markdown", default=None, help="Markdown table path")
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         return exc.code
     try:
         wrapper = load_wrapper(model, run_on.device, args.seed, dtype=run_on.dtype,
-                               attn_implementation=run_on.attn_implementation)
+                               attn_implementation=run_on.attn_implementation, fast=args.fast)
         wrapper.check_encode(encode_config(args))   # e.g. --whole-windows on a tower without windows
     except (RuntimeChoiceError, HubUnreachable, ValueError) as exc:  # flash_attention_2 without a GPU; offline hub
         print(f"eval: error: {exc}", file=sys.stderr)

@@ -44,6 +44,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..execution import read_fast_flag
 from .bench_depth import (LMCount, TowerCount, full_lm_flops, full_tower_flops, lm_count, lm_layer_flops,
                           module_totals, subtract, tower_count)
 from .bench_presets import SHAPES, build_model, get_preset, label, run_layers
@@ -236,7 +237,7 @@ class _Rig:
 
 
 def _build_rig(spec: Any, n_vision: int, n_lm: int, runtime: Any, seed: int, arr_coc: str | None, method: str,
-               budget_mode: str | None) -> _Rig:
+               budget_mode: str | None, fast: str | bool = "off") -> _Rig:
     """Seed, build the model at the preset's widths, wrap it with ARR-COC and build the bench item's inputs."""
     import torch
 
@@ -245,7 +246,7 @@ def _build_rig(spec: Any, n_vision: int, n_lm: int, runtime: Any, seed: int, arr
 
     torch.manual_seed(seed)
     model, processor, summary = build_model(spec, n_vision, n_lm, runtime, seed)
-    wrapper = ARRCOCQwen(model, processor, arr_coc=arr_coc, seed=seed)
+    wrapper = ARRCOCQwen(model, processor, arr_coc=arr_coc, seed=seed, execution=read_fast_flag(fast, runtime.device))
     layer_note = _layer(wrapper, arr_coc, runtime.device)
     image, record, _ = make_item(seed, "bench", 0, canvas=spec.canvas, hard_rate=0.0)
     inputs = wrapper.build_inputs([[image]], [record["question"]])
@@ -261,7 +262,7 @@ def _run_row(rig: _Rig, row: RowSpec, count: bool) -> dict[str, Any]:
 
     name = "none" if row.budget == 1.0 else rig.method
     encode = EncodeConfig(mode=row.encode, gist=row.gist, margin=row.margin, windows=row.windows)
-    sync, wrapper = rig.sync, rig.wrapper
+    sync, wrapper = rig.sync, rig.wrapper   # counted: the compiled stages run eagerly (`Execution.compile`)
     with _Probe(wrapper, sync, count) as probe, flop_counter() if count else nullcontext() as prep_counter:
         sync()
         t0 = time.perf_counter()
@@ -305,6 +306,9 @@ def _row_counts(rig: _Rig, name: str, tr: Any, probe: _Probe, prep_counter: Any,
 def _measure(rig: _Rig, rows: list[RowSpec], repeats: int) -> tuple[dict, dict]:
     """A counted pass over every row (FLOPs, sizes; also the warm-up), then `repeats` timed passes in rotated order."""
     static = {row: _run_row(rig, row, count=True) for row in rows}      # FLOPs, sizes; also the warm-up
+    if rig.wrapper.execution.compiled:   # counted passes run eagerly: each row's graphs compile here, timed
+        for row in rows:
+            static[row]["compile_seconds"] = _run_row(rig, row, count=False)["total_s"]
     times: dict[RowSpec, dict[str, list[float]]] = {row: {} for row in rows}
     for rep in range(repeats):
         for row in rows[rep % len(rows):] + rows[: rep % len(rows)]:
@@ -324,6 +328,7 @@ def _report(preset: str, spec: Any, shape: Any, rig: _Rig, rows: list[RowSpec], 
     return {
         "preset": preset, "shape": shape.name, "label": label(spec, rig.n_vision, rig.n_lm),
         "layers": rig.n_lm, "vision_layers": rig.n_vision, "runtime": runtime.describe(),
+        "execution": rig.wrapper.execution.label,
         "dtype": str(runtime.dtype).removeprefix("torch."), "method": rig.method, "arr_coc_layer": rig.layer_note,
         "budget_mode": rig.budget_mode, "model": rig.summary, "image": list(rig.image.size),
         "question": rig.record["question"],
@@ -339,8 +344,9 @@ def _report(preset: str, spec: Any, shape: Any, rig: _Rig, rows: list[RowSpec], 
 def bench(preset: str = "qwen2-vl-2b", vision_layers: int | None = None, lm_layers: int | None = None,
           budgets=None, encodes=ENCODES, gist: float = 0.0, repeats: int | None = None, method: str = "arr_coc",
           arr_coc: str | None = None, budget_mode: str | None = None, runtime: Any = None,
-          seed: int = 0, margin: int = 0, windows: bool = False) -> dict[str, Any]:
-    """Measure every row side by side; returns the report dict (see the module docstring)."""
+          seed: int = 0, margin: int = 0, windows: bool = False, fast: str | bool = "off") -> dict[str, Any]:
+    """Measure every row side by side; returns the report dict (see the module docstring). fast: every row,
+    the every-token reference included, on the fixed-shape compiled execution (`arr_coc.execution`)."""
     from ..runtime import Runtime
 
     spec = get_preset(preset)
@@ -353,7 +359,7 @@ def bench(preset: str = "qwen2-vl-2b", vision_layers: int | None = None, lm_laye
     arr_coc = None if arr_coc in (None, "untrained") else arr_coc
     load_start = os.getloadavg()
     t_start = time.perf_counter()
-    rig = _build_rig(spec, n_vision, n_lm, runtime, seed, arr_coc, method, budget_mode)
+    rig = _build_rig(spec, n_vision, n_lm, runtime, seed, arr_coc, method, budget_mode, fast)
     static, times = _measure(rig, rows, repeats)
     return _report(preset, spec, shape, rig, rows, static, times, repeats, load_start, t_start)
 

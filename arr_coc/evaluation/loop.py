@@ -89,12 +89,13 @@ def resolve_methods(spec: str, arr_coc_weights: str | None = None, video: bool =
 
 
 def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int = 3, dtype: str = "auto",
-                 attn_implementation: str | None = None, arr_coc: str | None = None) -> ARRCOCQwen:
+                 attn_implementation: str | None = None, arr_coc: str | None = None, fast: str | bool = False
+                 ) -> ARRCOCQwen:
     """ARRCOCQwen.from_pretrained with a clear error; retries a moment later if a checkpoint is mid-save.
 
     arr_coc: the ARR-COC layer the wrapper builds (a folder, a hub id; None: the untrained layer).
     device / dtype / attn_implementation: `arr_coc.runtime`'s names (a wrong one raises RuntimeChoiceError
-    at once, before anything loads; it is never retried).
+    at once, before anything loads; it is never retried). fast: `ARRCOCQwen.from_pretrained`'s.
     """
     from ..qwen import ARRCOCQwen, HubUnreachable
     from ..runtime import Runtime, RuntimeChoiceError
@@ -108,7 +109,7 @@ def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int =
     for attempt in range(attempts):
         try:
             wrapper = ARRCOCQwen.from_pretrained(model, arr_coc=arr_coc, device=run.device, dtype=run.dtype,
-                                                 attn_implementation=run.attn_implementation)
+                                                 attn_implementation=run.attn_implementation, fast=fast)
             break
         except (HubUnreachable, RuntimeChoiceError):   # retrying changes neither
             raise

@@ -67,7 +67,7 @@ class MethodPlan:
         elif self.name == "arr_coc_trained":
             if not arr_coc_weights:
                 raise ValueError("arr_coc_trained needs arr_coc_weights (a folder of trained ARR-COC weights)")
-            self.selector = arrcoc.trained_selector(wrapper, arr_coc_weights)
+            self.selector = arrcoc.trained_selector(wrapper, arr_coc_weights, wrapper.compile_layer)
         elif not info.needs and self.name != "none":
             self.selector = get_selector(self.name)
         # Methods that read the encoded tokens (FastV, VisionZip, DivPrune, CDPruner) and downscale (a new input)

@@ -66,7 +66,7 @@ def _counted_pass(wrapper: Any, inputs: dict[str, Any], budget: Any, method: str
     from ..stopwatch import Stopwatch
     from .opcount import OpCounter
 
-    with OpCounter(record_stacks=False) as ops:
+    with OpCounter(record_stacks=False) as ops:     # compiled stages run eagerly under it (`Execution.compile`)
         clock = Stopwatch(counter=ops).start()
         wrapper.answer(inputs, _pruning(budget, method, encode, budget_mode), clock=clock, max_new_tokens=1)
     return {"ops": dict(clock.ops), "kernels": dict(clock.kernels), "syncs": dict(clock.syncs),
@@ -118,7 +118,8 @@ def stage_bench(wrapper: Any, sizes=(448, 896), batches=(1, 8), budget: Any = 0.
 
     t0 = time.perf_counter()
     rows = [measure(wrapper, s, b, budget, encode, repeats, seed, budget_mode) for s in sizes for b in batches]
-    return {"runtime": wrapper.runtime.describe(), "note": note, "rows": rows, "repeats": repeats,
+    return {"runtime": wrapper.runtime.describe(), "execution": wrapper.execution.label, "note": note, "rows": rows,
+            "repeats": repeats,
             "host": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                      "machine": platform.machine(), "wall_s": time.perf_counter() - t0,
                      "device_name": torch.cuda.get_device_name(wrapper.device) if wrapper.device.type == "cuda"
@@ -127,9 +128,12 @@ def stage_bench(wrapper: Any, sizes=(448, 896), batches=(1, 8), budget: Any = 0.
 
 def markdown_stages(report: dict[str, Any]) -> str:
     """The stage table: ms per batch (and per image), ops and syncs of the layer's forward."""
+    fast = report.get("execution") == "fast"
+    how = ("fast (fixed-shape buckets, compiled; the layer's stages are one captured graph, timed as 'allocator'; "
+           "op counts are the same shapes run eagerly)" if fast else "eager")
     lines = [f"bench --stages: {report['note']}; {report['runtime']} on {report['host']['device_name']}, "
-             f"{report['host']['torch_threads']} thread(s); medians of {report['repeats']} runs, the reference and "
-             "ARR-COC side by side; ms per batch.\n",
+             f"{report['host']['torch_threads']} thread(s); execution {how}; medians of {report['repeats']} runs, "
+             "the reference and ARR-COC side by side; ms per batch.\n",
              "| size | batch | " + " | ".join(SHOWN) + " | ARR-COC own | own / image | LM prefill | whole | reference "
              "(tower + prefill) | layer ops (kernels) | syncs | uploads |",
              "|---|---|" + "---|" * (len(SHOWN) + 8)]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -126,10 +126,14 @@ def select_adaptive(ctx: SelectionContext) -> Selection:
     return run_layer(ctx, "adaptive")
 
 
-def trained_selector(vlm: VLMBackend, weights: str | os.PathLike) -> Selector:
+def trained_selector(vlm: VLMBackend, weights: str | os.PathLike,
+                     prepare: Callable[[ARRCOCLayer], None] | None = None) -> Selector:
     """A selector running the ARR-COC layer saved in `weights` (a folder or a hub id) on the same VLM (`vlm`: a
-    backend, or anything with its `text_hidden_size` and `device`, such as `ARRCOCQwen`)."""
+    backend, or anything with its `text_hidden_size` and `device`, such as `ARRCOCQwen`); prepare: what the
+    caller does to the layer once built (`ARRCOCQwen.compile_layer`: its execution's compiled pass)."""
     layer = build_layer(os.fspath(weights), vlm.text_hidden_size).to(vlm.device)  # a bad folder fails now
+    if prepare is not None:
+        prepare(layer)
 
     def select_trained(ctx: SelectionContext) -> Selection:
         return select(dataclasses.replace(ctx, layer=lambda: layer))

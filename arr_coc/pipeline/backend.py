@@ -16,7 +16,7 @@ Shapes: N units in the batch, B rows, D the tower's output width (the language m
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
@@ -53,6 +53,7 @@ class PrunedPrompt(Protocol):
 
     kept_indices: list[torch.Tensor]   # per unit, LongTensor[K_i] ascending: the cells the LM reads
     lengths: list[int]                 # per row, tokens without padding
+    width: int                         # the rows' length, padding included
 
     def rows(self, rows: Sequence[int]) -> PrunedPrompt:
         """Batch rows `rows` on their own, in that order."""
@@ -150,8 +151,10 @@ class VLMBackend(Protocol):
 
     # -- the language model ---------------------------------------------------------------------------------
 
-    def rewrite(self, prompt: Prompt, visual: VisualRows, lm_cells: Sequence[torch.Tensor]) -> PrunedPrompt:
-        """The prompt with only `lm_cells` of each unit, every token at its unpruned position."""
+    def rewrite(self, prompt: Prompt, visual: VisualRows, lm_cells: Sequence[torch.Tensor],
+                round_length: Callable[[int], int] | None = None) -> PrunedPrompt:
+        """The prompt with only `lm_cells` of each unit, every token at its unpruned position; round_length: the
+        rows' padded length from the longest row's (fixed shapes: `Buckets.prompt_for`)."""
 
     def prefill(self, pruned: PrunedPrompt, **forward: Any) -> Any:
         """One language-model forward over the pruned prompt (an output with `.logits`)."""

@@ -24,6 +24,7 @@ from ..cancel import checkpoint
 from ..encode import EncodeConfig
 from ..stopwatch import Stopwatch
 from .backend import PrunedPrompt, VLMBackend
+from ..buckets import fill, relevance_of
 from .choose import Choice, context, run_selector, validate_kept
 from .fovea import Foveated, Gist, foveate, gist_or_zeros
 from .prompt import Prompt
@@ -79,6 +80,8 @@ def prepare(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning, la
         choice.keep_all(i, prompt.n_tokens[i], f"gist failed: {why}")
     choice.kept, choice.fallback, choice.errors = validate_kept(choice.kept, prompt.n_tokens, choice.fallback,
                                                                 choice.errors)
+    if pruning.buckets is not None and fn is not None:   # fixed shapes: filled with the next most relevant cells
+        choice.kept = fill(choice.kept, prompt.grid_hw, pruning.buckets, relevance_of(choice.arr_out, prompt.grid_hw))
     select_s = time.perf_counter() - t0
     clock.lap("select")
     checkpoint("selection")
@@ -91,13 +94,18 @@ def prepare(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning, la
         checkpoint("vision")
     elif any(r is not None for r in choice.replaced):   # the selector replaced some tokens (VisionZip)
         visual = VisualRows.every_cell(choice.replacing(prompt.feats), prompt.deep)
-    pruned = backend.rewrite(prompt, visual, lm_cells)
+    pruned = backend.rewrite(prompt, visual, lm_cells,
+                             pruning.buckets.prompt_for if pruning.buckets is not None else None)
     clock.lap("packing")
     timing = {"vision_s": prompt.vision_s, "gist_s": gist_s, "select_s": select_s,
               "arr_coc_s": select_s + clock.seconds["packing"], "total_s": time.perf_counter() - t_start,
               "stages_s": dict(clock.seconds)}
     traces = item_traces(pruning.method, budgets, mode, prompt, choice, lm_cells, pruned, encoding.mode, fovea, gist,
                          timing)
+    if pruning.buckets is not None:
+        for b, tr in enumerate(traces):
+            tr.bucket = {"cells": [int(lm_cells[i].numel()) for i in prompt.units_of(b)],
+                         "prompt": int(pruned.width)}
     return Prepared(pruned, traces, prompt, choice, fovea, gist, encoding, budgets, mode, fn)
 
 

@@ -27,6 +27,7 @@ from ..budget import DEFAULT_BUDGET, Budget, BudgetError, BudgetMode, BudgetSpec
 from ..encode import EncodeConfig, EncodeMode, as_encode_config
 from ..errors import InputError
 from ..inputs import LIMITS, ImageInfo, InputLimits, check_image, check_question
+from ..buckets import Buckets
 from .selection import (Selector, available_methods, get_selector, method_info, methods_where, selector_name,
                         selects_before_encoding, selects_video, unknown_method_message, video_methods)
 
@@ -50,6 +51,8 @@ class Pruning:
     encode       what the tower encodes and how many looks (`EncodeConfig`)
     strict       a failing selector raises (`SelectorFailed`) instead of keeping every token of its items
     kept         explicit cells per unit (LongTensor[K_i]); overrides the method
+    buckets      fixed shapes (`buckets.Buckets`): each unit's cells and the prompt's length rounded up to a bucket,
+                 for a compiled execution; None: every request its own shape
     """
 
     method: str = "none"
@@ -59,11 +62,13 @@ class Pruning:
     encode: EncodeConfig = EncodeConfig()
     strict: bool = False
     kept: tuple[torch.Tensor, ...] | None = None
+    buckets: Buckets | None = None
 
     @classmethod
     def of(cls, method: str | Selector = "arr_coc", budget: BudgetSpec = None, budget_mode: BudgetMode | None = None,
            encode: EncodeConfig | EncodeMode | None = None, strict: bool = False,
-           kept_indices: Sequence[torch.Tensor] | None = None, wire: bool = False, parsed: bool = False) -> Pruning:
+           kept_indices: Sequence[torch.Tensor] | None = None, wire: bool = False, parsed: bool = False,
+           buckets: Buckets | None = None) -> Pruning:
         """The one read of a caller's values (see the module docstring); ValueError / BudgetError on bad ones.
 
         parsed: the budget was read at the caller's own edge already (`read_budget`, argparse's `budget_arg`), so
@@ -77,7 +82,7 @@ class Pruning:
                              "vision tower; run it with encode='after'")
         kept = None if kept_indices is None else tuple(torch.as_tensor(k, dtype=torch.long) for k in kept_indices)
         return cls(name, selector, budget if parsed else read_budgets(budget, wire), check_mode(budget_mode), encoding,
-                   strict, kept)
+                   strict, kept, buckets)
 
     @property
     def before(self) -> bool:

@@ -87,6 +87,8 @@ class Trace:
     looks: list[Look] = field(default_factory=list)
     model: str = ""                              # which model answered (its folder or hub id; "" when not known)
     notes: list[str] = field(default_factory=list)   # what the user should know: a clip's minimum applied, ...
+    bucket: dict[str, Any] | None = None         # fixed shapes: the cells per image and the prompt length it ran at
+    execution: str = "eager"                     # how it ran: "eager" or "fast" (fixed shapes, compiled)
 
     @property
     def kept_per_group(self) -> list[list[int]]:
@@ -145,6 +147,8 @@ class Trace:
             "looks": [look.to_dict() for look in self.looks],
             "model": self.model,
             "notes": list(self.notes),
+            "bucket": self.bucket,
+            "execution": self.execution,
         }
 
 

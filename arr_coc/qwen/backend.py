@@ -17,21 +17,23 @@ wrong for padded batches); `forward(mm_encoder_outputs=...)` scatters the kept t
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from ..cancel import stopping_kwargs
 from ..encode import EncodeConfig
+from ..execution import Execution
 from ..inputs import InputLimits, limits_for
 from ..pipeline.prompt import Prompt
 from ..pipeline.tokens import VisualRows
 from ..stopwatch import Stopwatch
 from .attention import LastBlockRecorder, attention_received, encoder_output, last_token_attention
-from .encoding import cells_to_encode, encode_packed, encoder_output_class, gist_tokens
+from .compiled import CompiledQwen
+from .encoding import cells_to_encode, encode_every_cell, encode_packed, encoder_output_class, gist_tokens
 from .families import Family, family_of
 from .pixels import PatchImages
 from .processing import IM_END, VISION_END, QwenProcessor, encode_prompts, video_sampling
@@ -81,6 +83,29 @@ class QwenBackend:
                                    special=frozenset(getattr(tok, "all_special_ids", []) or []))
         self.merge = int(cfg.vision_config.spatial_merge_size)
         self._encoder_output_cls: type | None = None
+        self.execution = Execution.eager()
+        self.compiled: CompiledQwen | None = None
+
+    def use(self, execution: Execution) -> None:
+        """Run the tower and the language model as `execution` says (compiled: `CompiledQwen`)."""
+        self.execution = execution
+        self.compiled = CompiledQwen(self.model, execution) if execution.compiled else None
+
+    def _tower(self) -> AbstractContextManager:
+        return self.compiled.tower() if self.compiled is not None else nullcontext()
+
+    def _language_model(self) -> AbstractContextManager:
+        return self.compiled.language_model() if self.compiled is not None else nullcontext()
+
+    def _encode_every_cell(self) -> Callable | None:
+        """The full encoding through the compiled tower (every cell chosen), or None: the stock call."""
+        if self.compiled is None:
+            return None
+
+        def encode(pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[tuple, list[tuple] | None]:
+            with self._tower():
+                return encode_every_cell(self.model, pixel_values, grid_thw)
+        return encode
 
     # -- facts ----------------------------------------------------------------------------------------------
 
@@ -126,8 +151,9 @@ class QwenBackend:
     def read_prompt(self, inputs: Mapping[str, Any], encode_all: bool, clock: Stopwatch | None = None,
                     record_attention: bool = False) -> Prompt:
         """record_attention: keep the tower's last-block attention of the full encoding (`tower_attention`)."""
-        if not (record_attention and encode_all):
-            return read_prompt(self.model, self.tokens, inputs, encode_all, self.encoder_output_cls, clock)
+        if not (record_attention and encode_all):   # recording the tower's attention needs its stock call
+            return read_prompt(self.model, self.tokens, inputs, encode_all, self.encoder_output_cls, clock,
+                               self._encode_every_cell())
         with LastBlockRecorder(self.model) as recorder:
             prompt = read_prompt(self.model, self.tokens, inputs, encode_all, self.encoder_output_cls, clock)
         prompt.native.tower_record = recorder.last
@@ -153,7 +179,7 @@ class QwenBackend:
     def encode_gist(self, prompt: Prompt, units: Sequence[int], grids: Sequence[tuple[int, int]]
                     ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]] | None]:
         images = self.pixels(prompt).images
-        return gist_tokens(self.model, self.processor, [images[i] for i in units], grids)
+        return gist_tokens(self.model, self.processor, [images[i] for i in units], grids, self._encode_every_cell())
 
     def context_cells(self, prompt: Prompt, units: Sequence[int], chosen: Sequence[torch.Tensor],
                       encode: EncodeConfig) -> list[torch.Tensor]:
@@ -166,7 +192,8 @@ class QwenBackend:
         pixels = native.inputs["pixel_values"]
         if units != list(range(len(prompt.grid_hw))):
             pixels = _patch_rows(pixels, native.grid_thw, units)
-        return encode_packed(self.model, pixels, native.grid_thw[units], cells, clock)
+        with self._tower():
+            return encode_packed(self.model, pixels, native.grid_thw[units], cells, clock)
 
     @torch.no_grad()
     def encode_units(self, prompt: Prompt, units: Sequence[int]) -> torch.Tensor:
@@ -188,15 +215,17 @@ class QwenBackend:
 
     # -- the language model ---------------------------------------------------------------------------------
 
-    def rewrite(self, prompt: Prompt, visual: VisualRows, lm_cells: Sequence[torch.Tensor]) -> PrunedInputs:
+    def rewrite(self, prompt: Prompt, visual: VisualRows, lm_cells: Sequence[torch.Tensor],
+                round_length: Callable[[int], int] | None = None) -> PrunedInputs:
         native = prompt.native
         return rewrite(native.host["input_ids"], native.host["attention_mask"], native.pos3_host, native.spans,
                        visual, list(lm_cells), native.encoder_output_cls, prompt.item_of_image, prompt.grid_hw,
-                       self.pad_token_id, self.device, native.units.kind)
+                       self.pad_token_id, self.device, native.units.kind, round_length)
 
     @torch.no_grad()
     def prefill(self, pruned: PrunedInputs, **forward: Any) -> Any:
-        return self.model(**pruned.model_kwargs(), **forward)
+        with self._language_model():
+            return self.model(**pruned.model_kwargs(), **forward)
 
     @torch.no_grad()
     def decode(self, pruned: PrunedInputs, first_logits: bool = False, **generate: Any) -> Decoded:
@@ -214,11 +243,13 @@ class QwenBackend:
 
         h1 = self.model.register_forward_pre_hook(pre_hook, with_kwargs=True)
         h2 = self.model.register_forward_hook(post_hook, with_kwargs=True)
-        kw = {"do_sample": False, "pad_token_id": self.pad_token_id, **generate}
+        kw = {"do_sample": False, "pad_token_id": self.pad_token_id,
+              **(self.compiled.generate_kwargs() if self.compiled is not None else {}), **generate}
         if first_logits:
             kw.update(output_logits=True, return_dict_in_generate=True)
         try:
-            out = self.model.generate(**pruned.model_kwargs(), **stopping_kwargs(kw))
+            with self._language_model():
+                out = self.model.generate(**pruned.model_kwargs(), **stopping_kwargs(kw))
         finally:
             h1.remove()
             h2.remove()

@@ -23,7 +23,7 @@ Patches are laid out by the processor in merge-block order, so merged cell c of 
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -146,13 +146,13 @@ def encode_packed(model: PreTrainedModel, pixel_values: torch.Tensor, grid_thw: 
     dev = pixel_values.device
     counts = [len(c) for c in cells]
     cu = np.concatenate([[0], np.cumsum([unit * k for k in counts])]).astype(np.int32)
-    kwargs: dict[str, torch.Tensor] = {"position_ids": upload(full["position_ids"].numpy()[rows_np], dev),
-                                       "cu_seqlens": upload(cu, dev)}
+    kwargs: dict[str, Any] = {"position_ids": upload(full["position_ids"].numpy()[rows_np], dev),
+                              "cu_seqlens": upload(cu, dev), "max_seqlen": int(np.diff(cu).max())}
     if family.position_table:
         kwargs["interp_indices"] = upload(full["interp_indices"].numpy()[rows_np], dev)
         kwargs["interp_weights"] = upload(full["interp_weights"].numpy()[rows_np], dev)
     if family.windows:
-        kwargs["window_index"], kwargs["cu_window_seqlens"] = _packed_windows(
+        kwargs["window_index"], kwargs["cu_window_seqlens"], kwargs["max_window_seqlen"] = _packed_windows(
             torch.from_numpy(np.concatenate(cell_global)), full["window_of_cell"], full["window_rank"], unit, dev)
     patches = pixel_values.index_select(0, upload(rows_np, dev)).type(visual.dtype)
     lap(clock, "packing")
@@ -162,15 +162,29 @@ def encode_packed(model: PreTrainedModel, pixel_values: torch.Tensor, grid_thw: 
     return out.pooler_output, None if deep is None else list(deep)
 
 
+@torch.no_grad()
+def encode_every_cell(model: PreTrainedModel, pixel_values: torch.Tensor, grid_thw: torch.Tensor
+                      ) -> tuple[tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]] | None]:
+    """The full encoding through `encode_packed` (every cell chosen: the stock encoding, tested), the shape of
+    `get_image_features`' output: (per image [n_i, D], per deepstack layer a tuple of per-image tensors or None).
+    What the compiled execution runs instead of the stock call, which reads the images' lengths on the host."""
+    grid_host = grid_thw.cpu()
+    counts = [int(t * h * w) // int(model.model.visual.spatial_merge_size) ** 2 for t, h, w in grid_host.tolist()]
+    tokens, deep = encode_packed(model, pixel_values, grid_host, [np.arange(n) for n in counts])
+    feats = tuple(torch.split(tokens, counts))
+    return feats, None if deep is None else [tuple(torch.split(layer, counts)) for layer in deep]
+
+
 def _packed_windows(cells: torch.Tensor, window_of: torch.Tensor, rank: torch.Tensor, unit: int,
-                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Qwen2.5-VL's window attention on the packed cells: each keeps its FULL-grid window, and inside a
-    window the full encoding's order. -> (window_index over packed cells, cu_window_seqlens in patches)."""
+    window the full encoding's order. -> (window_index over packed cells, cu_window_seqlens in patches, the
+    longest window in patches)."""
     order = torch.argsort(rank[cells])                  # packed cells in the full encoding's window order
     windows = window_of[cells][order]
     _, per_window = torch.unique_consecutive(windows, return_counts=True)
     cu = F.pad((per_window * unit).cumsum(0, dtype=torch.int32), (1, 0))
-    return upload(order, device), upload(cu, device)
+    return upload(order, device), upload(cu, device), int(per_window.max()) * unit
 
 
 def encoder_output_class(model: PreTrainedModel) -> type:
@@ -185,8 +199,10 @@ def encoder_output_class(model: PreTrainedModel) -> type:
 
 @torch.no_grad()
 def gist_tokens(model: PreTrainedModel, processor: Any, images: Sequence[torch.Tensor],
-                grids: Sequence[tuple[int, int]]) -> tuple[list[torch.Tensor], list[list[torch.Tensor]] | None]:
+                grids: Sequence[tuple[int, int]], encode: Callable | None = None
+                ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]] | None]:
     """The vision tower on each image resized to grids[i] merged cells. images: [3, H, W] in [0, 1] (host).
+    encode: the full encoding to use (`encode_every_cell` through the compiled tower), None: the stock call.
     -> (per image [h_g * w_g, D], per image one [h_g * w_g, D] per deepstack layer or None)."""
     from PIL import Image
 
@@ -205,10 +221,13 @@ def gist_tokens(model: PreTrainedModel, processor: Any, images: Sequence[torch.T
     if got != [tuple(g) for g in grids]:
         raise RuntimeError(f"the image processor resized the gist to {got}, not {list(grids)}; check its min/max "
                            "pixels")
-    enc = model.model.get_image_features(out["pixel_values"].to(model.device), grid_thw.to(model.device),
-                                         return_dict=True)
-    tokens = list(enc.pooler_output)
-    deep = getattr(enc, "deepstack_features", None)
+    if encode is not None:
+        feats, deep = encode(out["pixel_values"].to(model.device), grid_thw)
+    else:
+        enc = model.model.get_image_features(out["pixel_values"].to(model.device), grid_thw.to(model.device),
+                                             return_dict=True)
+        feats, deep = enc.pooler_output, getattr(enc, "deepstack_features", None)
+    tokens = list(feats)
     return tokens, ([[layer[i] for layer in deep] for i in range(len(tokens))] if deep is not None else None)
 
 

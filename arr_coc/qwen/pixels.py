@@ -19,7 +19,7 @@ computed from the rebuilt image (`unpatchify_images`, still there for what needs
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from ..lazy import cached
 from typing import Any, Sequence
 
 import torch
@@ -59,7 +59,7 @@ class PatchImages:
         return GridBatch(tuple((1, h // m, w // m) for _, h, w in self.grid_thw),
                          self.pixel_values.device if device is None else device)
 
-    @cached_property
+    @cached
     def images(self) -> list[torch.Tensor]:
         """The resized images on the host, [3, H, W] in [0, 1] each (rebuilt once, when something asks)."""
         return unpatchify_images(self.pixel_values, torch.tensor(self.grid_thw), self.image_processor)

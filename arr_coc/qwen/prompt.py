@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -199,9 +199,9 @@ class QwenPrompt:
 
 
 def read_prompt(model: PreTrainedModel, tokens: PromptTokens, inputs: Mapping[str, Any], encode_all: bool,
-                encoder_output_cls: type, clock: Stopwatch | None = None) -> Prompt:
+                encoder_output_cls: type, clock: Stopwatch | None = None, encode: Callable | None = None) -> Prompt:
     """Units, unpruned M-RoPE positions and grids of the processor's tensors; with encode_all, the vision tower
-    + merger once on every patch."""
+    + merger once on every patch (encode: how, `encoding.encode_every_cell`'s shape; None: the stock call)."""
     if inputs.get("pixel_values") is None and inputs.get("pixel_values_videos") is None:
         raise ValueError("no images or videos in the inputs (pixel_values / pixel_values_videos missing): nothing "
                          "to prune; build inputs with images, or call generate() which handles text-only prompts")
@@ -224,7 +224,10 @@ def read_prompt(model: PreTrainedModel, tokens: PromptTokens, inputs: Mapping[st
     lap(clock, "prompt")
     t0 = time.perf_counter()
     visual = feats = deep = None
-    if encode_all:
+    if encode_all and encode is not None:
+        feats, deep = encode(inputs["pixel_values"], units.grid_thw)       # (Tensor[n_i, D], ...)
+        visual = VisualRows.every_cell(feats, deep)
+    elif encode_all:
         enc = model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"], return_dict=True)
         feats = tuple(enc.pooler_output)                                  # (Tensor[n_i, D], ...)
         deep = getattr(enc, "deepstack_features", None)

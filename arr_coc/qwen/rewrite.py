@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -128,6 +128,11 @@ class PrunedInputs:
             unit_kind=None if self.unit_kind is None else [self.unit_kind[i] for i in imgs])
 
     @property
+    def width(self) -> int:
+        """The rows' length, padding included."""
+        return int(self.input_ids.shape[1])
+
+    @property
     def kept_counts(self) -> list[int]:
         return [int(k.numel()) for k in self.kept_indices]
 
@@ -151,7 +156,7 @@ def rewrite(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, pos3: torch.Tensor, spans: list[tuple[int, int, int]],
     visual: VisualRows, kept: list[torch.Tensor], encoder_output_cls: type, item_of_image: list[int],
     grid_hw: list[tuple[int, int]], pad_token_id: int, device: torch.device | str,
-    unit_kind: list[int] | None = None,
+    unit_kind: list[int] | None = None, round_length: Callable[[int], int] | None = None,
 ) -> PrunedInputs:
     """Drop the unkept image pads, keep every other token with its original positions, left-pad.
 
@@ -168,6 +173,7 @@ def rewrite(
         keep[b, s:e] = False
         keep[b, s + k] = True
     S2 = int(keep.sum(-1).max())
+    S2 = S2 if round_length is None else max(S2, int(round_length(S2)))   # fixed shapes: more left padding
     out = np.zeros((7, B, S2), dtype=np.int64)                           # ids, mask, orig, text, t, h, w
     out[0] = pad_token_id
     out[2] = -1

@@ -12,6 +12,7 @@ budget 1.0) reproduces the stock forward exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import TYPE_CHECKING, Any, Sequence, Union
@@ -20,6 +21,7 @@ import torch
 
 from ..budget import BudgetMode, BudgetSpec
 from ..encode import EncodeConfig, EncodeMode
+from ..execution import Execution, read_fast_flag
 from ..layer import ARRCOCLayer
 from ..paths import check_layer_folder
 from ..pipeline.answer import Answered, Response, answer, respond
@@ -53,7 +55,7 @@ class ARRCOCQwen:
     """
 
     def __init__(self, model: PreTrainedModel, processor: QwenProcessor, arr_coc: LayerSpec = None, seed: int = 0,
-                 name: str = ""):
+                 name: str = "", execution: Execution | None = None):
         self.backend = QwenBackend(model.eval().requires_grad_(False), processor)   # refuses other families
         if isinstance(arr_coc, (str, os.PathLike)):  # refused here, not kept-all at the first request
             arr_coc = check_layer_folder(arr_coc)    # a hub id: its snapshot in the cache
@@ -71,6 +73,9 @@ class ARRCOCQwen:
         self.im_end_id = self.tokens.im_end
         self.pad_token_id = self.backend.pad_token_id
         self.merge = self.backend.merge
+        self.execution = Execution.eager()
+        if execution is not None:
+            self.use(execution)
 
     # -- construction ---------------------------------------------------------------------------------------
 
@@ -82,6 +87,7 @@ class ARRCOCQwen:
         device: str | torch.device = "cpu",
         dtype: torch.dtype | str | None = "auto",
         attn_implementation: str | None = None,
+        fast: bool | str | None = False,
         **kwargs: Any,
     ) -> ARRCOCQwen:
         """Load any of the three families from a hub id or a local folder (see `loading.load_vlm`).
@@ -93,13 +99,37 @@ class ARRCOCQwen:
         default to "auto"), so library code that never asked for a GPU keeps running where it ran. The ARR-COC
         layer runs on the VLM's device in float32 whatever the VLM's dtype (`methods.arrcoc.run_layer`), and the
         VLM's activations keep theirs. arr_coc: a trained layer's folder or hub id ("owner/name"), an
-        `ARRCOCLayer`, an `ARRCOCConfig`, or None (the untrained layer).
+        `ARRCOCLayer`, an `ARRCOCConfig`, or None (the untrained layer). fast: True / "on" runs requests as
+        fixed-shape compiled graphs (`arr_coc.execution`; `warm_up` compiles them ahead), "auto" on a GPU only,
+        False / "off" (the default) eagerly.
         """
         if isinstance(arr_coc, (str, os.PathLike)):  # a layer that is not there, refused before the model loads
             arr_coc = check_layer_folder(arr_coc)
         model, processor = load_vlm(model_id_or_path, device=device, dtype=dtype,
                                     attn_implementation=attn_implementation, **kwargs)
-        return cls(model, processor, arr_coc=arr_coc, name=os.fspath(model_id_or_path))
+        return cls(model, processor, arr_coc=arr_coc, name=os.fspath(model_id_or_path),
+                   execution=read_fast_flag(fast, model.device))
+
+    def use(self, execution: Execution) -> ARRCOCQwen:
+        """Run every later request as `execution` says (`Execution.fast(device)`: buckets, compiled layer, tower and
+        language model; `Execution.eager()`: every request its own shapes, eagerly). Returns self."""
+        self.execution = execution
+        self.backend.use(execution)
+        if self._arr_coc_layer is not None:
+            self.compile_layer(self._arr_coc_layer)
+        return self
+
+    def compile_layer(self, layer: ARRCOCLayer) -> None:
+        """Run `layer`'s device pass as this wrapper's execution says (compiled, its questions on buckets)."""
+        ex = self.execution
+        layer.compile_device_pass(ex.compile if ex.compiled else None,
+                                  ex.buckets.question_for if ex.buckets is not None else (lambda n: n))
+
+    def pruning(self, pruning: Pruning) -> Pruning:
+        """`pruning` with this wrapper's fixed shapes (its execution's buckets) where it names none."""
+        if pruning.buckets is None and self.execution.buckets is not None:
+            return dataclasses.replace(pruning, buckets=self.execution.buckets)
+        return pruning
 
     @property
     def device(self) -> torch.device:
@@ -120,6 +150,7 @@ class ARRCOCQwen:
         float32 (moved there if the model was moved since)."""
         if self._arr_coc_layer is None:
             self._arr_coc_layer = build_layer(self._arr_coc_spec, self.text_hidden_size)
+            self.compile_layer(self._arr_coc_layer)
         if self._arr_coc_layer.device != self.device:
             self._arr_coc_layer.to(self.device)
         return self._arr_coc_layer
@@ -146,18 +177,19 @@ class ARRCOCQwen:
         (answers, traces, the validator's notes, every look). pruning: `Pruning.of(...)` (default: ARR-COC at
         the layer's budget)."""
         visuals = [list(im) if isinstance(im, (list, tuple)) else ([] if im is None else [im]) for im in images]
-        response = respond(self.backend, visuals, questions, pruning or Pruning.of(), self.layer, self.seed,
-                           max_new_tokens, **gen_kwargs)
+        response = respond(self.backend, visuals, questions, self.pruning(pruning or Pruning.of()), self.layer,
+                           self.seed, max_new_tokens, **gen_kwargs)
         for tr in response.traces:
-            tr.model = self.name
+            tr.model, tr.execution = self.name, self.execution.label
         return response
 
     def answer(self, inputs: dict[str, torch.Tensor], pruning: Pruning, clock: Stopwatch | None = None,
                **gen_kwargs: Any) -> Answered:
         """The processor's tensors answered through the pipeline (every look, every trace)."""
-        done = answer(self.backend, model_tensors(inputs), pruning, self.layer, self.seed, clock, **gen_kwargs)
+        done = answer(self.backend, model_tensors(inputs), self.pruning(pruning), self.layer, self.seed, clock,
+                      **gen_kwargs)
         for tr in done.traces:
-            tr.model = self.name
+            tr.model, tr.execution = self.name, self.execution.label
         return done
 
     @torch.no_grad()
@@ -182,10 +214,10 @@ class ARRCOCQwen:
         raises (`SelectorFailed`) instead of keeping every token of the items it failed on. encode: "after"
         (default), "before", or an `EncodeConfig`. clock: where each stage's wall time goes (`Stopwatch`).
         """
-        pruning = Pruning.of(method, budget, budget_mode, encode, strict, kept_indices)
+        pruning = self.pruning(Pruning.of(method, budget, budget_mode, encode, strict, kept_indices))
         state = prepare(self.backend, model_tensors(inputs), pruning, self.layer, self.seed, clock)
         for tr in state.traces:
-            tr.model = self.name
+            tr.model, tr.execution = self.name, self.execution.label
         return state
 
     @torch.no_grad()

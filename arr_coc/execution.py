@@ -1,0 +1,85 @@
+"""How a request executes: eagerly with its own shapes, or fast (fixed shapes, compiled and captured).
+
+    Execution.eager()                      every request its own shapes, eager PyTorch (the reference)
+    Execution.fast(device)                 buckets + torch.compile: CUDA graphs ("reduce-overhead") on a GPU,
+                                           inductor on the CPU
+    Execution.fast(device, compiler="eager")  the same graphs captured, run without code generation (tests)
+
+A fast execution rounds each request up to a bucket (`arr_coc.buckets`) and runs three stages through
+`torch.compile(fullgraph=True, dynamic=False)`: the layer's device pass (`ARRCOCLayer.compile_device_pass`), the
+vision tower on the chosen cells and the language model's forward over transformers' static KV cache (the Qwen
+backend, `arr_coc/qwen/compiled.py`). One graph per bucket: a second request of the same bucket replays it, a new
+bucket compiles once. What is not captured, and why: docs/GPU.md, "Fast path".
+
+`default_execution(device)`: fast on a GPU, where launch overhead is what a batch-1 request pays; eager on the
+CPU, where the measured gain does not pay for the compile (docs/GPU.md, "Fast path": the CPU table).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from .buckets import Buckets
+
+Compiler = Any   # a torch.compile backend: its name ("inductor", "eager", "aot_eager") or a callable backend
+
+
+@dataclass(frozen=True)
+class Execution:
+    """buckets: fixed shapes (None: every request its own); compiled: stages run through torch.compile with
+    `compiler` as its backend and `mode` ("reduce-overhead": CUDA graphs; None: the backend's default)."""
+
+    buckets: Buckets | None = None
+    compiled: bool = False
+    compiler: Compiler = "inductor"
+    mode: str | None = None
+    label: str = field(default="eager")
+
+    @classmethod
+    def eager(cls) -> Execution:
+        return cls()
+
+    @classmethod
+    def fast(cls, device: torch.device | str = "cpu", compiler: Compiler = "inductor",
+             buckets: Buckets | None = None) -> Execution:
+        gpu = torch.device(device).type == "cuda"
+        mode = "reduce-overhead" if gpu and compiler == "inductor" else None
+        return cls(buckets or Buckets(), True, compiler, mode, "fast")
+
+    def compile(self, fn: Callable) -> Callable:
+        """`fn` through torch.compile: one whole graph (a graph break raises), static shapes (one graph per
+        bucket; a new shape compiles anew rather than going dynamic). Under a dispatch mode (the FLOP and op
+        counters) `fn` runs eagerly instead, on the same shapes: a compiled graph hides its ops from them."""
+        if not self.compiled:
+            return fn
+        compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=self.compiler, mode=self.mode)
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            counted = _get_current_dispatch_mode() is not None
+            return (fn if counted else compiled)(*args, **kwargs)
+        return run
+
+
+def default_execution(device: torch.device | str) -> Execution:
+    """Fast on a GPU, eager on the CPU (module docstring)."""
+    return Execution.fast(device) if torch.device(device).type == "cuda" else Execution.eager()
+
+
+def read_fast_flag(value: bool | str | None, device: torch.device | str) -> Execution:
+    """A user's --fast / fast= value: True / "on", False / "off", None / "auto" (`default_execution`)."""
+    if value in (None, "auto"):
+        return default_execution(device)
+    if value in (True, "on", "true", "1"):
+        return Execution.fast(device)
+    if value in (False, "off", "false", "0"):
+        return Execution.eager()
+    raise ValueError(f"fast must be on, off or auto, got {value!r}")
+
+
+__all__ = ["Execution", "default_execution", "read_fast_flag"]

@@ -1,0 +1,176 @@
+"""The fast path (arr_coc.execution): fixed-shape buckets and the three compiled stages.
+
+Graphs are captured with dynamo's counting backend over eager execution (`CompileCounter`): the same capture as
+inductor or CUDA graphs without code generation, so `fullgraph=True` proves there is no graph break while the
+suite stays fast. Equality is asserted against eager execution with the SAME buckets (what compiling changes);
+what the buckets change (more cells, a longer left padding) is tested on its own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounter
+
+from arr_coc.buckets import Buckets, fill
+from arr_coc.execution import Execution, read_fast_flag
+from arr_coc.layer import ARRCOCLayer
+from arr_coc.pipeline.request import Pruning
+from arr_coc.qwen.wrapper import ARRCOCQwen
+from arr_coc.video import load_clip
+
+from conftest import FAMILIES
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def same_cells(a, b) -> bool:
+    return [k.tolist() for k in a.kept_indices] == [k.tolist() for k in b.kept_indices]
+
+
+def pair(model, processor, **kw):
+    """(fast wrapper with a compile counter, eager wrapper with the same buckets, the counter)."""
+    counter = CompileCounter()
+    fast = ARRCOCQwen(model, processor, execution=Execution.fast("cpu", compiler=counter), **kw)
+    eager = ARRCOCQwen(model, processor, execution=Execution(buckets=Buckets()), **kw)
+    return fast, eager, counter
+
+
+# -- buckets -------------------------------------------------------------------------------------------------
+
+
+def test_bucket_sizes_round_up_and_never_exceed_the_image():
+    b = Buckets()
+    assert b.cells[:8] == (4, 6, 8, 11, 16, 23, 32, 45)       # steps of sqrt(2)
+    assert [b.cells_for(k, 1024) for k in (1, 16, 17, 100, 1000, 1024)] == [4, 16, 23, 128, 1024, 1024]
+    assert b.cells_for(20, 21) == 21                           # at most the unit's own cells
+    assert [b.prompt_for(n) for n in (10, 64, 65, 40000)] == [32, 64, 91, 40000]
+    with pytest.raises(ValueError, match="increasing"):
+        Buckets(cells=(32, 16))
+
+
+def test_filling_keeps_the_chosen_cells_and_adds_the_next_most_relevant():
+    rel = np.linspace(0.0, 1.0, 64)[::-1].copy()              # cell 0 most relevant, cell 63 least
+    chosen = torch.arange(40, 52)                             # 12 cells: the method's choice, whatever the map says
+    [out] = fill([chosen], [(8, 8)], Buckets(), [rel])
+    assert out.tolist() == [0, 1, 2, 3] + list(range(40, 52))      # bucket 16: the chosen + the 4 most relevant
+    [out_grid] = fill([chosen], [(8, 8)], Buckets(), [None])        # no map: spread over the grid instead
+    assert len(out_grid) == 16 and set(chosen.tolist()) <= set(out_grid.tolist())
+    assert out_grid.tolist() != out.tolist()                        # negative control: the map decided
+    [exact] = fill([torch.arange(16)], [(8, 8)], Buckets(), [rel])  # a bucket already: unchanged
+    assert exact.tolist() == list(range(16))
+
+
+# -- graphs --------------------------------------------------------------------------------------------------
+
+
+def test_a_graph_break_is_caught():
+    def breaks(x):
+        return x * 2 if float(x.sum()) > 0 else x        # reads a value on the host: a graph break
+    with pytest.raises(Exception, match="(?i)graph|unsupported|data-dependent"):
+        Execution.fast("cpu", compiler="eager").compile(breaks)(torch.ones(3))
+
+
+def test_the_layers_device_pass_is_one_graph_per_shape():
+    layer = ARRCOCLayer.from_pretrained("checkpoints/arr-coc-shapes-before").eval()
+    reference = ARRCOCLayer.from_pretrained("checkpoints/arr-coc-shapes-before").eval()
+    counter = CompileCounter()
+    layer.compile_device_pass(Execution.fast("cpu", compiler=counter).compile, Buckets().question_for)
+    g = torch.Generator().manual_seed(0)
+    d = layer.config.knowing.query_dim
+
+    def batch(sizes, n_words):
+        return layer.batch([torch.rand(3, h * 28, w * 28, generator=g) for h, w in sizes], sizes,
+                           [torch.randn(n_words, d, generator=g) for _ in sizes])
+
+    for sizes, words, budget, graphs in (([(8, 8)], 5, 0.1, 1), ([(8, 8)], 9, 0.3, 1),    # same bucket: replayed
+                                         ([(8, 8), (6, 10)], 7, 12, 2), ([(8, 8), (6, 10)], 3, 0.5, 2)):
+        b = batch(sizes, words)
+        got = layer.run(b, budget)
+        want = reference.run(b, budget)
+        assert counter.frame_count == graphs, (sizes, words, budget)
+        assert [k.tolist() for k in got.kept_indices] == [k.tolist() for k in want.kept_indices]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("encode", ["before", "after"])
+def test_fast_equals_eager_on_images(tiny_vlm, make_image, family, encode):
+    model, processor = tiny_vlm(family)
+    fast, eager, counter = pair(model, processor)
+    image = make_image(112, 112)
+    graphs = []
+    for question in ("Where is the red circle?", "Where is the blue square?"):   # two questions, one bucket
+        pruning = Pruning.of("arr_coc", 0.1, encode=encode)
+        got = fast.respond([image], [question], pruning, max_new_tokens=4)
+        want = eager.respond([image], [question], pruning, max_new_tokens=4)
+        assert got.answers == want.answers
+        assert same_cells(got.traces[0], want.traces[0])
+        assert got.traces[0].bucket == want.traces[0].bucket
+        assert got.traces[0].execution == "fast" and want.traces[0].execution == "eager"
+        inputs = fast.build_inputs([[image]], [question])
+        a, b = fast.prepare_state(inputs, 0.1, encode=encode), eager.prepare_state(inputs, 0.1, encode=encode)
+        torch.testing.assert_close(fast.prefill(a.pruned).logits, eager.prefill(b.pruned).logits,
+                                   rtol=1e-5, atol=1e-5)
+        graphs.append(counter.frame_count)
+    # the layer, the tower, the LM's prefill and decoding step, the logits-only prefill: captured once each for
+    # the first question, replayed for the second
+    assert graphs == [5, 5]
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_fast_equals_eager_on_a_clip(tiny_vlm, family):
+    model, processor = tiny_vlm(family)
+    fast, eager, counter = pair(model, processor)
+    rng = np.random.default_rng(0)
+    clip = load_clip([rng.integers(0, 255, (56, 56, 3), dtype=np.uint8) for _ in range(4)], frame_rate=2, fps=None)
+    pruning = Pruning.of("arr_coc", 0.25, encode="after")
+    got = fast.respond([clip], ["What moves?"], pruning, max_new_tokens=4)
+    want = eager.respond([clip], ["What moves?"], pruning, max_new_tokens=4)
+    assert got.answers == want.answers
+    assert same_cells(got.traces[0], want.traces[0])
+    assert counter.frame_count > 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_keep_all_on_the_fast_path_answers_as_the_stock_model(tiny_vlm, make_image, family):
+    model, processor = tiny_vlm(family)
+    fast, _, counter = pair(model, processor)
+    image = make_image(112, 84)
+    got = fast.respond([image], ["What colour is the square?"], Pruning.of("none"), max_new_tokens=5)
+    inputs = fast.build_inputs([[image]], ["What colour is the square?"])
+    stock = model.generate(**inputs, max_new_tokens=5, do_sample=False, pad_token_id=fast.pad_token_id)
+    want = fast.tokenizer.batch_decode(stock[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert got.answers == [w.strip() for w in want] or got.answers == want
+    assert got.traces[0].bucket["prompt"] >= inputs["input_ids"].shape[1]     # ran padded, on its bucket
+    assert counter.frame_count >= 3
+
+
+def test_the_fast_flag_reads_on_off_auto():
+    assert read_fast_flag("auto", "cpu").compiled is False              # measured slower on the CPU: eager
+    assert read_fast_flag("on", "cpu").compiled and read_fast_flag(True, "cpu").buckets is not None
+    assert read_fast_flag("off", "cpu") == Execution.eager()
+    with pytest.raises(ValueError, match="on, off or auto"):
+        read_fast_flag("sometimes", "cpu")
+
+
+def test_both_maps_gradients_are_one_grouped_convolution_bit_for_bit():
+    import torch.nn.functional as F
+
+    from arr_coc.evaluation.opcount import OpCounter
+    from arr_coc.texture import sobel_bank
+
+    x = torch.rand(2, 2, 40, 56, generator=torch.Generator().manual_seed(0))
+    with OpCounter() as ops:
+        out = sobel_bank(x)                                                 # [2, 4, 40, 56]
+    assert ops.ops.get("aten.convolution", 0) == 1
+    kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]) / 8.0
+    for i in range(2):                                                      # each map alone, as before
+        alone = F.conv2d(F.pad(x[:, i: i + 1], (1, 1, 1, 1), mode="replicate"), torch.stack([kx, kx.T]).unsqueeze(1))
+        assert torch.equal(out[:, 2 * i: 2 * i + 2], alone)
+    assert not torch.equal(out[:, 0:2], out[:, 2:4])                        # negative control: per map
