@@ -86,7 +86,7 @@ def prepare(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning, la
     checkpoint("selection")
 
     visual, lm_cells, fovea = prompt.visual, choice.kept, None
-    adapted = adapter_rows(backend, prompt, choice.kept)      # known here, before the tower runs on the chosen cells
+    adapted = adapter_rows(backend, prompt, choice.kept, pruning.adapter)      # known here, before the tower runs on the chosen cells
     if before:
         fovea = foveate(backend, prompt, choice.kept, encoding, gist, clock,
                         None if adapted is None else [adapted[b] for b in prompt.item_of_image])
@@ -108,11 +108,13 @@ def prepare(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning, la
     return Prepared(pruned, traces, prompt, choice, fovea, gist, encoding, budgets, mode, fn)
 
 
-def adapter_rows(backend: VLMBackend, prompt: Prompt, kept: Sequence[torch.Tensor]) -> list[bool] | None:
-    """Per batch row, whether the backend's adapter runs for it: it has one, and some unit of the row lost tokens.
-    A row that keeps every token runs the stock model (tower and language model), so keep-all stays exact; None
-    without an adapter. The one place this is decided (docs/DESIGN.md, "Adapters")."""
-    if not backend.adapter_name:
+def adapter_rows(backend: VLMBackend, prompt: Prompt, kept: Sequence[torch.Tensor], use: bool = True
+                 ) -> list[bool] | None:
+    """Per batch row, whether the backend's adapter runs for it: it has one, the request allows it (`use`:
+    `Pruning.adapter`), and some unit of the row lost tokens. A row that keeps every token runs the stock model
+    (tower and language model), so keep-all stays exact; None without an adapter. The one place this is decided
+    (docs/DESIGN.md, "Adapters")."""
+    if not backend.adapter_name or not use:
         return None
     return [any(int(kept[i].numel()) < prompt.n_tokens[i] for i in prompt.units_of(b)) for b in range(prompt.rows)]
 
