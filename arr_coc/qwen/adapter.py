@@ -92,13 +92,22 @@ def base_identity(model: PreTrainedModel) -> dict[str, Any]:
 class Adapter:
     """A LoRA adapter injected into a model (peft), disabled except inside `active(True)`."""
 
-    def __init__(self, peft_model: Any, name: str, targets: Sequence[str], card: AdapterCard | None = None):
+    def __init__(self, peft_model: Any, name: str, targets: Sequence[str], card: AdapterCard | None = None,
+                 trainable: bool = False):
         self.peft_model = peft_model
         self.name = name                     # its folder or hub id ("" for a fresh one), as traces report it
         self.targets = tuple(targets)
         self.card = card or AdapterCard()
-        self._depth = 0
-        peft_model.base_model.disable_adapter_layers()
+        self.trainable = trainable           # whether its LoRA weights take gradients (train-adapter)
+        self._on = True
+        self._switch(False)
+        self.dropout(False)                  # peft's new modules start in training mode: answers must not be random
+
+    def dropout(self, on: bool) -> None:
+        """LoRA dropout on (train-adapter's steps) or off (inference, validation); the VLM itself stays in eval."""
+        for name, module in self.model.named_modules():
+            if name.split(".")[-1] == "lora_dropout" or ".lora_dropout." in f"{name}.":
+                module.train(on)
 
     @property
     def model(self) -> PreTrainedModel:
@@ -108,21 +117,25 @@ class Adapter:
     def rank(self) -> int:
         return int(self.peft_model.peft_config[NAME].r)
 
+    def _switch(self, on: bool) -> None:
+        """peft's switch; it also sets the LoRA weights' requires_grad, which is the adapter's own business."""
+        if on != self._on:
+            (self.peft_model.base_model.enable_adapter_layers if on else
+             self.peft_model.base_model.disable_adapter_layers)()
+            self._on = on
+            for p in self.parameters():
+                p.requires_grad_(self.trainable)
+
     @contextmanager
     def active(self, on: bool = True) -> Iterator[None]:
-        """Inside, the LoRA layers run when `on` (peft's enable/disable switch); outside, the model is stock."""
-        if not on:
-            yield
-            return
-        self._depth += 1
-        if self._depth == 1:
-            self.peft_model.base_model.enable_adapter_layers()
+        """Inside, the LoRA layers run when `on`, the base layers alone otherwise (peft's enable / disable switch);
+        the state before is restored after. Outside any such context the model is stock."""
+        before = self._on
+        self._switch(on)
         try:
             yield
         finally:
-            self._depth -= 1
-            if self._depth == 0:
-                self.peft_model.base_model.disable_adapter_layers()
+            self._switch(before)
 
     def lora_layers(self) -> Iterator[tuple[str, Any]]:
         from peft.tuners.lora import LoraLayer
@@ -173,7 +186,7 @@ def attach_adapter(model: PreTrainedModel, rank: int = 16, alpha: float = 32.0,
         warnings.filterwarnings("ignore", category=FutureWarning)     # transformers' rename, asked by peft
         torch.manual_seed(seed)
         peft_model = get_peft_model(model, config)
-    return Adapter(peft_model, "", targets)
+    return Adapter(peft_model, "", targets, trainable=True)
 
 
 def adapter_folder(name_or_folder: str | os.PathLike, revision: str | None = None,
@@ -267,7 +280,7 @@ def load_adapter(model: PreTrainedModel, name_or_folder: str | os.PathLike, trai
             saved = json.load(f)
         targets = tuple(saved.get("targets", targets))
         card = AdapterCard(**{k: v for k, v in saved.get("card", {}).items() if k in AdapterCard.__dataclass_fields__})
-    return Adapter(peft_model, os.fspath(name_or_folder), targets, card)
+    return Adapter(peft_model, os.fspath(name_or_folder), targets, card, trainable=trainable)
 
 
 def adapter_card(adapter: Adapter, card: AdapterCard) -> str:
