@@ -237,3 +237,39 @@ def test_hard_items_oversample_the_named_types():
     assert hard.count("count") > 2 * plain.count("count")
     with pytest.raises(ValueError, match="hard types"):
         AdapterTrainConfig(hard_types=("colour",))
+
+
+def test_eval_and_ask_take_an_adapter_and_pair_rows_with_and_without_it(tmp_path, capsys):
+    from arr_coc.__main__ import main
+    from arr_coc.paths import EMBEDDED_MODEL
+    from arr_coc.shapes import write_split
+
+    wrapper, _, _ = _shipped()
+    adapter = attach_adapter(wrapper.model, rank=4, alpha=8.0)
+    with torch.no_grad():
+        for p in adapter.parameters():
+            p.add_(0.05)
+    adapter.save_pretrained(tmp_path / "adapter")
+    split = str(write_split(tmp_path / "shapes", split="test", n=4, seed=0))
+    out = tmp_path / "r.json"
+    assert main(["eval", "--model", EMBEDDED_MODEL, "--data", split, "--encode", "before", "--budgets", "0.05",
+                 "--methods", "none,arr_coc_trained@before-adapter,arr_coc_trained@before+adapter", "--quiet",
+                 "--adapter", str(tmp_path / "adapter"), "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    rows = {r["method"]: r for r in report["results"]}
+    assert report["adapter"] == str(tmp_path / "adapter")
+    assert rows["none"]["adapter_flops_mean"] == rows["arr_coc_trained@before-adapter"]["adapter_flops_mean"] == 0
+    plus, minus = rows["arr_coc_trained@before+adapter"], rows["arr_coc_trained@before-adapter"]
+    assert plus["adapter_flops_mean"] > 0 and plus["item_kept"] == minus["item_kept"]     # the same cells
+    assert plus["e2e_flops_mean"] == minus["e2e_flops_mean"] + plus["adapter_flops_mean"]
+    image = next((tmp_path / "shapes" / "images").iterdir())
+    capsys.readouterr()
+    for method, ran in (("arr_coc", str(tmp_path / "adapter")), ("none", "")):
+        assert main(["ask", "--image", str(image), "--question", "What color is the star?", "--method", method,
+                     "--encode", "before", "--budget", "0.05", "--adapter", str(tmp_path / "adapter"), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["adapter"] == ran
+    assert main(["ask", "--image", str(image), "--question", "Why?", "--adapter", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no adapter at" in err and "\n" not in err
+    assert main(["eval", "--data", split, "--methods", "arr_coc@before+adapter", "--out", str(out)]) == 2
+    assert "no --adapter FOLDER" in capsys.readouterr().err
