@@ -18,6 +18,7 @@ CPU, where the measured gain does not pay for the compile (docs/GPU.md, "Fast pa
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -27,6 +28,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from .buckets import Buckets
 
 Compiler = Any   # a torch.compile backend: its name ("inductor", "eager", "aot_eager") or a callable backend
+RECOMPILE_LIMIT = 64
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class Execution:
     compiler: Compiler = "inductor"
     mode: str | None = None
     label: str = field(default="eager")
+    fallback: bool = True     # a stage that cannot be captured runs eagerly (logged once) instead of failing
 
     @classmethod
     def eager(cls) -> Execution:
@@ -46,10 +50,10 @@ class Execution:
 
     @classmethod
     def fast(cls, device: torch.device | str = "cpu", compiler: Compiler = "inductor",
-             buckets: Buckets | None = None) -> Execution:
+             buckets: Buckets | None = None, fallback: bool = True) -> Execution:
         gpu = torch.device(device).type == "cuda"
         mode = "reduce-overhead" if gpu and compiler == "inductor" else None
-        return cls(buckets or Buckets(), True, compiler, mode, "fast")
+        return cls(buckets or Buckets(), True, compiler, mode, "fast", fallback)
 
     def compile(self, fn: Callable) -> Callable:
         """`fn` through torch.compile: one whole graph (a graph break raises), static shapes (one graph per
@@ -57,12 +61,26 @@ class Execution:
         counters) `fn` runs eagerly instead, on the same shapes: a compiled graph hides its ops from them."""
         if not self.compiled:
             return fn
+        import torch._dynamo
+
+        # one graph per bucket and per model or layer of a kind: more than dynamo's default of 8 per function
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=self.compiler, mode=self.mode)
+        failed: list[str] = []
 
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
-            counted = _get_current_dispatch_mode() is not None
-            return (fn if counted else compiled)(*args, **kwargs)
+            if _get_current_dispatch_mode() is not None or failed:
+                return fn(*args, **kwargs)
+            try:
+                return compiled(*args, **kwargs)
+            except (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit) as exc:
+                if not self.fallback:
+                    raise
+                failed.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                logger.warning("%s could not be captured as one graph (%s); it runs eagerly from now on",
+                               getattr(fn, "__qualname__", fn), failed[0])
+                return fn(*args, **kwargs)
         return run
 
 

@@ -205,17 +205,20 @@ class ParticipatoryScorer(nn.Module):
         self.embed_tau = config.embed_tau
         self.scale = 1.0 / math.sqrt(d)
 
-    def _active(self, module: nn.Module) -> bool:
-        """Training, or the module's weights have moved from their zero initialisation.
+    def _active(self, name: str) -> bool:
+        """Training, or the weights of submodule `name` have moved from their zero initialisation.
 
         Whether they are all zero is read from the device once per version of the weights (loading, an
-        optimiser step or any in-place change bumps a tensor's version), not on every forward.
+        optimiser step or any in-place change bumps a tensor's version), not on every forward. A compiled pass
+        reads what `know_weights` knew, by name (no object identity in its guards: another layer of the same
+        kind replays the same graph).
         """
         if self.training:
             return True
+        if torch.compiler.is_compiling() and name in self.__dict__.get("_known", {}):
+            return self.__dict__["_known"][name]
+        module = getattr(self, name)
         cache = self.__dict__.setdefault("_nonzero", {})
-        if torch.compiler.is_compiling() and id(module) in cache:   # a compiled pass reads what was known at load
-            return cache[id(module)][1]
         params = list(module.parameters())
         key = tuple(p._version for p in params)
         if cache.get(id(module), (None,))[0] != key:
@@ -225,8 +228,7 @@ class ParticipatoryScorer(nn.Module):
     def know_weights(self) -> None:
         """Read now (on the CPU, before the layer moves to a GPU) which zero-initialised terms are still zero, so
         no forward ever reads it back from the device."""
-        for module in (self.token_proj, self.context, self.pair_out):
-            self._active(module)
+        self.__dict__["_known"] = {name: self._active(name) for name in ("token_proj", "context", "pair_out")}
 
     def _apply(self, fn, recurse: bool = True):
         """Moving or casting the weights (`.to(device)`) keeps what `_active` knew of their values."""
@@ -263,9 +265,9 @@ class ParticipatoryScorer(nn.Module):
         # The zero-initialised terms are skipped while they are still exactly zero (untrained): adding
         # zero changes nothing, and on a 2B-sized VLM they would be most of the layer's FLOPs
         # ([N, D] x [D, d] for the token projection alone).
-        if visual_tokens is not None and self._active(self.token_proj):
+        if visual_tokens is not None and self._active("token_proj"):
             cells = cells + self.token_proj(self.token_norm(visual_tokens.float()))
-        if self._active(self.context):
+        if self._active("context"):
             grid = cells.transpose(1, 2).reshape(b, -1, h, w) * mask  # zero outside the image, as the conv's padding
             cells = cells + self.context(F.gelu(grid)).flatten(2).transpose(1, 2)
         query_n = self.query_norm(query.float())
@@ -278,7 +280,7 @@ class ParticipatoryScorer(nn.Module):
         agg_mean = (logits * qm).sum(-1) / n_tok
         mix = torch.softmax(self.aggregation, 0)
         learned = mix[0] * agg_sum + mix[1] * agg_max + mix[2] * agg_mean  # [B, N]
-        if self._active(self.pair_out):
+        if self._active("pair_out"):
             pooled = (self.pair_query(query_n) * qm.transpose(1, 2)).sum(1) / n_tok  # [B, d] mean over the question
             learned = learned + self.pair_out(F.gelu(cells + pooled[:, None])).squeeze(-1)
         logit = self.learned_weight * learned

@@ -148,6 +148,20 @@ def resolve_layer_folder(name_or_folder: str | os.PathLike, revision: str | None
     if not looks_like_hub_id(name):
         raise FileNotFoundError(f"{name!r} is not a folder; pass the folder ARRCOCLayer.save_pretrained wrote, or a "
                                 "Hugging Face hub id such as 'owner/arr-coc-layer' (or 'owner/arr-coc-layer@v2')")
+    folder = hub_snapshot(name, revision, cache_dir, local_files_only, token, list(HUB_FILES), "ARR-COC layer",
+                          f"python -c \"from arr_coc import ARRCOCLayer; ARRCOCLayer.from_pretrained('{name}')\"")
+    if not os.path.isfile(os.path.join(folder, CONFIG_NAME)):
+        raise FileNotFoundError(f"hub repository {name!r} holds no {CONFIG_NAME}: it is not an ARR-COC layer "
+                                "(expected config.json + model.safetensors, as save_pretrained writes)")
+    return folder
+
+
+def hub_snapshot(name: str, revision: str | None, cache_dir: str | os.PathLike | None, local_files_only: bool | None,
+                 token: str | bool | None, patterns: list[str], what: str, download: str) -> str:
+    """The snapshot folder of hub id `name` ("owner/name", optionally "@revision") holding `patterns`, fetched into
+    the Hugging Face cache when online and read from it offline (HF_HUB_OFFLINE=1 or `local_files_only`); a
+    FileNotFoundError that says what to do otherwise. `what` names the thing in errors ("ARR-COC layer"),
+    `download` is the command that fetches it once online. One owner for layers and adapters."""
     if "@" in name:          # 'owner/name@revision': the revision inside the id (what --arr-coc and arr_coc= take)
         name, at = name.split("@", 1)
         if revision is not None and revision != at:
@@ -158,22 +172,17 @@ def resolve_layer_folder(name_or_folder: str | os.PathLike, revision: str | None
 
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     try:
-        folder = snapshot_download(name, revision=revision, cache_dir=cache_dir, token=token,
-                                   local_files_only=bool(local_files_only) or offline, allow_patterns=list(HUB_FILES))
+        return snapshot_download(name, revision=revision, cache_dir=cache_dir, token=token,
+                                 local_files_only=bool(local_files_only) or offline, allow_patterns=patterns)
     except LocalEntryNotFoundError as exc:
         why = "HF_HUB_OFFLINE is set" if offline else "local_files_only=True" if local_files_only else \
             "the hub could not be reached"
         raise FileNotFoundError(
-            f"ARR-COC layer {name!r}{f' at revision {revision!r}' if revision else ''} is not in the Hugging Face cache "
-            f"and {why}; download it once online (python -c \"from arr_coc import ARRCOCLayer; "
-            f"ARRCOCLayer.from_pretrained('{name}')\"), or pass a local folder") from exc
+            f"{what} {name!r}{f' at revision {revision!r}' if revision else ''} is not in the Hugging Face cache "
+            f"and {why}; download it once online ({download}), or pass a local folder") from exc
     except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
-        raise FileNotFoundError(f"no ARR-COC layer {name!r}{f' at revision {revision!r}' if revision else ''} on the "
+        raise FileNotFoundError(f"no {what} {name!r}{f' at revision {revision!r}' if revision else ''} on the "
                                 f"hub ({type(exc).__name__}); check the id, or pass token= for a private one") from exc
-    if not os.path.isfile(os.path.join(folder, CONFIG_NAME)):
-        raise FileNotFoundError(f"hub repository {name!r} holds no {CONFIG_NAME}: it is not an ARR-COC layer "
-                                "(expected config.json + model.safetensors, as save_pretrained writes)")
-    return folder
 
 
-__all__ = ["LayerCard", "LayerPersistence", "model_card", "resolve_layer_folder"]
+__all__ = ["LayerCard", "LayerPersistence", "hub_snapshot", "model_card", "resolve_layer_folder"]

@@ -64,6 +64,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compare-arr-coc", dest="compare_arr_coc", action="append", default=[], metavar="PATH",
                    help="another ARR-COC layer folder (or 'untrained') the page offers for config A and B, to compare "
                         "checkpoints side by side; repeat for more (config B defaults to the first)")
+    p.add_argument("--adapter", default=None,
+                   help="LoRA adapters for the image model (a folder written by train-adapter, a layer folder holding "
+                        "adapter/, or a hub id): they run for configurations that prune tokens, never for the "
+                        "baseline; each run's trace says whether they ran")
     p.add_argument("--video-model", dest="video_model", default="auto",
                    help="the model that answers clips: a folder or hub id, 'same' (--model answers clips too), or "
                         "'auto' (default: the embedded model's video fine-tune, checkpoints/shapes-qwen2vl-video, when "
@@ -171,7 +175,8 @@ def shipped_before_layer(scope: Microscope, args: argparse.Namespace) -> list[st
 
 def load(model: str | None = None, device: str = "auto", arr_coc: str | None = None,
          max_new_tokens: int = 32, retries: int = 3, concurrency: int = DEFAULT_CONCURRENCY,
-         dtype: str = "auto", attn_implementation: str | None = None, fast: str = "off") -> Microscope:
+         dtype: str = "auto", attn_implementation: str | None = None, fast: str = "off",
+         adapter: str | None = None) -> Microscope:
     """Load the VLM (default: the embedded checkpoint) into a `Microscope`; LoadError says what to do.
 
     device / dtype / attn_implementation mean what they mean on every command (`arr_coc.runtime`);
@@ -184,6 +189,7 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     from arr_coc import ARRCOCQwen
     from arr_coc.inputs import InputError, check_max_new_tokens, limits_for
     from arr_coc.paths import LayerNotFound, resolve_layer
+    from arr_coc.qwen.adapter import AdapterError
     from arr_coc.qwen.loading import check_supported
     from arr_coc.runtime import Runtime, RuntimeChoiceError
     from arr_coc.pipeline.selection import available_methods
@@ -202,9 +208,12 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     for attempt in range(attempts):
         try:
             wrapper = ARRCOCQwen.from_pretrained(path, arr_coc=layer_path, device=run.device, dtype=run.dtype,
-                                                 attn_implementation=run.attn_implementation, fast=fast)
+                                                 attn_implementation=run.attn_implementation, fast=fast,
+                                                 adapter=adapter)
             break
         except Exception as exc:
+            if isinstance(exc, AdapterError):      # retrying does not change it
+                raise LoadError(f"--adapter: {exc}") from None
             if attempt == attempts - 1:
                 if isinstance(exc, (OSError, ValueError)):
                     raise LoadError(load_failure(path, exc)) from exc
@@ -303,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         scope = load(args.model, device=args.device, arr_coc=args.arr_coc, max_new_tokens=args.max_new_tokens,
                      concurrency=args.concurrency, dtype=args.dtype, attn_implementation=args.attn_implementation,
-                     fast=args.fast)
+                     fast=args.fast, adapter=args.adapter)
     except LoadError as exc:
         raise SystemExit(str(exc)) from None
     try:

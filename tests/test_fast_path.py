@@ -37,7 +37,7 @@ def same_cells(a, b) -> bool:
 def pair(model, processor, **kw):
     """(fast wrapper with a compile counter, eager wrapper with the same buckets, the counter)."""
     counter = CompileCounter()
-    fast = ARRCOCQwen(model, processor, execution=Execution.fast("cpu", compiler=counter), **kw)
+    fast = ARRCOCQwen(model, processor, execution=Execution.fast("cpu", compiler=counter, fallback=False), **kw)
     eager = ARRCOCQwen(model, processor, execution=Execution(buckets=Buckets()), **kw)
     return fast, eager, counter
 
@@ -74,14 +74,16 @@ def test_a_graph_break_is_caught():
     def breaks(x):
         return x * 2 if float(x.sum()) > 0 else x        # reads a value on the host: a graph break
     with pytest.raises(Exception, match="(?i)graph|unsupported|data-dependent"):
-        Execution.fast("cpu", compiler="eager").compile(breaks)(torch.ones(3))
+        Execution.fast("cpu", compiler="eager", fallback=False).compile(breaks)(torch.ones(3))
+    served = Execution.fast("cpu", compiler="eager").compile(breaks)        # serving: eager, said once, not failed
+    assert torch.equal(served(torch.ones(3)), torch.full((3,), 2.0))
 
 
 def test_the_layers_device_pass_is_one_graph_per_shape():
     layer = ARRCOCLayer.from_pretrained("checkpoints/arr-coc-shapes-before").eval()
     reference = ARRCOCLayer.from_pretrained("checkpoints/arr-coc-shapes-before").eval()
     counter = CompileCounter()
-    layer.compile_device_pass(Execution.fast("cpu", compiler=counter).compile, Buckets().question_for)
+    layer.compile_device_pass(Execution.fast("cpu", compiler=counter, fallback=False).compile, Buckets().question_for)
     g = torch.Generator().manual_seed(0)
     d = layer.config.knowing.query_dim
 
@@ -174,3 +176,36 @@ def test_both_maps_gradients_are_one_grouped_convolution_bit_for_bit():
         alone = F.conv2d(F.pad(x[:, i: i + 1], (1, 1, 1, 1), mode="replicate"), torch.stack([kx, kx.T]).unsqueeze(1))
         assert torch.equal(out[:, 2 * i: 2 * i + 2], alone)
     assert not torch.equal(out[:, 0:2], out[:, 2:4])                        # negative control: per map
+
+
+def test_the_fast_path_runs_an_adapter_only_where_tokens_were_pruned(make_image):
+    from arr_coc.qwen.adapter import attach_adapter
+    from arr_coc.qwen.tiny import build_tiny_qwen
+
+    model, processor = build_tiny_qwen("qwen2_vl", seed=0)              # its own model: peft changes it
+    adapter = attach_adapter(model, rank=4, alpha=8.0)
+    with torch.no_grad():
+        for p in adapter.parameters():
+            p.copy_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    fast, eager, counter = pair(model, processor, adapter=adapter)
+    image = make_image(112, 112)
+    for pruning in (Pruning.of("arr_coc", 0.25, encode="before"), Pruning.of("none")):
+        got = fast.respond([image], ["Where is the circle?"], pruning, max_new_tokens=4)
+        want = eager.respond([image], ["Where is the circle?"], pruning, max_new_tokens=4)
+        assert got.answers == want.answers and got.traces[0].adapter == want.traces[0].adapter
+    assert [fast.respond([image], ["Where?"], p, max_new_tokens=2).traces[0].adapter
+            for p in (Pruning.of("arr_coc", 0.25), Pruning.of("none"))] == ["adapter", ""]
+
+
+def test_a_second_look_runs_the_stock_tower_with_its_memory_and_answers_as_eagerly(tiny_vlm, make_image):
+    from arr_coc.encode import EncodeConfig
+    from arr_coc.saccade import SaccadeConfig
+
+    model, processor = tiny_vlm("qwen2_vl")
+    fast, eager, _ = pair(model, processor)
+    looks = EncodeConfig("before", saccade=SaccadeConfig(passes=2, threshold=0.0, budget=0.1))   # always looks again
+    pruning = Pruning.of("arr_coc", 0.1, encode=looks)
+    got = fast.respond([make_image(112, 112)], ["Where is the circle?"], pruning, max_new_tokens=3)
+    want = eager.respond([make_image(112, 112)], ["Where is the circle?"], pruning, max_new_tokens=3)
+    assert len(got.traces[0].looks) == 2 and got.answers == want.answers
+    assert same_cells(got.traces[0], want.traces[0])

@@ -149,6 +149,15 @@ class ToyBackend:
     def new_tower_memory(self):
         return None
 
+    # an adapter: the toy has none (`adapted` is then the stock model)
+    adapter_name = ""
+
+    def adapted(self, on):
+        return contextlib.nullcontext()
+
+    def adapter_flops(self, tower_cells, lm_tokens):
+        return 0
+
     def remembering(self, memory, units):
         return contextlib.nullcontext()
 

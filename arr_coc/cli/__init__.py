@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("arr_coc.cli.train", "train ARR-COC's scorers against a frozen VLM (stage 1 or 2)"),
     "train-vlm": ("arr_coc.cli.train_vlm", "train the embedded Qwen2-VL-architecture model on ShapesVQA"),
     "train-saccade": ("arr_coc.cli.train_saccade", "train the saccade gate (when to look again) against the frozen VLM"),
+    "train-adapter": ("arr_coc.cli.train_adapter", "train LoRA adapters so the frozen VLM reads what ARR-COC keeps"),
     "eval": ("arr_coc.cli.eval", "accuracy vs. visual-token budget: ARR-COC beside the anchor methods"),
     "bench": ("arr_coc.cli.bench", "whole-prefill cost (vision tower, ARR-COC, LM) per encode mode and budget at real widths"),
 }
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None or module is None:
         parser.print_help()
         return 2
-    if args.command in ("ask", "eval", "bench", "train", "train-vlm", "train-saccade"):
+    if args.command in ("ask", "eval", "bench", "train", "train-vlm", "train-saccade", "train-adapter"):
         from arr_coc.runtime import keep_large_buffers
 
         keep_large_buffers()

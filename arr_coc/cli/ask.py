@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arr-coc", dest="arr_coc", default=None,
                         help="trained ARR-COC layer folder, or 'untrained' (default: the trained layer shipped "
                              "under checkpoints/ for the embedded model, else untrained)")
+    parser.add_argument("--adapter", default=None,
+                        help="LoRA adapters (a folder written by train-adapter, a layer folder holding adapter/, or a "
+                             "hub id), run when tokens are pruned (never with every token kept)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     add_runtime(parser)
     add_fast(parser)
@@ -86,6 +89,10 @@ def _plan(args: argparse.Namespace) -> _Plan:
     max_new_tokens = check_max_new_tokens(args.max_new_tokens)
     question, notes = check_question(args.question)
     layer = resolve_layer(model_path, args.arr_coc, encode)
+    if getattr(args, "adapter", None) is not None:     # an adapter that is not there, before the model loads
+        from arr_coc.qwen.adapter import adapter_folder
+
+        adapter_folder(args.adapter)
     if args.video is None and (args.fps is not None or args.num_frames is not None):
         raise InputError("--fps and --num-frames sample a video: pass --video PATH", "video_options")
     if args.video is not None:       # issue 49: what a clip cannot be asked with, and its file, before the model loads
@@ -104,15 +111,18 @@ def _plan(args: argparse.Namespace) -> _Plan:
 
 def _load(args: argparse.Namespace, plan: _Plan) -> Any:
     from arr_coc.qwen import ARRCOCQwen
+    from arr_coc.qwen.adapter import AdapterError
     from arr_coc.runtime import RuntimeChoiceError
 
     run_on = plan.run_on
     try:
         wrapper = ARRCOCQwen.from_pretrained(plan.model, arr_coc=plan.layer, device=run_on.device,
                                              dtype=run_on.dtype, attn_implementation=run_on.attn_implementation,
-                                             fast=args.fast)
+                                             fast=args.fast, adapter=getattr(args, "adapter", None))
     except RuntimeChoiceError as exc:  # e.g. flash_attention_2 without a GPU: not the model's fault
         raise SystemExit(f"error: {exc}") from None
+    except AdapterError:               # the model loaded; the adapter does not fit it (its own one line)
+        raise
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SystemExit(f"could not load a Qwen-VL model from {plan.model!r} ({first}); "
@@ -147,6 +157,7 @@ def _print(args: argparse.Namespace, wrapper: Any, got: Any, visual: Any, questi
         "encoded_tokens": sum(int(c.numel()) for c in trace.encoded_cells), "vision_s": round(trace.vision_s, 4),
         "runtime": wrapper.runtime.describe(),   # as loaded, e.g. "cpu, bfloat16, sdpa"
         "model": trace.model,
+        "adapter": trace.adapter,                # the adapter that ran ("": none, or every token kept)
     }
     if args.video is not None:
         result["kept_per_group"] = trace.kept_per_group[0]

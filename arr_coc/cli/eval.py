@@ -48,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--arr-coc-weights", default=None,
                         help="folder of trained ARR-COC weights for arr_coc_trained (default: the layer shipped under "
                              "checkpoints/ when --model is the embedded model; otherwise skipped without it)")
+    parser.add_argument("--adapter", default=None,
+                        help="LoRA adapters (a folder written by train-adapter, a layer folder holding adapter/, or a "
+                             "hub id) run for every pruned row; a method ending in -adapter runs without them, one "
+                             "ending in +adapter with them (e.g. arr_coc@before-adapter,arr_coc@before+adapter)")
     parser.add_argument("--no-strict", dest="strict", action="store_false",
                         help="report a method that failed on some items with those items' keep-all fallback "
                              "(default: strict, such a row is reported as failed)")
@@ -91,6 +95,7 @@ def _plan(args: argparse.Namespace) -> tuple[Any, str, list, list[str], dict[str
         if args.arr_coc_weights is not None:   # issue 39: a layer that is not there, before the model loads
             args.arr_coc_weights = check_layer_folder(args.arr_coc_weights)
         methods, skipped = resolve_methods(args.methods, args.arr_coc_weights, video=video)
+        _check_adapter(args, methods)
         items = read_items(args.data, args.limit)
     except (ValueError, FileNotFoundError, LayerNotFound) as exc:
         _error(str(exc))
@@ -99,6 +104,18 @@ def _plan(args: argparse.Namespace) -> tuple[Any, str, list, list[str], dict[str
     for name, why in skipped.items():
         print(f"eval: skipping {name}: {why}", file=sys.stderr)
     return run_on, model, items, methods, skipped
+
+
+def _check_adapter(args: argparse.Namespace, methods: list[str]) -> None:
+    """An adapter that is not there, or methods naming one that was not given: refused before the model loads."""
+    from arr_coc.evaluation.plans import split_adapter
+    from arr_coc.qwen.adapter import adapter_folder
+
+    named = [m for m in methods if split_adapter(m)[0] != m]
+    if named and args.adapter is None:
+        _error(f"{', '.join(named)} name the adapter, and no --adapter FOLDER was given")
+    if args.adapter is not None:
+        adapter_folder(args.adapter)       # AdapterError (a ValueError): said by the caller
 
 
 def _error(message: str) -> None:
@@ -126,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
         return exc.code
     try:
         wrapper = load_wrapper(model, run_on.device, args.seed, dtype=run_on.dtype,
-                               attn_implementation=run_on.attn_implementation, fast=args.fast)
+                               attn_implementation=run_on.attn_implementation, fast=args.fast,
+                               adapter=args.adapter)
         wrapper.check_encode(encode_config(args))   # e.g. --whole-windows on a tower without windows
     except (RuntimeChoiceError, HubUnreachable, ValueError) as exc:  # flash_attention_2 without a GPU; offline hub
         print(f"eval: error: {exc}", file=sys.stderr)
@@ -140,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     processes.close()
     if not processes.is_main:
         return 0
-    report = {"model": model, "data": args.data, "arr_coc_weights": args.arr_coc_weights,
+    report = {"model": model, "data": args.data, "arr_coc_weights": args.arr_coc_weights, "adapter": args.adapter,
               "runtime": wrapper.runtime.describe(), **report, "skipped": skipped}
     _write(args, report)
     return 0

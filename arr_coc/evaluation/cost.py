@@ -11,6 +11,11 @@ clock with the evaluation's counter. One owner for `eval` (images and clips), `b
               shared evenly by the batch's items; 0 for every token; None (unknown) when it cannot be counted
     lm        the language model's prefill of each look's prompt for the item alone (no padding, logits of the
               last position only, as `generate` does); memoised by length
+    adapter   when an adapter ran for the item (`Trace.adapter`): its LoRA FLOPs, 2 r (d_in + d_out) per token per
+              adapted linear (`VLMBackend.adapter_flops`), for the tower's patches of the cells it encoded with the
+              adapter on (encode="before"; the gist and an "after" tower run stock) and for every token of each look's
+              prompt. Counted exactly, not run (tests/test_adapter.py checks it against the counter with the adapter
+              on); added to `vision` and `lm` and reported on its own as `adapter`
 """
 
 from __future__ import annotations
@@ -33,16 +38,18 @@ if TYPE_CHECKING:
 class Flops:
     """FLOPs of one item's prefill."""
 
-    vision: int                  # gist + tower, as the run encoded
+    vision: int                  # gist + tower, as the run encoded (the adapter's share included)
     selector: int | None         # None: could not be counted (unknown, never 0)
-    lm: int                      # language-model prefill (every look's)
+    lm: int                      # language-model prefill (every look's; the adapter's share included)
+    adapter: int = 0             # of vision + lm: the adapter's LoRA FLOPs (0: none ran)
 
     @property
     def whole(self) -> int | None:
         return None if self.selector is None else self.vision + self.selector + self.lm
 
     def to_dict(self) -> dict[str, int | None]:
-        return {"vision": self.vision, "selector": self.selector, "lm_prefill": self.lm, "whole_prefill": self.whole}
+        return {"vision": self.vision, "selector": self.selector, "lm_prefill": self.lm, "adapter": self.adapter,
+                "whole_prefill": self.whole}
 
 
 def _memo(memo: dict[Any, int], key: tuple | None, count) -> int:
@@ -80,11 +87,28 @@ def vision_flops(backend: VLMBackend, prompt: Prompt, traces: Sequence[Trace], g
 
 
 def lm_flops(backend: VLMBackend, pruned: Any, row: int, memo: dict[Any, int]) -> int:
-    """The LM prefill of one row of a pruned prompt alone (no padding, last-position logits)."""
+    """The stock LM prefill of one row of a pruned prompt alone (no padding, last-position logits; an adapter's
+    share is `adapter_flops`)."""
     length = pruned.lengths[row]
     if length not in memo:
-        memo[length] = count_flops(backend.prefill, pruned.rows([row]), logits_to_keep=1)[1]
+        alone = pruned.rows([row])
+        alone.adapted = None              # the stock count; the adapter's is exact arithmetic (`adapter_flops`)
+        memo[length] = count_flops(backend.prefill, alone, logits_to_keep=1)[1]
     return memo[length]
+
+
+def adapter_flops(backend: VLMBackend, done: Answered, b: int) -> tuple[int, int]:
+    """Row b's adapter FLOPs: (tower, language model); (0, 0) when no adapter ran for it."""
+    tr = done.traces[b]
+    if not tr.adapter:
+        return 0, 0
+    cells = 0
+    if tr.encode == "before":          # the cells the tower encoded at full resolution, on every look
+        looks = [look.encoded for look in tr.looks] if tr.looks else [tr.encoded_cells]
+        cells = sum(int(c.numel()) for encoded in looks for c in encoded)
+    tokens = sum(p.pruned.lengths[p.rows.index(b)] for p in done.passes
+                 if b in p.rows and p.pruned.adapted and p.pruned.adapted[p.rows.index(b)])
+    return backend.adapter_flops(cells, 0), backend.adapter_flops(0, tokens)
 
 
 def item_flops(backend: VLMBackend, done: Answered, selector_flops: int | None, gist_share: float,
@@ -96,8 +120,9 @@ def item_flops(backend: VLMBackend, done: Answered, selector_flops: int | None, 
     out = []
     for b in range(len(traces)):
         lm = sum(lm_flops(backend, p.pruned, p.rows.index(b), memo) for p in done.passes if b in p.rows)
-        out.append(Flops(vision=int(vision[b]), selector=per_item, lm=int(lm)))
+        tower, text = adapter_flops(backend, done, b)
+        out.append(Flops(vision=int(vision[b]) + tower, selector=per_item, lm=int(lm) + text, adapter=tower + text))
     return out
 
 
-__all__ = ["Flops", "item_flops", "lm_flops", "vision_flops"]
+__all__ = ["Flops", "adapter_flops", "item_flops", "lm_flops", "vision_flops"]

@@ -89,15 +89,17 @@ def resolve_methods(spec: str, arr_coc_weights: str | None = None, video: bool =
 
 
 def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int = 3, dtype: str = "auto",
-                 attn_implementation: str | None = None, arr_coc: str | None = None, fast: str | bool = False
-                 ) -> ARRCOCQwen:
+                 attn_implementation: str | None = None, arr_coc: str | None = None, fast: str | bool = False,
+                 adapter: str | None = None) -> ARRCOCQwen:
     """ARRCOCQwen.from_pretrained with a clear error; retries a moment later if a checkpoint is mid-save.
 
-    arr_coc: the ARR-COC layer the wrapper builds (a folder, a hub id; None: the untrained layer).
+    arr_coc: the ARR-COC layer the wrapper builds (a folder, a hub id; None: the untrained layer). adapter: LoRA
+    adapters for its pruned requests (`ARRCOCQwen.from_pretrained(adapter=...)`; an unfit one is never retried).
     device / dtype / attn_implementation: `arr_coc.runtime`'s names (a wrong one raises RuntimeChoiceError
     at once, before anything loads; it is never retried). fast: `ARRCOCQwen.from_pretrained`'s.
     """
     from ..qwen import ARRCOCQwen, HubUnreachable
+    from ..qwen.adapter import AdapterError
     from ..runtime import Runtime, RuntimeChoiceError
 
     run = Runtime.resolve(device, dtype, attn_implementation)
@@ -109,9 +111,10 @@ def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int =
     for attempt in range(attempts):
         try:
             wrapper = ARRCOCQwen.from_pretrained(model, arr_coc=arr_coc, device=run.device, dtype=run.dtype,
-                                                 attn_implementation=run.attn_implementation, fast=fast)
+                                                 attn_implementation=run.attn_implementation, fast=fast,
+                                                 adapter=adapter)
             break
-        except (HubUnreachable, RuntimeChoiceError):   # retrying changes neither
+        except (HubUnreachable, RuntimeChoiceError, AdapterError):   # retrying changes none of them
             raise
         except Exception as exc:  # noqa: BLE001 - a training job may be rewriting the folder right now
             if attempt == attempts - 1:
@@ -136,6 +139,7 @@ class _Rows:
     prefill_flops: list[float | None] = dataclasses.field(default_factory=list)    # None: unknown
     selector_flops: list[float | None] = dataclasses.field(default_factory=list)   # None: unknown
     vision_flops: list[int] = dataclasses.field(default_factory=list)      # per item: gist + tower, as run
+    adapter_flops: list[int] = dataclasses.field(default_factory=list)     # per item: of vision + prefill, the adapter's
     latency: list[float] = dataclasses.field(default_factory=list)   # per item, one entry per batch
     fallback: list[str | None] = dataclasses.field(default_factory=list)   # per item: None | "grid" | "keep_all"
     looks: list[int] = dataclasses.field(default_factory=list)       # per item: passes it took (1: no saccade)
@@ -283,6 +287,8 @@ NOTES = {
     "vision_flops_mean": "the vision tower as the row ran it: every patch (encode after) or the gist plus the "
                          "encoded cells (encode before); attention included",
     "e2e_flops_mean": "vision_flops_mean + prefill_flops_mean: the whole prefill (vision tower, selector, LM)",
+    "adapter_flops_mean": "of e2e_flops_mean, the LoRA adapter's (2 r (d_in + d_out) per token per adapted linear, "
+                          "the tower's share in vision_flops_mean, the LM's in prefill_flops_mean); 0 where none ran",
     "cost": "e2e_flops_mean as a share of the none row's (null without a none row)",
     "agree": "share of items answered as the none row (every token) answers them",
     "vs_full": "paired 95% interval of the accuracy difference against the none row (normal approximation)",
@@ -383,6 +389,7 @@ def _record(rows: _Rows, wrapper: Any, plan: MethodPlan, item: Item, visual: Any
     rows.prefill_flops.append(None if flops.selector is None else flops.lm + flops.selector)
     rows.selector_flops.append(flops.selector)
     rows.vision_flops.append(flops.vision)
+    rows.adapter_flops.append(flops.adapter)
     if plan.name != "downscale" and item.boxes and tr.grid_hw:
         h, w = tr.grid_hw[0]
         unit = downscale.pixel_unit(getattr(wrapper.processor, "image_processor", wrapper.processor))
@@ -405,7 +412,7 @@ def summarise(method: str, budget: Budget, r: _Rows, error: str | None = None,
     """The report row of one (method, budget); a failed row reports its error and no accuracy."""
     if error is not None:
         return {"method": method, "budget": budget, "encode": encode, "status": "failed", "error": error,
-                "accuracy": None, "vision_flops_mean": None, "e2e_flops_mean": None,
+                "accuracy": None, "vision_flops_mean": None, "adapter_flops_mean": None, "e2e_flops_mean": None,
                 "coverage": None, "full_coverage": None, "kept_tokens_mean": None, "total_tokens_mean": None,
                 "prefill_flops_mean": None, "latency_s_median": None, "per_type": {}, "kept_share": None,
                 "selector_flops_mean": None, "n": 0, "n_with_boxes": 0, "fallbacks": {}, "correct": [],
@@ -432,6 +439,7 @@ def summarise(method: str, budget: Budget, r: _Rows, error: str | None = None,
         "total_tokens_mean": total,
         "prefill_flops_mean": _known_mean(r.prefill_flops),
         "vision_flops_mean": _mean(r.vision_flops),
+        "adapter_flops_mean": _mean(r.adapter_flops),
         "e2e_flops_mean": _known_mean([None if p is None else p + v for p, v in zip(r.prefill_flops, r.vision_flops)]),
         "latency_s_median": float(statistics.median(r.latency)) if r.latency else None,
         "per_type": {t: _mean(v) for t, v in sorted(by_type.items())},

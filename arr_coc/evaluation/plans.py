@@ -9,7 +9,9 @@ more than a `SelectionContext` (the registry's `Method.needs`).
 Every other name is a registered selector (`arr_coc.pipeline.selection.get_selector`), counted by
 `CountedSelector`. A method is written `name` or `name@encode` (`arr_coc@before`): the encoding of its rows;
 without one a method that can choose before the tower takes the evaluation's `--encode`, the others run after
-it (and their rows say so).
+it (and their rows say so). With an adapter loaded (`eval --adapter`), `+adapter` / `-adapter` at the end
+(`arr_coc@before-adapter`) runs the method's pruned rows with it / without it (default: with it), so one
+evaluation pairs the two at equal cost.
 """
 
 from __future__ import annotations
@@ -42,9 +44,21 @@ class BatchRun:
     counted: CountedSelector | None = None     # the selector, counting its FLOPs; None: nothing selected
 
 
+ADAPTER_SUFFIXES = {"+adapter": True, "-adapter": False}
+
+
+def split_adapter(spec: str) -> tuple[str, bool]:
+    """'arr_coc@before-adapter' -> ('arr_coc@before', False): whether the wrapper's adapter (`eval --adapter`) runs
+    for the rows the method prunes; without a suffix it does (a row that keeps every token never runs it)."""
+    for suffix, on in ADAPTER_SUFFIXES.items():
+        if spec.endswith(suffix):
+            return spec[: -len(suffix)], on
+    return spec, True
+
+
 def split_spec(spec: str) -> tuple[str, str | None]:
-    """'arr_coc@before' -> ('arr_coc', 'before'); 'grid' -> ('grid', None)."""
-    name, _, mode = spec.partition("@")
+    """'arr_coc@before' -> ('arr_coc', 'before'); 'grid' -> ('grid', None); an adapter suffix is dropped."""
+    name, _, mode = split_adapter(spec)[0].partition("@")
     if mode and mode not in ENCODE_MODES:
         raise ValueError(f"{spec!r}: the encoding after '@' is one of {list(ENCODE_MODES)}")
     return name, mode or None
@@ -60,6 +74,9 @@ class MethodPlan:
 
         self.spec = spec
         self.name, mode = split_spec(spec)
+        self.adapter = split_adapter(spec)[1]
+        if spec != split_adapter(spec)[0] and wrapper.adapter is None:
+            raise ValueError(f"{spec!r} names the adapter, and none is loaded: pass --adapter FOLDER")
         info = method_info(self.name)       # unknown names fail here, before any batch runs
         self.selector = None
         if self.name == "fastv":
@@ -103,7 +120,7 @@ class MethodPlan:
 
             fn = oracle.make_selector([it.boxes for it in items], [v.size for v in visuals])
         counted = CountedSelector(fn, self.name)
-        pruning = Pruning.of(counted, budget, budget_mode, self.encode, strict)
+        pruning = Pruning.of(counted, budget, budget_mode, self.encode, strict, adapter=self.adapter)
         return BatchRun(inputs, build_s, pruning, counted)
 
     def _downscale(self, wrapper: ARRCOCQwen, items: Sequence[Item], visuals: Sequence[Any],
@@ -144,4 +161,4 @@ def clip_oracle(wrapper: ARRCOCQwen, inputs: dict[str, torch.Tensor], items: Seq
     return kept
 
 
-__all__ = ["BatchRun", "MethodPlan", "clip_oracle", "split_spec"]
+__all__ = ["BatchRun", "MethodPlan", "clip_oracle", "split_adapter", "split_spec"]

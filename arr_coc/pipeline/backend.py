@@ -54,6 +54,7 @@ class PrunedPrompt(Protocol):
     kept_indices: list[torch.Tensor]   # per unit, LongTensor[K_i] ascending: the cells the LM reads
     lengths: list[int]                 # per row, tokens without padding
     width: int                         # the rows' length, padding included
+    adapted: list[bool] | None         # per row, the backend's adapter runs for it (set by `look.prepare`); None: never
 
     def rows(self, rows: Sequence[int]) -> PrunedPrompt:
         """Batch rows `rows` on their own, in that order."""
@@ -83,6 +84,20 @@ class VLMBackend(Protocol):
     @property
     def text_hidden_size(self) -> int:
         """Width of the language model's embeddings (what the ARR-COC layer's question reader takes)."""
+
+    # -- an adapter (run for pruned requests only; docs/DESIGN.md, "Adapters") -------------------------------
+
+    @property
+    def adapter_name(self) -> str:
+        """The adapter's name (folder or hub id) as traces report it; "" when the backend has none."""
+
+    def adapted(self, on: bool) -> AbstractContextManager[Any]:
+        """Inside, the model runs with its adapter when `on` and it has one, the stock model otherwise. `prefill` and
+        `decode` switch by themselves from `PrunedPrompt.adapted`; the tower is switched by the pipeline."""
+
+    def adapter_flops(self, tower_cells: int, lm_tokens: int) -> int:
+        """The adapter's extra FLOPs for a tower pass over `tower_cells` cells and an LM prefill of `lm_tokens`
+        tokens (0 without one)."""
 
     # -- the request ----------------------------------------------------------------------------------------
 
@@ -157,11 +172,13 @@ class VLMBackend(Protocol):
         rows' padded length from the longest row's (fixed shapes: `Buckets.prompt_for`)."""
 
     def prefill(self, pruned: PrunedPrompt, **forward: Any) -> Any:
-        """One language-model forward over the pruned prompt (an output with `.logits`)."""
+        """One language-model forward over the pruned prompt (an output with `.logits`), the adapter running for the
+        rows `pruned.adapted` marks."""
 
     def decode(self, pruned: PrunedPrompt, first_logits: bool = False, **generate: Any) -> Decoded:
         """Generation from the pruned prompt (greedy unless told otherwise) -> `Decoded`; first_logits keeps the
-        first answer token's logits (what a saccade's gate reads)."""
+        first answer token's logits (what a saccade's gate reads); the adapter runs for the rows `pruned.adapted`
+        marks."""
 
     def generate_text_only(self, inputs: Mapping[str, Any], **generate: Any) -> tuple[Decoded, list[int]]:
         """Generation for a batch without visuals (nothing to prune): the stock call -> (what it generated, each

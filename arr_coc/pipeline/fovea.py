@@ -143,15 +143,40 @@ class Foveated:
     periphery: list[torch.Tensor]                   # per unit, cells carrying a gist token
 
 
-@torch.no_grad()
+def encode_split(backend: VLMBackend, prompt: Prompt, units: Sequence[int], cells: Sequence[np.ndarray],
+                 adapted: Sequence[bool] | None, clock: Stopwatch | None = None
+                 ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """`backend.encode_cells`, the adapter on for the units `adapted` marks (indexed by unit; None: off): one tower
+    pass when they agree (always, without an adapter), else one per setting, the tokens put back in unit order."""
+    flags = [bool(adapted[i]) if adapted is not None else False for i in units]
+    if all(f == flags[0] for f in flags):
+        with backend.adapted(bool(flags and flags[0])):
+            return backend.encode_cells(prompt, units, cells, clock)
+    pieces: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+    for on in (False, True):
+        mine = [j for j, f in enumerate(flags) if f == on]
+        with backend.adapted(on):
+            tokens, deep = backend.encode_cells(prompt, [units[j] for j in mine], [cells[j] for j in mine], clock)
+        sizes = [len(cells[j]) for j in mine]
+        per_layer = [d.split(sizes) for d in deep] if deep is not None else []
+        for n, (j, t) in enumerate(zip(mine, tokens.split(sizes))):
+            pieces[j] = (t, [layer[n] for layer in per_layer])
+    tokens = torch.cat([pieces[j][0] for j in range(len(units))])
+    n_deep = len(pieces[0][1])
+    deep = [torch.cat([pieces[j][1][k] for j in range(len(units))]) for k in range(n_deep)] if n_deep else None
+    return tokens, deep
+
+
 def foveate(backend: VLMBackend, prompt: Prompt, chosen: Sequence[torch.Tensor], config: EncodeConfig,
-            gist: Gist | None, clock: Stopwatch | None = None) -> Foveated:
+            gist: Gist | None, clock: Stopwatch | None = None, adapted: Sequence[bool] | None = None) -> Foveated:
     """Encode the chosen cells (+ margin, + whole windows) in one tower pass and, with `config.periphery`,
-    add the gist's uncovered regions. chosen on the host."""
+    add the gist's uncovered regions. chosen on the host. adapted: per unit, whether the adapter runs on its cells
+    (`encode_split`; None: never). Grad mode is the caller's: the pipeline runs under no_grad, train-adapter
+    with grad."""
     units = list(range(len(prompt.grid_hw)))
     encoded = backend.context_cells(prompt, units, chosen, config)
     lap(clock, "packing")
-    tokens, deep = backend.encode_cells(prompt, units, [e.numpy() for e in encoded], clock)
+    tokens, deep = encode_split(backend, prompt, units, [e.numpy() for e in encoded], adapted, clock)
     sources, deep_sources = [tokens], None if deep is None else [[layer] for layer in deep]
     n_rows = tokens.shape[0]
     cells, rows, lm_cells, periphery = [], [], [], []
@@ -200,5 +225,5 @@ def reads(kept: np.ndarray, periphery: np.ndarray, grid_hw: tuple[int, int],
     return np.union1d(kept, still).astype(np.int64), still
 
 
-__all__ = ["Foveated", "Gist", "coarse_centres", "dilate", "encode_gist", "foveate", "gist_grid", "gist_or_zeros",
+__all__ = ["Foveated", "Gist", "coarse_centres", "dilate", "encode_gist", "encode_split", "foveate", "gist_grid", "gist_or_zeros",
            "merge_gists", "nearest_cells", "periphery_cells", "reads"]

@@ -3,7 +3,9 @@
     prompt   backend.read_prompt: units, grids; encode="after": the tower on every cell
     gist     encode="before" with a gist: the tower on a downscaled copy (`fovea.gist_or_zeros`)
     choose   the selector on the whole batch (`choose.run_selector`), budgets resolved per unit (`Pruning`)
-    encode   encode="before": the tower on the chosen cells (+ context) only (`fovea.foveate`)
+    adapter  per row, whether a backend's adapter runs: only where tokens were pruned (`adapter_rows`)
+    encode   encode="before": the tower on the chosen cells (+ context) only (`fovea.foveate`), the adapter on for
+             the rows it runs for
     rewrite  backend.rewrite: the kept tokens at their unpruned positions
     trace    one `Trace` per row (`trace.item_traces`)
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -87,8 +89,10 @@ def prepare(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning, la
     checkpoint("selection")
 
     visual, lm_cells, fovea = prompt.visual, choice.kept, None
+    adapted = adapter_rows(backend, prompt, choice.kept, pruning.adapter)      # known here, before the tower runs on the chosen cells
     if before:
-        fovea = foveate(backend, prompt, choice.kept, encoding, gist, clock)
+        fovea = foveate(backend, prompt, choice.kept, encoding, gist, clock,
+                        None if adapted is None else [adapted[b] for b in prompt.item_of_image])
         visual, lm_cells = fovea.visual, fovea.lm_cells
         prompt.vision_s += clock.seconds["vision"]
         checkpoint("vision")
@@ -96,17 +100,29 @@ def prepare(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning, la
         visual = VisualRows.every_cell(choice.replacing(prompt.feats), prompt.deep)
     pruned = backend.rewrite(prompt, visual, lm_cells,
                              pruning.buckets.prompt_for if pruning.buckets is not None else None)
+    pruned.adapted = adapted                                  # prefill and decode switch the adapter by it
     clock.lap("packing")
     timing = {"vision_s": prompt.vision_s, "gist_s": gist_s, "select_s": select_s,
               "arr_coc_s": select_s + clock.seconds["packing"], "total_s": time.perf_counter() - t_start,
               "stages_s": dict(clock.seconds)}
     traces = item_traces(pruning.method, budgets, mode, prompt, choice, lm_cells, pruned, encoding.mode, fovea, gist,
                          timing)
-    if pruning.buckets is not None:
-        for b, tr in enumerate(traces):
-            tr.bucket = {"cells": [int(lm_cells[i].numel()) for i in prompt.units_of(b)],
-                         "prompt": int(pruned.width)}
+    for b, tr in enumerate(traces):
+        tr.adapter = backend.adapter_name if adapted is not None and adapted[b] else ""
+        if pruning.buckets is not None:
+            tr.bucket = {"cells": [int(lm_cells[i].numel()) for i in prompt.units_of(b)], "prompt": int(pruned.width)}
     return Prepared(pruned, traces, prompt, choice, fovea, gist, encoding, budgets, mode, fn)
+
+
+def adapter_rows(backend: VLMBackend, prompt: Prompt, kept: Sequence[torch.Tensor], use: bool = True
+                 ) -> list[bool] | None:
+    """Per batch row, whether the backend's adapter runs for it: it has one, the request allows it (`use`:
+    `Pruning.adapter`), and some unit of the row lost tokens. A row that keeps every token runs the stock model
+    (tower and language model), so keep-all stays exact; None without an adapter. The one place this is decided
+    (docs/DESIGN.md, "Adapters")."""
+    if not backend.adapter_name or not use:
+        return None
+    return [any(int(kept[i].numel()) < prompt.n_tokens[i] for i in prompt.units_of(b)) for b in range(prompt.rows)]
 
 
 def _choose(backend: VLMBackend, prompt: Prompt, pruning: Pruning, layer: Callable[[], ARRCOCLayer],
@@ -123,4 +139,4 @@ def _choose(backend: VLMBackend, prompt: Prompt, pruning: Pruning, layer: Callab
     return run_selector(pruning.selector, ctx, pruning.method, strict=pruning.strict)
 
 
-__all__ = ["Prepared", "prepare"]
+__all__ = ["Prepared", "adapter_rows", "prepare"]

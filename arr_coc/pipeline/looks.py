@@ -178,8 +178,12 @@ class Looker:
         lap(self.clock, "saccade")                                           # aiming: ARR-COC's own work
         todo = [i for i in units if len(to_encode[i])]
         t_tower = time.perf_counter()
+        adapted = first.pruned.adapted        # look 1's decision holds for every look of a row
         if todo:
-            with self.backend.attending(memory, todo) if memory is not None else nullcontext():
+            # only rows that lost tokens on look 1 have cells left to encode, so with an adapter every one is on
+            on = adapted is not None and all(adapted[batch.item_of_image[i]] for i in todo)
+            with self.backend.attending(memory, todo) if memory is not None else nullcontext(), \
+                    self.backend.adapted(on):
                 tokens, deep = self.backend.encode_cells(batch, todo, [to_encode[i] for i in todo], self.clock)
             state.visual = state.visual.extended(tokens, deep, {i: to_encode[i] for i in todo})
         vision_s = time.perf_counter() - t_tower
@@ -188,7 +192,9 @@ class Looker:
             state.encoded[i] = np.union1d(state.encoded[i], to_encode[i]).astype(np.int64)
             state.lm_cells[i], state.periphery[i] = reads(state.kept[i], state.periphery[i], batch.grid_hw[i],
                                                           None if state.gist_hw is None else state.gist_hw[i])
-        pruned = self.backend.rewrite(batch, state.visual, [torch.from_numpy(c) for c in state.lm_cells]).rows(rows)
+        rewritten = self.backend.rewrite(batch, state.visual, [torch.from_numpy(c) for c in state.lm_cells])
+        rewritten.adapted = adapted
+        pruned = rewritten.rows(rows)
         lap(self.clock, "packing")
         own_s = time.perf_counter() - t_pass - vision_s
         got, logits, prefill_s = self._answer(pruned)

@@ -53,6 +53,7 @@ class Pruning:
     kept         explicit cells per unit (LongTensor[K_i]); overrides the method
     buckets      fixed shapes (`buckets.Buckets`): each unit's cells and the prompt's length rounded up to a bucket,
                  for a compiled execution; None: every request its own shape
+    adapter      the backend's adapter may run for the rows this prunes (False: the stock model for every row)
     """
 
     method: str = "none"
@@ -63,12 +64,13 @@ class Pruning:
     strict: bool = False
     kept: tuple[torch.Tensor, ...] | None = None
     buckets: Buckets | None = None
+    adapter: bool = True
 
     @classmethod
     def of(cls, method: str | Selector = "arr_coc", budget: BudgetSpec = None, budget_mode: BudgetMode | None = None,
            encode: EncodeConfig | EncodeMode | None = None, strict: bool = False,
            kept_indices: Sequence[torch.Tensor] | None = None, wire: bool = False, parsed: bool = False,
-           buckets: Buckets | None = None) -> Pruning:
+           buckets: Buckets | None = None, adapter: bool = True) -> Pruning:
         """The one read of a caller's values (see the module docstring); ValueError / BudgetError on bad ones.
 
         parsed: the budget was read at the caller's own edge already (`read_budget`, argparse's `budget_arg`), so
@@ -82,7 +84,7 @@ class Pruning:
                              "vision tower; run it with encode='after'")
         kept = None if kept_indices is None else tuple(torch.as_tensor(k, dtype=torch.long) for k in kept_indices)
         return cls(name, selector, budget if parsed else read_budgets(budget, wire), check_mode(budget_mode), encoding,
-                   strict, kept, buckets)
+                   strict, kept, buckets, bool(adapter))
 
     @property
     def before(self) -> bool:

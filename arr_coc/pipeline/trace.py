@@ -86,6 +86,8 @@ class Trace:
     # kept_indices / encoded_cells / kept_tokens are then the union over the looks. Empty with one look.
     looks: list[Look] = field(default_factory=list)
     model: str = ""                              # which model answered (its folder or hub id; "" when not known)
+    adapter: str = ""                            # the adapter that ran for this item (its folder or hub id); "": none
+                                                 # (no adapter loaded, or every token kept: then the stock model ran)
     notes: list[str] = field(default_factory=list)   # what the user should know: a clip's minimum applied, ...
     bucket: dict[str, Any] | None = None         # fixed shapes: the cells per image and the prompt length it ran at
     execution: str = "eager"                     # how it ran: "eager" or "fast" (fixed shapes, compiled)
@@ -146,6 +148,7 @@ class Trace:
             else [round(float(c), 2) for c in self.arr_coc.extent],
             "looks": [look.to_dict() for look in self.looks],
             "model": self.model,
+            "adapter": self.adapter,
             "notes": list(self.notes),
             "bucket": self.bucket,
             "execution": self.execution,

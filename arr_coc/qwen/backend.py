@@ -17,9 +17,9 @@ wrong for padded batches); `forward(mm_encoder_outputs=...)` scatters the kept t
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -43,6 +43,8 @@ from .tower_memory import TowerMemory, attending, remembering
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from .adapter import Adapter
 
 
 @dataclass
@@ -85,6 +87,9 @@ class QwenBackend:
         self._encoder_output_cls: type | None = None
         self.execution = Execution.eager()
         self.compiled: CompiledQwen | None = None
+        self._memory_depth = 0                     # > 0 inside `remembering` / `attending`: the stock tower runs
+        self.adapter: Adapter | None = None      # LoRA adapters (`adapter.py`), run only inside `adapted(True)`
+        self._adapter_flops: tuple[int, int] | None = None
 
     def use(self, execution: Execution) -> None:
         """Run the tower and the language model as `execution` says (compiled: `CompiledQwen`)."""
@@ -92,7 +97,19 @@ class QwenBackend:
         self.compiled = CompiledQwen(self.model, execution) if execution.compiled else None
 
     def _tower(self) -> AbstractContextManager:
-        return self.compiled.tower() if self.compiled is not None else nullcontext()
+        """The compiled tower, or the stock one: eager execution, or a look that reads or writes the tower's
+        memory (`tower_memory.py` swaps the attention of its blocks: a graph of its own per look, not captured)."""
+        stock = self.compiled is None or self._memory_depth > 0
+        return nullcontext() if stock else self.compiled.tower()
+
+    @contextmanager
+    def _with_memory(self, inner: AbstractContextManager) -> Iterator[None]:
+        self._memory_depth += 1
+        try:
+            with inner:
+                yield
+        finally:
+            self._memory_depth -= 1
 
     def _language_model(self) -> AbstractContextManager:
         return self.compiled.language_model() if self.compiled is not None else nullcontext()
@@ -127,6 +144,31 @@ class QwenBackend:
         if self._encoder_output_cls is None:
             self._encoder_output_cls = encoder_output_class(self.model)
         return self._encoder_output_cls
+
+    # -- the adapter ----------------------------------------------------------------------------------------
+
+    @property
+    def adapter_name(self) -> str:
+        """The adapter's folder or hub id ("adapter" for one not saved yet); "" when there is none."""
+        return "" if self.adapter is None else (self.adapter.name or "adapter")
+
+    def set_adapter(self, adapter: Adapter | None) -> None:
+        self.adapter, self._adapter_flops = adapter, None
+
+    def adapted(self, on: bool) -> AbstractContextManager:
+        """Inside, the adapter runs when `on` (and there is one); the stock model otherwise."""
+        return self.adapter.active(on) if self.adapter is not None else nullcontext()
+
+    def adapter_flops(self, tower_cells: int, lm_tokens: int) -> int:
+        """The adapter's extra FLOPs for a tower pass over `tower_cells` merged cells (merge^2 patch rows each, every
+        block) and a language-model prefill over `lm_tokens` tokens (every layer): 2 r (d_in + d_out) per token
+        per adapted linear. 0 without an adapter."""
+        if self.adapter is None:
+            return 0
+        if self._adapter_flops is None:
+            self._adapter_flops = self.adapter.flops_per_token()
+        tower, lm = self._adapter_flops
+        return tower * int(tower_cells) * self.merge ** 2 + lm * int(lm_tokens)
 
     # -- the request ----------------------------------------------------------------------------------------
 
@@ -208,10 +250,10 @@ class QwenBackend:
         return TowerMemory() if self.info.tower_memory else None
 
     def remembering(self, memory: TowerMemory, units: Sequence[int] | None) -> AbstractContextManager:
-        return remembering(self.model, memory, units)
+        return self._with_memory(remembering(self.model, memory, units))
 
     def attending(self, memory: TowerMemory, units: Sequence[int]) -> AbstractContextManager:
-        return attending(self.model, memory, units)
+        return self._with_memory(attending(self.model, memory, units))
 
     # -- the language model ---------------------------------------------------------------------------------
 
@@ -224,13 +266,38 @@ class QwenBackend:
 
     @torch.no_grad()
     def prefill(self, pruned: PrunedInputs, **forward: Any) -> Any:
-        with self._language_model():
-            return self.model(**pruned.model_kwargs(), **forward)
+        """One forward; the adapter runs for the rows `pruned.adapted` marks (a batch of both: one forward each,
+        the logits left-padded back into one batch)."""
+        groups = adapter_groups(pruned)
+        if len(groups) == 1:
+            with self.adapted(groups[0][1]), self._language_model():
+                return self.model(**pruned.model_kwargs(), **forward)
+        outs = []
+        for rows, on in groups:
+            with self.adapted(on), self._language_model():
+                outs.append((rows, self.model(**pruned.rows(rows).model_kwargs(), **forward)))
+        width = max(o.logits.shape[1] for _, o in outs)
+        logits = outs[0][1].logits.new_zeros(pruned.input_ids.shape[0], width, outs[0][1].logits.shape[-1])
+        for rows, o in outs:
+            logits[rows, width - o.logits.shape[1]:] = o.logits
+        return type(outs[0][1])(logits=logits)
 
     @torch.no_grad()
     def decode(self, pruned: PrunedInputs, first_logits: bool = False, **generate: Any) -> Decoded:
-        """model.generate on fresh pruned kwargs (greedy unless told otherwise), its prefill timed by hooks on
-        this instance, removed right after."""
+        """model.generate on fresh pruned kwargs (greedy unless told otherwise); the adapter runs for the rows
+        `pruned.adapted` marks (a batch of both: one generation each, merged as one batch's would be)."""
+        groups = adapter_groups(pruned)
+        if len(groups) == 1:
+            with self.adapted(groups[0][1]):
+                return self._generate(pruned, first_logits, **generate)
+        parts = []
+        for rows, on in groups:
+            with self.adapted(on):
+                parts.append((rows, self._generate(pruned.rows(rows), first_logits, **generate)))
+        return merge_decoded(parts, pruned.input_ids.shape[0], pruned.input_ids.shape[1], self.pad_token_id)
+
+    def _generate(self, pruned: PrunedInputs, first_logits: bool = False, **generate: Any) -> Decoded:
+        """model.generate on fresh pruned kwargs, its prefill timed by hooks on this instance, removed right after."""
         marks: list[float] = []
 
         def pre_hook(module, args, kwargs):
@@ -280,7 +347,8 @@ class QwenBackend:
         pos, _ = model.model.get_rope_index(full, is_image.int(), image_grid_thw=image_grid_thw.to(dev))
         with torch.no_grad():
             embeds = model.get_input_embeddings()(full)
-            embeds[is_image] = visual_tokens.to(dev, embeds.dtype)
+        # differentiable in the visual tokens (an adapter's tower trains through them; frozen features have no grad)
+        embeds = embeds.masked_scatter(is_image[..., None], visual_tokens.to(dev, embeds.dtype))
         s = full.shape[1]
         bias = torch.zeros(s, device=dev).index_put((torch.nonzero(is_image[0])[:, 0],), torch.log(keep.clamp_min(1e-6)))
         causal = torch.full((s, s), float("-inf"), device=dev).triu(1)
@@ -289,6 +357,26 @@ class QwenBackend:
                                             attention_mask=mask).last_hidden_state
         logits = model.lm_head(hidden[0, -len(answer_ids) - 1: -1])
         return torch.nn.functional.cross_entropy(logits.float(), torch.tensor(answer_ids, device=dev))
+
+    def pruned_answer_loss(self, pruned: PrunedInputs, answers: Sequence[str]) -> torch.Tensor:
+        """Mean over rows of the cross-entropy of answers[b] (+ <|im_end|>) after row b of the pruned prompt: the
+        model reads exactly what it reads when it answers (the kept tokens at their original positions, the answer
+        at the positions generate gives it), the adapter running for the rows `pruned.adapted` marks.
+        Differentiable in the pruned features and in whatever trains inside the model (an adapter)."""
+        losses = []
+        for b, text in enumerate(answers):
+            row = pruned.rows([b])
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokens.im_end]
+            kw = row.model_kwargs()
+            new = torch.tensor([ids], device=kw["input_ids"].device, dtype=kw["input_ids"].dtype)
+            pos = kw["position_ids"]                                   # [4, 1, S]: +1 per token on every row
+            kw["position_ids"] = torch.cat([pos, pos[:, :, -1:] + torch.arange(1, len(ids) + 1, device=pos.device)], 2)
+            kw["input_ids"] = torch.cat([kw["input_ids"], new], 1)
+            kw["attention_mask"] = torch.cat([kw["attention_mask"], torch.ones_like(new).to(kw["attention_mask"])], 1)
+            with self.adapted(bool(row.adapted and row.adapted[0])):
+                logits = self.model(**kw, logits_to_keep=len(ids) + 1).logits[0, :-1]
+            losses.append(torch.nn.functional.cross_entropy(logits.float(), new[0]))
+        return torch.stack(losses).mean()
 
     # -- services for selectors -----------------------------------------------------------------------------
 
@@ -320,6 +408,35 @@ class QwenBackend:
         return [per_unit[i] for i in units]
 
 
+def adapter_groups(pruned: PrunedInputs) -> list[tuple[list[int], bool]]:
+    """The batch's rows by whether the adapter runs for them: [(rows, on)], one entry when all agree."""
+    flags = pruned.adapted or [False] * pruned.input_ids.shape[0]
+    if all(f == flags[0] for f in flags):
+        return [(list(range(len(flags))), bool(flags[0]))]
+    return [([b for b, f in enumerate(flags) if f == on], on) for on in (False, True)]
+
+
+def merge_decoded(parts: Sequence[tuple[list[int], Decoded]], rows: int, width: int, pad: int) -> Decoded:
+    """One batch's `Decoded` from generations over some of its rows each: answers right-padded, each sequence's
+    prompt left-padded to the whole batch's width `width` (what one generation of the batch returns)."""
+    reps = parts[0][1].new_tokens.shape[0] // len(parts[0][0])        # num_return_sequences
+    longest = max(d.new_tokens.shape[1] for _, d in parts)
+    ref = parts[0][1].new_tokens
+    new = ref.new_full((rows * reps, longest), pad)
+    seqs = ref.new_full((rows * reps, width + longest), pad)
+    logits = None
+    for rs, d in parts:
+        at = torch.tensor([b * reps + j for b in rs for j in range(reps)], device=ref.device)
+        t, s = d.new_tokens.shape[1], d.sequences.shape[1] - d.new_tokens.shape[1]
+        new[at, :t] = d.new_tokens
+        seqs[at, width - s: width + t] = d.sequences
+        if d.first_logits is not None:
+            if logits is None:
+                logits = d.first_logits.new_zeros(rows * reps, d.first_logits.shape[-1])
+            logits[at] = d.first_logits
+    return Decoded(new, seqs, sum(d.prefill_s for _, d in parts), logits)
+
+
 def _patch_rows(pixel_values: torch.Tensor, grid_thw: torch.Tensor, units: Sequence[int]) -> torch.Tensor:
     """The patch rows of `units` (processor order), concatenated."""
     sizes = [int(t) * int(h) * int(w) for t, h, w in grid_thw.tolist()]
@@ -328,4 +445,4 @@ def _patch_rows(pixel_values: torch.Tensor, grid_thw: torch.Tensor, units: Seque
     return pixel_values.index_select(0, torch.as_tensor(rows, device=pixel_values.device))
 
 
-__all__ = ["Decoded", "QwenBackend"]
+__all__ = ["Decoded", "QwenBackend", "adapter_groups", "merge_decoded"]

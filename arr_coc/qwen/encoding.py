@@ -122,13 +122,13 @@ def encode_cells(
     return feats, deep_per_image
 
 
-@torch.no_grad()
 def encode_packed(model: PreTrainedModel, pixel_values: torch.Tensor, grid_thw: torch.Tensor,
                   cells: Sequence[np.ndarray], clock: Stopwatch | None = None
                   ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
     """`encode_cells` with the index work on the host: grid_thw [N, 3] on the host, cells per image (numpy,
     ascending); everything the tower needs is worked out there and uploaded once per tensor.
-    -> (tokens [sum K_i, D], image after image; Qwen3-VL deepstack: one [sum K_i, D] per layer, else None)."""
+    -> (tokens [sum K_i, D], image after image; Qwen3-VL deepstack: one [sum K_i, D] per layer, else None).
+    Grad mode is the caller's (the pipeline's no_grad; train-adapter trains the tower's adapter through it)."""
     visual = model.model.visual
     family = family_of(model)
     unit = int(visual.spatial_merge_size) ** 2

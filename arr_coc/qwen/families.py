@@ -10,6 +10,7 @@ What is the same is written once (`arr_coc.qwen.backend`); what differs is a fie
 | tower_memory    | yes | no (window order) | yes | a later look attends to earlier looks' keys (`tower_memory.py`) |
 | timestamps      | no  | no  | yes (`<t seconds>` per temporal group) | `processing.py`: a video's prompt |
 | patch           | 14 px | 14 px | 16 px | the merged cell: 28 or 32 px |
+| tower_mlp       | fc1, fc2 | gate_proj, up_proj, down_proj | linear_fc1, linear_fc2 | `adapter.py`: LoRA targets |
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Family:
     tower_memory: bool          # full attention in every block: a later look can attend to earlier looks' keys
     timestamps: bool            # a video's prompt has a '<t seconds>' block per temporal group
     patch: int                  # pixels per patch side
+    tower_mlp: tuple[str, ...]  # the linear layers of a vision block's MLP (`adapter.py`'s LoRA targets)
 
     def check_encode(self, encode: EncodeConfig) -> None:
         """Refuse what this family's tower cannot do (before any work): whole windows need windows."""
@@ -42,11 +44,14 @@ class Family:
 
 
 QWEN2_VL = Family("qwen2_vl", "Qwen2VLForConditionalGeneration", windows=False, position_table=False,
-                  deepstack=False, tower_memory=True, timestamps=False, patch=14)
+                  deepstack=False, tower_memory=True, timestamps=False, patch=14,
+                  tower_mlp=("fc1", "fc2"))
 QWEN2_5_VL = Family("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", windows=True, position_table=False,
-                    deepstack=False, tower_memory=False, timestamps=False, patch=14)
+                    deepstack=False, tower_memory=False, timestamps=False, patch=14,
+                    tower_mlp=("gate_proj", "up_proj", "down_proj"))
 QWEN3_VL = Family("qwen3_vl", "Qwen3VLForConditionalGeneration", windows=False, position_table=True,
-                  deepstack=True, tower_memory=True, timestamps=True, patch=16)
+                  deepstack=True, tower_memory=True, timestamps=True, patch=16,
+                  tower_mlp=("linear_fc1", "linear_fc2"))
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)}
 

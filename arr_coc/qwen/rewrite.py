@@ -66,6 +66,7 @@ class PrunedInputs:
     grid_hw: list[tuple[int, int]]
     lengths: list[int]                          # tokens in each row, padding excluded (host)
     unit_kind: list[int] | None = None          # per unit: 1 an image, 2 a video's temporal group (None: images)
+    adapted: list[bool] | None = None           # per row: the adapter runs for it (tokens were pruned); None: never
 
     @property
     def full_features(self) -> tuple[torch.Tensor, ...]:
@@ -125,7 +126,8 @@ class PrunedInputs:
             deepstack_features=None if deep is None else [tuple(layer[i] for i in imgs) for layer in deep],
             kept_indices=[self.kept_indices[i] for i in imgs], item_of_image=[new_row[self.item_of_image[i]] for i in imgs],
             grid_hw=[self.grid_hw[i] for i in imgs], lengths=lengths,
-            unit_kind=None if self.unit_kind is None else [self.unit_kind[i] for i in imgs])
+            unit_kind=None if self.unit_kind is None else [self.unit_kind[i] for i in imgs],
+            adapted=None if self.adapted is None else [self.adapted[b] for b in rows])
 
     @property
     def width(self) -> int:

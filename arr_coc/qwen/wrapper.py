@@ -31,6 +31,8 @@ from ..pipeline.selection import Selector
 from ..pipeline.trace import PrefillOutput, Trace
 from ..runtime import Runtime
 from ..stopwatch import Stopwatch
+from ..persistence import LayerCard
+from .adapter import SUBFOLDER, Adapter, AdapterCard, adapter_folder, load_adapter
 from .backend import QwenBackend
 from .loading import LayerSpec, build_layer, load_vlm
 from .processing import QwenProcessor
@@ -55,10 +57,13 @@ class ARRCOCQwen:
     """
 
     def __init__(self, model: PreTrainedModel, processor: QwenProcessor, arr_coc: LayerSpec = None, seed: int = 0,
-                 name: str = "", execution: Execution | None = None):
+                 name: str = "", execution: Execution | None = None,
+                 adapter: str | os.PathLike | Adapter | None = None):
         self.backend = QwenBackend(model.eval().requires_grad_(False), processor)   # refuses other families
         if isinstance(arr_coc, (str, os.PathLike)):  # refused here, not kept-all at the first request
             arr_coc = check_layer_folder(arr_coc)    # a hub id: its snapshot in the cache
+        if adapter is not None:                      # checked against the model before it runs (AdapterError)
+            self.backend.set_adapter(adapter if isinstance(adapter, Adapter) else load_adapter(model, adapter))
         self.family = self.backend.family
         self.model = model
         self.processor = processor
@@ -88,6 +93,7 @@ class ARRCOCQwen:
         dtype: torch.dtype | str | None = "auto",
         attn_implementation: str | None = None,
         fast: bool | str | None = False,
+        adapter: str | os.PathLike | None = None,
         **kwargs: Any,
     ) -> ARRCOCQwen:
         """Load any of the three families from a hub id or a local folder (see `loading.load_vlm`).
@@ -100,15 +106,19 @@ class ARRCOCQwen:
         layer runs on the VLM's device in float32 whatever the VLM's dtype (`methods.arrcoc.run_layer`), and the
         VLM's activations keep theirs. arr_coc: a trained layer's folder or hub id ("owner/name"), an
         `ARRCOCLayer`, an `ARRCOCConfig`, or None (the untrained layer). fast: True / "on" runs requests as
-        fixed-shape compiled graphs (`arr_coc.execution`; `warm_up` compiles them ahead), "auto" on a GPU only,
-        False / "off" (the default) eagerly.
+        fixed-shape compiled graphs (`arr_coc.execution`), "auto" on a GPU only, False / "off" (the default)
+        eagerly. adapter: LoRA adapters in peft's format (a folder, a layer folder holding `adapter/`, or a hub
+        id), run only for requests that prune tokens (`arr_coc.qwen.adapter`); refused before the model runs
+        when it does not fit the model.
         """
         if isinstance(arr_coc, (str, os.PathLike)):  # a layer that is not there, refused before the model loads
             arr_coc = check_layer_folder(arr_coc)
+        if adapter is not None:                      # so is an adapter that is not there
+            adapter_folder(adapter)
         model, processor = load_vlm(model_id_or_path, device=device, dtype=dtype,
                                     attn_implementation=attn_implementation, **kwargs)
         return cls(model, processor, arr_coc=arr_coc, name=os.fspath(model_id_or_path),
-                   execution=read_fast_flag(fast, model.device))
+                   execution=read_fast_flag(fast, model.device), adapter=adapter)
 
     def use(self, execution: Execution) -> ARRCOCQwen:
         """Run every later request as `execution` says (`Execution.fast(device)`: buckets, compiled layer, tower and
@@ -130,6 +140,20 @@ class ARRCOCQwen:
         if pruning.buckets is None and self.execution.buckets is not None:
             return dataclasses.replace(pruning, buckets=self.execution.buckets)
         return pruning
+
+    @property
+    def adapter(self) -> Adapter | None:
+        """The LoRA adapters (`arr_coc.qwen.adapter.Adapter`), or None."""
+        return self.backend.adapter
+
+    def save_pretrained(self, folder: str | os.PathLike, card: LayerCard | None = None,
+                        adapter_card: AdapterCard | None = None) -> None:
+        """The ARR-COC layer into `folder` (config.json, model.safetensors, README.md) and, when there is one, the
+        adapter beside it in `folder/adapter/` (peft's files): `from_pretrained(..., arr_coc=folder, adapter=folder)`
+        loads both."""
+        self.arr_coc_layer.save_pretrained(folder, card)
+        if self.adapter is not None:
+            self.adapter.save_pretrained(os.path.join(os.fspath(folder), SUBFOLDER), adapter_card)
 
     @property
     def device(self) -> torch.device:

@@ -1,0 +1,311 @@
+"""LoRA adapters for the frozen Qwen-VL, in peft's own format, active only for pruned requests.
+
+The VLM was trained on whole images; an adapter teaches it to read what ARR-COC keeps (docs/TRAINING.md, "Adapters
+(stage 2 and 3)"). It is a peft LoRA (`LoraConfig` + `get_peft_model` / `PeftModel.from_pretrained`) on
+
+    tower_attn   every vision block's attention: qkv, proj
+    tower_mlp    every vision block's MLP: the family's linears (`Family.tower_mlp`)
+    lm_attn      every language-model layer's attention: q_proj, k_proj, v_proj, o_proj
+    lm_mlp       every language-model layer's MLP: gate_proj, up_proj, down_proj (not a default)
+
+peft injects the LoRA layers into the model in place (the backend keeps calling the model it had) and its layers
+start **disabled**: `Adapter.active(True)` enables them for one call with peft's own switch
+(`enable_adapter_layers` / `disable_adapter_layers`, what `PeftModel.disable_adapter()` toggles), and they are
+disabled again after it. A disabled LoRA layer runs its base layer alone, so a request that keeps every token is the
+stock model bit for bit. Where the switch is decided: `arr_coc.pipeline.look` (docs/DESIGN.md, "Adapters").
+
+A saved adapter is a folder (or a hub repository, or the `adapter/` folder beside a saved layer):
+
+    adapter_config.json         peft's LoraConfig
+    adapter_model.safetensors   peft's LoRA weights
+    arr_coc_adapter.json        the base model it was trained on (family, widths, depths), its targets, its training
+    README.md                   the model card
+
+Before peft reads a folder, `check_adapter` refuses (one line, `AdapterError`) a missing folder, an adapter for
+another base model (family, widths, depths) and weights whose shapes or rank do not fit this model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+from ..persistence import hub_snapshot, looks_like_hub_id
+from .families import family_of
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+TARGET_GROUPS = ("tower_attn", "tower_mlp", "lm_attn", "lm_mlp")
+DEFAULT_TARGETS = ("tower_attn", "tower_mlp", "lm_attn")
+CONFIG_FILE, WEIGHTS_FILE, BASE_FILE, CARD_FILE = ("adapter_config.json", "adapter_model.safetensors",
+                                                    "arr_coc_adapter.json", "README.md")
+ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE, BASE_FILE, CARD_FILE)
+SUBFOLDER = "adapter"                 # where `ARRCOCQwen.save_pretrained` puts it, beside the layer's files
+NAME = "default"                      # peft's adapter name
+
+
+class AdapterError(ValueError):
+    """An adapter that cannot be used with this model; the message says what to do (one line)."""
+
+
+@dataclass
+class AdapterCard:
+    """What the adapter's README says: what it was trained on and how."""
+
+    vlm: str = "unknown"
+    layer: str = ""
+    encode: str = "before"
+    training: str = ""
+    results: list[str] = field(default_factory=list)
+
+
+def target_pattern(model: PreTrainedModel, targets: Sequence[str] = DEFAULT_TARGETS) -> str:
+    """peft's `target_modules` as one regular expression (full match on module names) for this model's family."""
+    unknown = [t for t in targets if t not in TARGET_GROUPS]
+    if unknown or not targets:
+        raise AdapterError(f"unknown adapter targets {unknown or list(targets)}; choose from {', '.join(TARGET_GROUPS)}")
+    family = family_of(model)
+    names = {"tower_attn": r"model\.visual\.blocks\.\d+\.attn\.(qkv|proj)",
+             "tower_mlp": r"model\.visual\.blocks\.\d+\.mlp\.(" + "|".join(family.tower_mlp) + ")",
+             "lm_attn": r"model\.language_model\.layers\.\d+\.self_attn\.(q_proj|k_proj|v_proj|o_proj)",
+             "lm_mlp": r"model\.language_model\.layers\.\d+\.mlp\.(gate_proj|up_proj|down_proj)"}
+    return "(" + "|".join(names[t] for t in targets) + ")"
+
+
+def base_identity(model: PreTrainedModel) -> dict[str, Any]:
+    """What an adapter must match: the family and the widths and depths of the tower and the language model."""
+    cfg = model.config
+    text, vision = cfg.text_config, cfg.vision_config
+    keys_text = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+    keys_vision = ("depth", "embed_dim", "hidden_size", "intermediate_size", "num_heads", "out_hidden_size")
+    return {"model_type": cfg.model_type,
+            "text": {k: getattr(text, k) for k in keys_text if getattr(text, k, None) is not None},
+            "vision": {k: getattr(vision, k) for k in keys_vision if getattr(vision, k, None) is not None}}
+
+
+class Adapter:
+    """A LoRA adapter injected into a model (peft), disabled except inside `active(True)`."""
+
+    def __init__(self, peft_model: Any, name: str, targets: Sequence[str], card: AdapterCard | None = None,
+                 trainable: bool = False):
+        self.peft_model = peft_model
+        self.name = name                     # its folder or hub id ("" for a fresh one), as traces report it
+        self.targets = tuple(targets)
+        self.card = card or AdapterCard()
+        self.trainable = trainable           # whether its LoRA weights take gradients (train-adapter)
+        self._on = True
+        self._switch(False)
+        self.dropout(False)                  # peft's new modules start in training mode: answers must not be random
+
+    def dropout(self, on: bool) -> None:
+        """LoRA dropout on (train-adapter's steps) or off (inference, validation); the VLM itself stays in eval."""
+        for name, module in self.model.named_modules():
+            if name.split(".")[-1] == "lora_dropout" or ".lora_dropout." in f"{name}.":
+                module.train(on)
+
+    @property
+    def model(self) -> PreTrainedModel:
+        return self.peft_model.base_model.model
+
+    @property
+    def rank(self) -> int:
+        return int(self.peft_model.peft_config[NAME].r)
+
+    def _switch(self, on: bool) -> None:
+        """peft's switch; it also sets the LoRA weights' requires_grad, which is the adapter's own business."""
+        if on != self._on:
+            (self.peft_model.base_model.enable_adapter_layers if on else
+             self.peft_model.base_model.disable_adapter_layers)()
+            self._on = on
+            for p in self.parameters():
+                p.requires_grad_(self.trainable)
+
+    @contextmanager
+    def active(self, on: bool = True) -> Iterator[None]:
+        """Inside, the LoRA layers run when `on`, the base layers alone otherwise (peft's enable / disable switch);
+        the state before is restored after. Outside any such context the model is stock."""
+        before = self._on
+        self._switch(on)
+        try:
+            yield
+        finally:
+            self._switch(before)
+
+    def lora_layers(self) -> Iterator[tuple[str, Any]]:
+        from peft.tuners.lora import LoraLayer
+
+        for name, module in self.model.named_modules():
+            if isinstance(module, LoraLayer) and NAME in getattr(module, "r", {}):
+                yield name, module
+
+    def flops_per_token(self) -> tuple[int, int]:
+        """The adapter's extra FLOPs for one token through every adapted linear: (per vision-tower patch row, per
+        language-model token). LoRA on a linear d_in -> d_out of rank r is x A^T B^T: 2 r (d_in + d_out)."""
+        tower = lm = 0
+        for name, module in self.lora_layers():
+            base = module.get_base_layer()
+            flops = 2 * int(module.r[NAME]) * (int(base.in_features) + int(base.out_features))
+            if ".visual." in f".{name}.":
+                tower += flops
+            else:
+                lm += flops
+        return tower, lm
+
+    def parameters(self) -> list[Any]:
+        """The LoRA weights (what training moves)."""
+        return [p for n, p in self.model.named_parameters() if ".lora_" in n]
+
+    def save_pretrained(self, folder: str | os.PathLike, card: AdapterCard | None = None) -> None:
+        """peft's files + the base model's identity + the model card."""
+        folder = os.fspath(folder)
+        self.peft_model.save_pretrained(folder)
+        with open(os.path.join(folder, BASE_FILE), "w") as f:
+            json.dump({"base": base_identity(self.model), "targets": list(self.targets),
+                       "card": asdict(card or self.card)}, f, indent=1)
+        with open(os.path.join(folder, CARD_FILE), "w") as f:
+            f.write(adapter_card(self, card or self.card))
+
+
+def attach_adapter(model: PreTrainedModel, rank: int = 16, alpha: float = 32.0,
+                   targets: Sequence[str] = DEFAULT_TARGETS, dropout: float = 0.0, seed: int = 0) -> Adapter:
+    """A fresh LoRA on `model` (in place, trainable; B = 0, so it starts as the stock model even when active)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    if rank < 1:
+        raise AdapterError(f"rank must be at least 1, got {rank}")
+    config = LoraConfig(r=int(rank), lora_alpha=float(alpha), lora_dropout=float(dropout), bias="none",
+                        target_modules=target_pattern(model, targets))
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)     # transformers' rename, asked by peft
+        torch.manual_seed(seed)
+        peft_model = get_peft_model(model, config)
+    return Adapter(peft_model, "", targets, trainable=True)
+
+
+def adapter_folder(name_or_folder: str | os.PathLike, revision: str | None = None,
+                   cache_dir: str | os.PathLike | None = None) -> str:
+    """The local folder holding an adapter: the folder itself or its `adapter/` (a layer folder saved by
+    `ARRCOCQwen.save_pretrained`), or a hub repository's snapshot (the cache offline); AdapterError otherwise."""
+    name = os.fspath(name_or_folder)
+    how = (f"pass a folder written by train-adapter or ARRCOCQwen.save_pretrained ({CONFIG_FILE} + {WEIGHTS_FILE}) "
+           "or a hub id ('owner/name')")
+    if not os.path.exists(name) and looks_like_hub_id(name):
+        try:
+            name = hub_snapshot(name, revision, cache_dir, None, None, list(ADAPTER_FILES) + [f"{SUBFOLDER}/*"],
+                                "adapter", f"python -m arr_coc ask --adapter {name} ...")
+        except FileNotFoundError as exc:
+            raise AdapterError(f"no adapter at {name!r}: no such folder, and as a hub id: {exc}") from None
+    if not os.path.isdir(name):
+        raise AdapterError(f"no adapter at {name!r} ({'a file, not a folder' if os.path.exists(name) else 'no such folder'}); {how}")
+    for folder in (name, os.path.join(name, SUBFOLDER)):
+        if all(os.path.isfile(os.path.join(folder, f)) for f in (CONFIG_FILE, WEIGHTS_FILE)):
+            return folder
+    raise AdapterError(f"no adapter at {name!r} (no {CONFIG_FILE} + {WEIGHTS_FILE} in it or in {SUBFOLDER}/); {how}")
+
+
+def check_adapter(model: PreTrainedModel, folder: str) -> dict[str, Any]:
+    """Refuse (AdapterError, one line) an adapter that does not fit `model`, before peft or the model runs.
+    -> its adapter_config.json."""
+    with open(os.path.join(folder, CONFIG_FILE)) as f:
+        config = json.load(f)
+    if config.get("peft_type", "LORA") != "LORA":
+        raise AdapterError(f"{folder} holds a {config.get('peft_type')} adapter; ARR-COC loads LoRA adapters only")
+    base_file = os.path.join(folder, BASE_FILE)
+    if os.path.isfile(base_file):
+        with open(base_file) as f:
+            saved = json.load(f).get("base", {})
+        mine = base_identity(model)
+        diff = _first_difference(saved, mine)
+        if diff:
+            raise AdapterError(f"the adapter in {folder} was trained for another base model ({diff}); load it with the "
+                               f"model it was trained on ({config.get('base_model_name_or_path') or 'see its README'})")
+    _check_shapes(model, folder, int(config.get("r", 0)))
+    return config
+
+
+def _first_difference(saved: dict[str, Any], mine: dict[str, Any], at: str = "") -> str:
+    for key in sorted(set(saved) | set(mine)):
+        a, b = saved.get(key), mine.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found = _first_difference(a, b, f"{at}{key}.")
+            if found:
+                return found
+        elif a != b:
+            return f"{at}{key}: adapter {a!r}, model {b!r}"
+    return ""
+
+
+def _check_shapes(model: PreTrainedModel, folder: str, rank: int) -> None:
+    """Every LoRA matrix names a linear of this model and has its shape at the config's rank."""
+    from safetensors import safe_open
+
+    modules = dict(model.named_modules())
+    with safe_open(os.path.join(folder, WEIGHTS_FILE), "pt") as f:
+        for key in f.keys():
+            match = re.match(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$", key)
+            if match is None:
+                raise AdapterError(f"{folder}: weight {key!r} is not a LoRA matrix; ARR-COC loads LoRA adapters only")
+            name, which = match.groups()
+            module = modules.get(name)
+            base = getattr(module, "base_layer", module)
+            if base is None or not hasattr(base, "in_features"):
+                raise AdapterError(f"{folder}: the adapter adapts {name!r}, which this model does not have as a linear "
+                                   "layer: it was trained for another base model")
+            shape = tuple(f.get_slice(key).get_shape())
+            want = (rank, base.in_features) if which == "A" else (base.out_features, rank)
+            if shape != want:
+                raise AdapterError(f"{folder}: {key} has shape {list(shape)} where this model at rank {rank} needs "
+                                   f"{list(want)} (another rank or another base model); retrain it for this model")
+
+
+def load_adapter(model: PreTrainedModel, name_or_folder: str | os.PathLike, trainable: bool = False) -> Adapter:
+    """An adapter saved in peft's format, checked against `model` (`check_adapter`), injected into it in place."""
+    from peft import PeftModel
+
+    folder = adapter_folder(name_or_folder)
+    check_adapter(model, folder)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        peft_model = PeftModel.from_pretrained(model, folder, adapter_name=NAME, is_trainable=trainable)
+    targets, card = DEFAULT_TARGETS, AdapterCard()
+    if os.path.isfile(os.path.join(folder, BASE_FILE)):
+        with open(os.path.join(folder, BASE_FILE)) as f:
+            saved = json.load(f)
+        targets = tuple(saved.get("targets", targets))
+        card = AdapterCard(**{k: v for k, v in saved.get("card", {}).items() if k in AdapterCard.__dataclass_fields__})
+    return Adapter(peft_model, os.fspath(name_or_folder), targets, card, trainable=trainable)
+
+
+def adapter_card(adapter: Adapter, card: AdapterCard) -> str:
+    """The README.md written beside the adapter's weights."""
+    n = sum(p.numel() for p in adapter.parameters())
+    total = sum(p.numel() for n_, p in adapter.model.named_parameters() if ".lora_" not in n_)
+    lines = ["---", "library_name: peft", "tags:", "- arr-coc", "- lora", "- visual-token-pruning", "---", "",
+             "# ARR-COC adapter", "",
+             "LoRA adapters (peft) that teach a frozen Qwen-VL to read the visual tokens an ARR-COC layer keeps. They "
+             "are active only when tokens are pruned: with every token kept the model is the stock one.", "",
+             "```python", "from arr_coc import ARRCOCQwen",
+             f'vlm = ARRCOCQwen.from_pretrained("{card.vlm}", arr_coc="{card.layer or "<the layer>"}", '
+             'adapter="<this folder or repository>")',
+             f'answer, trace = vlm.generate(image, "What color is the star?", budget=0.05, encode="{card.encode}")',
+             "```", "", "| | |", "|---|---|",
+             f"| base model | {card.vlm} ({adapter.model.config.model_type}) |",
+             f"| trained with the layer | {card.layer or 'not recorded'} (encode={card.encode}) |",
+             f"| targets | {', '.join(adapter.targets)}, rank {adapter.rank} |",
+             f"| LoRA parameters | {n:,} ({100 * n / max(1, total):.2f}% of the model's {total:,}) |",
+             f"| training | {card.training or 'not recorded'} |", ""]
+    if card.results:
+        lines += ["## Results", ""] + card.results + [""]
+    return "\n".join(lines)
+
+
+__all__ = ["ADAPTER_FILES", "Adapter", "AdapterCard", "AdapterError", "DEFAULT_TARGETS", "SUBFOLDER", "TARGET_GROUPS",
+           "adapter_card", "adapter_folder", "attach_adapter", "base_identity", "check_adapter", "load_adapter",
+           "target_pattern"]

@@ -1,0 +1,275 @@
+"""LoRA adapters (issue 47): active only where tokens were pruned, saved and loaded in peft's format, refused when
+they do not fit, costed, trained without moving the frozen VLM.
+
+Every model here is built fresh (peft injects its layers into the model it is given; the session's shared tiny
+models stay untouched). The adapters' LoRA B matrices are set non-zero (seeded), so an adapter that ran where it
+should not would change the logits."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from arr_coc.qwen import ARRCOCQwen
+from arr_coc.qwen.adapter import AdapterError, attach_adapter
+from arr_coc.qwen.tiny import build_tiny_qwen
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _adapted(family: str, rank: int = 4, **overrides):
+    """(wrapper with a non-zero adapter, the same model without one), from one seed."""
+    model, processor = build_tiny_qwen(family, seed=0, **overrides)
+    stock, _ = build_tiny_qwen(family, seed=0, **overrides)
+    adapter = attach_adapter(model, rank=rank, alpha=2.0 * rank)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in adapter.parameters():
+            p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    return ARRCOCQwen(model, processor, adapter=adapter), ARRCOCQwen(stock, processor)
+
+
+def _inputs(wrapper, make_image):
+    return wrapper.build_inputs([[make_image(112, 140, 1)], [make_image(84, 112, 2)]],
+                                ["What color is the circle?", "How many shapes are there?"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_token_kept_is_the_stock_model_and_pruned_is_not(family, make_image):
+    vlm, stock = _adapted(family)
+    inputs = _inputs(vlm, make_image)
+    for encode in ("after", "before"):
+        for kw in ({"method": "none"}, {"budget": 1.0}):          # nothing chosen, and a choice of every cell
+            got, want = vlm.forward_pruned(encode=encode, **kw, **inputs), stock.forward_pruned(encode=encode, **kw,
+                                                                                                 **inputs)
+            assert torch.equal(got.logits, want.logits), (encode, kw)
+            assert [t.adapter for t in got.traces] == ["", ""]
+        got, want = vlm.forward_pruned(budget=0.25, encode=encode, **inputs), \
+            stock.forward_pruned(budget=0.25, encode=encode, **inputs)
+        assert [t.kept_indices[0].tolist() for t in got.traces] == [t.kept_indices[0].tolist() for t in want.traces]
+        assert (got.logits - want.logits).abs().max() > 1e-3, encode        # the negative control: it does run
+        assert [t.to_dict()["adapter"] for t in got.traces] == ["adapter", "adapter"]
+
+
+def test_a_batch_of_both_runs_the_adapter_for_the_pruned_row_only(make_image):
+    from arr_coc.pipeline.request import Pruning
+
+    vlm, stock = _adapted("qwen2_vl")
+    inputs = _inputs(vlm, make_image)
+    n = [t.total_tokens for t in stock.prepare_state(inputs, method="none").traces]
+    kept = [torch.arange(n[0]), torch.arange(0, n[1], 3)]
+    for encode in ("after", "before"):
+        got = vlm.forward_pruned(kept_indices=kept, encode=encode, **inputs)
+        want = stock.forward_pruned(kept_indices=kept, encode=encode, **inputs)
+        assert [t.adapter for t in got.traces] == ["", "adapter"]
+        assert torch.equal(got.logits[0], want.logits[0])
+        assert (got.logits[1] - want.logits[1]).abs().max() > 1e-3
+        mine = vlm.answer(inputs, Pruning.of(kept_indices=kept, encode=encode), max_new_tokens=3)
+        theirs = stock.answer(inputs, Pruning.of(kept_indices=kept, encode=encode), max_new_tokens=3)
+        assert torch.equal(mine.sequences[0], theirs.sequences[0]) and mine.sequences.shape == theirs.sequences.shape
+
+
+def _hub_cache(tmp_path: Path, folder: Path, repo: str) -> Path:
+    cache = tmp_path / "hub"
+    root = cache / f"models--{repo.replace('/', '--')}"
+    shutil.copytree(folder, root / "snapshots" / COMMIT)
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(COMMIT)
+    return cache
+
+
+def test_save_and_load_a_folder_and_a_hub_cache_offline(tmp_path, make_image, monkeypatch):
+    import huggingface_hub.constants
+
+    vlm, _ = _adapted("qwen2_vl")
+    inputs = _inputs(vlm, make_image)
+    want = vlm.forward_pruned(budget=0.25, encode="before", **inputs).logits
+    vlm.save_pretrained(tmp_path / "pair")                               # the layer + adapter/ beside it
+    names = sorted(p.name for p in (tmp_path / "pair" / "adapter").iterdir())
+    assert {"adapter_config.json", "adapter_model.safetensors", "README.md", "arr_coc_adapter.json"} <= set(names)
+    model, processor = build_tiny_qwen("qwen2_vl", seed=0)
+    again = ARRCOCQwen(model, processor, arr_coc=str(tmp_path / "pair"), adapter=str(tmp_path / "pair"))
+    assert torch.equal(again.forward_pruned(budget=0.25, encode="before", **inputs).logits, want)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE",
+                        str(_hub_cache(tmp_path, tmp_path / "pair" / "adapter", "someone/tiny-adapter")))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model, processor = build_tiny_qwen("qwen2_vl", seed=0)
+    hub = ARRCOCQwen(model, processor, arr_coc=str(tmp_path / "pair"), adapter="someone/tiny-adapter")
+    out = hub.forward_pruned(budget=0.25, encode="before", **inputs)
+    assert torch.equal(out.logits, want) and out.traces[0].adapter == "someone/tiny-adapter"
+    with pytest.raises(AdapterError, match="someone/missing.*not in the Hugging Face cache"):
+        ARRCOCQwen(model, processor, adapter="someone/missing")
+
+
+def _refused(model, processor, adapter, match: str) -> None:
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
+    with pytest.raises(AdapterError, match=match) as info:
+        ARRCOCQwen(model, processor, adapter=adapter)
+    handle.remove()
+    assert "\n" not in str(info.value) and not calls          # one line, before the model ran
+    assert not any(".lora_" in n for n, _ in model.named_parameters())   # nothing was injected
+
+
+def test_a_missing_or_unfit_adapter_is_refused_in_one_line_before_the_model_runs(tmp_path, monkeypatch):
+    vlm, _ = _adapted("qwen2_vl")
+    vlm.adapter.save_pretrained(tmp_path / "a")
+    _refused(*build_tiny_qwen("qwen2_vl"), str(tmp_path / "nowhere"), "no adapter at .*no such folder")
+    _refused(*build_tiny_qwen("qwen2_5_vl"), str(tmp_path / "a"), "another base model .*model_type")
+    _refused(*build_tiny_qwen("qwen2_vl", vision_config={"depth": 3}), str(tmp_path / "a"), "vision.depth")
+    (tmp_path / "a" / "arr_coc_adapter.json").unlink()       # a plain peft folder: its shapes are still checked
+    _refused(*build_tiny_qwen("qwen2_vl", vision_config={"embed_dim": 48}), str(tmp_path / "a"), "has shape")
+    config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
+    (tmp_path / "a" / "adapter_config.json").write_text(json.dumps({**config, "r": 8}))   # another rank
+    _refused(*build_tiny_qwen("qwen2_vl"), str(tmp_path / "a"), "at rank 8")
+    from arr_coc.qwen import loading
+
+    monkeypatch.setattr(loading, "load_vlm", lambda *a, **k: pytest.fail("the model loaded"))
+    with pytest.raises(AdapterError, match="no adapter at"):
+        ARRCOCQwen.from_pretrained("checkpoints/shapes-qwen2vl", adapter=str(tmp_path / "nowhere"))
+
+
+def test_the_adapters_flops_are_in_the_cost_when_it_ran_and_only_then(make_image):
+    from arr_coc.evaluation.cost import item_flops
+    from arr_coc.evaluation.flops import count_flops
+    from arr_coc.pipeline.request import Pruning
+
+    rank = 4
+    vlm, stock = _adapted("qwen2_vl", rank=rank)
+    # by hand, the tiny Qwen2-VL: tower 2 blocks of width 32 (qkv 32->96, proj 32->32, fc1 32->64, fc2 64->32), LM 2
+    # layers of width 64 (q 64->64, k 64->32, v 64->32, o 64->64); 2 r (d_in + d_out) per token per linear
+    tower = 2 * (2 * rank * ((32 + 96) + (32 + 32) + (32 + 64) + (64 + 32)))
+    lm = 2 * (2 * rank * ((64 + 64) + (64 + 32) + (64 + 32) + (64 + 64)))
+    assert vlm.adapter.flops_per_token() == (tower, lm) == (6144, 7168)
+    inputs = _inputs(vlm, make_image)
+    for encode in ("before", "after"):
+        done = vlm.answer(inputs, Pruning.of("arr_coc", 0.25, encode=encode), max_new_tokens=1)
+        base = stock.answer(inputs, Pruning.of("arr_coc", 0.25, encode=encode), max_new_tokens=1)
+        got, want = item_flops(vlm.backend, done, 0, 0.0, {}), item_flops(stock.backend, base, 0, 0.0, {})
+        for b, (f, g, tr) in enumerate(zip(got, want, done.traces)):
+            cells = sum(int(c.numel()) for c in tr.encoded_cells) if encode == "before" else 0   # "after": stock tower
+            extra = cells * 4 * tower + tr.prompt_tokens * lm                 # 4 patches per merged cell
+            assert f.adapter == extra and f.whole == g.whole + extra and f.lm == g.lm + tr.prompt_tokens * lm
+            alone = done.first.pruned.rows([b])                               # the counter agrees with the arithmetic
+            with vlm.backend.adapted(True):
+                on = count_flops(vlm.backend.model, **alone.model_kwargs(), logits_to_keep=1)[1]
+            off = count_flops(stock.backend.model, **alone.model_kwargs(), logits_to_keep=1)[1]
+            assert on - off == tr.prompt_tokens * lm
+    none = vlm.answer(inputs, Pruning.of("none"), max_new_tokens=1)
+    assert [f.adapter for f in item_flops(vlm.backend, none, 0, 0.0, {})] == [0, 0]
+
+
+def test_the_tower_adapter_counts_as_the_arithmetic_says(make_image):
+    from arr_coc.evaluation.flops import count_flops
+
+    vlm, _ = _adapted("qwen2_vl")
+    prompt = vlm.prepare_state(_inputs(vlm, make_image), method="none", encode="before").batch
+    cells = [torch.arange(0, 12).numpy()]
+    off = count_flops(vlm.backend.encode_cells, prompt, [0], cells)[1]
+    with vlm.backend.adapted(True):
+        on = count_flops(vlm.backend.encode_cells, prompt, [0], cells)[1]
+    assert on - off == vlm.backend.adapter_flops(12, 0)
+
+
+def _snapshot(module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+def _shipped():
+    from arr_coc.paths import EMBEDDED_MODEL, SHIPPED_BEFORE_LAYER
+
+    return ARRCOCQwen.from_pretrained(EMBEDDED_MODEL, arr_coc=SHIPPED_BEFORE_LAYER), EMBEDDED_MODEL, \
+        SHIPPED_BEFORE_LAYER
+
+
+@pytest.mark.parametrize("stage", ["frozen", "joint"])
+def test_two_steps_move_the_adapter_and_in_joint_the_layer_and_never_the_vlm(stage, tmp_path):
+    from arr_coc.training.adapter import AdapterTrainConfig, train_adapter
+
+    wrapper, model, layer = _shipped()
+    vlm, net = _snapshot(wrapper.model), _snapshot(wrapper.arr_coc_layer)
+    cfg = AdapterTrainConfig(out=str(tmp_path / "pair"), stage=stage, steps=2, batch_size=2, val_items=2,
+                             eval_every=100, rank=4, lr=1e-2, layer_lr=1e-2, warmup=1)
+    state = train_adapter(cfg, model, layer, progress=False, wrapper=wrapper)
+    assert state["step"] == 2 and all(r["grad_norm"] for r in state["log"])
+    after = _snapshot(wrapper.model)
+    lora = [n for n in after if ".lora_" in n]
+    assert lora and all(not torch.equal(after[n], torch.zeros_like(after[n])) for n in lora if "lora_B" in n)
+    base = {n.replace(".base_layer", ""): p for n, p in after.items() if n not in lora}   # peft wraps each linear
+    assert set(base) == set(vlm)
+    assert all(torch.equal(base[n], vlm[n]) for n in vlm), "the frozen VLM moved"
+    moved = [n for n, p in wrapper.arr_coc_layer.named_parameters() if not torch.equal(p, net[n])]
+    assert bool(moved) == (stage == "joint")
+    folder = tmp_path / "pair" / "adapter"
+    for name in ("adapter_config.json", "adapter_model.safetensors", "README.md", "training_loss.png",
+                 "training_log_adapter.json"):
+        assert (folder / name).is_file(), name
+
+
+def test_a_stopped_run_resumes_to_the_same_adapter(tmp_path):
+    from arr_coc.training.adapter import AdapterTrainConfig, train_adapter
+
+    def run(out, **kw):
+        wrapper, model, layer = _shipped()
+        cfg = AdapterTrainConfig(out=str(out), steps=2, batch_size=2, val_items=2, eval_every=100, rank=4, lr=1e-2,
+                                 warmup=1, hard=True)
+        train_adapter(cfg, model, layer, progress=False, wrapper=wrapper, **kw)
+        return wrapper
+
+    straight = _snapshot(run(tmp_path / "a").model)
+    run(tmp_path / "b", stop_after=1)
+    resumed = _snapshot(run(tmp_path / "b", resume=True).model)
+    assert all(torch.equal(straight[n], resumed[n]) for n in straight if ".lora_" in n)
+
+
+def test_hard_items_oversample_the_named_types():
+    from arr_coc.training.adapter import AdapterTrainConfig, ShapesItems, type_weights
+
+    weights, rate = type_weights(AdapterTrainConfig(hard=True, hard_types=("count",), hard_weight=4))
+    assert weights == {"count": 4} and rate == 0.42
+    plain = [ShapesItems(3, "x", 60)[i][3] for i in range(60)]
+    hard = [ShapesItems(3, "x", 60, weights)[i][3] for i in range(60)]
+    assert hard.count("count") > 2 * plain.count("count")
+    with pytest.raises(ValueError, match="hard types"):
+        AdapterTrainConfig(hard_types=("colour",))
+
+
+def test_eval_and_ask_take_an_adapter_and_pair_rows_with_and_without_it(tmp_path, capsys):
+    from arr_coc.__main__ import main
+    from arr_coc.paths import EMBEDDED_MODEL
+    from arr_coc.shapes import write_split
+
+    wrapper, _, _ = _shipped()
+    adapter = attach_adapter(wrapper.model, rank=4, alpha=8.0)
+    with torch.no_grad():
+        for p in adapter.parameters():
+            p.add_(0.05)
+    adapter.save_pretrained(tmp_path / "adapter")
+    split = str(write_split(tmp_path / "shapes", split="test", n=4, seed=0))
+    out = tmp_path / "r.json"
+    assert main(["eval", "--model", EMBEDDED_MODEL, "--data", split, "--encode", "before", "--budgets", "0.05",
+                 "--methods", "none,arr_coc_trained@before-adapter,arr_coc_trained@before+adapter", "--quiet",
+                 "--adapter", str(tmp_path / "adapter"), "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    rows = {r["method"]: r for r in report["results"]}
+    assert report["adapter"] == str(tmp_path / "adapter")
+    assert rows["none"]["adapter_flops_mean"] == rows["arr_coc_trained@before-adapter"]["adapter_flops_mean"] == 0
+    plus, minus = rows["arr_coc_trained@before+adapter"], rows["arr_coc_trained@before-adapter"]
+    assert plus["adapter_flops_mean"] > 0 and plus["item_kept"] == minus["item_kept"]     # the same cells
+    assert plus["e2e_flops_mean"] == minus["e2e_flops_mean"] + plus["adapter_flops_mean"]
+    image = next((tmp_path / "shapes" / "images").iterdir())
+    capsys.readouterr()
+    for method, ran in (("arr_coc", str(tmp_path / "adapter")), ("none", "")):
+        assert main(["ask", "--image", str(image), "--question", "What color is the star?", "--method", method,
+                     "--encode", "before", "--budget", "0.05", "--adapter", str(tmp_path / "adapter"), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["adapter"] == ran
+    assert main(["ask", "--image", str(image), "--question", "Why?", "--adapter", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no adapter at" in err and "\n" not in err
+    assert main(["eval", "--data", split, "--methods", "arr_coc@before+adapter", "--out", str(out)]) == 2
+    assert "no --adapter FOLDER" in capsys.readouterr().err
