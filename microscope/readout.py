@@ -92,6 +92,7 @@ def execution_text(t: Any) -> str:
 ROWS: list[tuple[str, Callable[[Run], str], Callable[[Run, Any, Run], str]]] = [
     ("model (answered)", lambda b: b.trace.model or "-", lambda r, c, b: r.trace.model or "-"),
     ("execution (bucket)", lambda b: execution_text(b.trace), lambda r, c, b: execution_text(r.trace)),
+    ("adapter", lambda b: b.trace.adapter or "-", lambda r, c, b: r.trace.adapter or "-"),
     ("method", lambda b: "none (all tokens)", lambda r, c, b: str(r.trace.method)),
     ("ARR-COC layer", lambda b: "-", lambda r, c, b: c.layer if str(c.method).startswith("arr_coc") else "-"),
     ("encode", lambda b: "after", lambda r, c, b: c.encode_text()),
