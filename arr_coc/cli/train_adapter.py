@@ -3,6 +3,7 @@
     python -m arr_coc train-adapter --out runs/adapter                          # stage 2a: the shipped layer frozen
     python -m arr_coc train-adapter --stage joint --init-adapter runs/adapter --out runs/joint   # 2b: + the layer
     python -m arr_coc train-adapter --stage joint --init-adapter runs/joint --arr-coc runs/joint --hard ...  # 3
+    python -m arr_coc train-adapter --model Qwen/Qwen2-VL-2B-Instruct --arr-coc LAYER --data gqa/train.jsonl ...
 
 Defaults: the embedded model and the shipped encode="before" layer. What each stage trains:
 arr_coc/training/adapter.py; the recipe and its costs: docs/TRAINING.md, "Adapters (stage 2 and 3)".
@@ -63,11 +64,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hard-types", type=_names, default=d.hard_types, help="default count,letter")
     parser.add_argument("--hard-weight", type=float, default=d.hard_weight, help="default 2")
     parser.add_argument("--workers", type=int, default=d.workers,
-                        help="DataLoader workers drawing the ShapesVQA items (default 0: this process; a GPU host: 8+)")
+                        help="DataLoader workers drawing (or reading) the items (default 0: this process; a GPU "
+                             "host: 8+)")
     parser.add_argument("--val-items", type=int, default=d.val_items)
     parser.add_argument("--eval-every", type=int, default=d.eval_every)
     parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--data-seed", type=int, default=d.data_seed, help="ShapesVQA seed of the training items")
+    parser.add_argument("--data", nargs="+", default=[], metavar="JSONL",
+                        help="train on these JSONL splits (docs/DATA.md's format, e.g. GQA converted by `convert`), "
+                             "--val-items of them held out for validation (default: ShapesVQA items drawn on the fly)")
+    parser.add_argument("--data-seed", type=int, default=d.data_seed,
+                        help="ShapesVQA seed of the training items; with --data, the seed of its shuffle")
     add_runtime(parser)  # the VLM's; the layer runs in float32 beside it
     parser.add_argument("--resume", action="store_true", help="continue from the state file in --out")
     parser.add_argument("--stop-after", type=int, default=None, help="stop at this step (continue later with --resume)")
@@ -86,7 +92,10 @@ def run(args: argparse.Namespace) -> int:
                                  targets=args.targets, budgets=args.budgets, encode=args.encode, hard=args.hard,
                                  hard_types=args.hard_types, hard_weight=args.hard_weight, workers=args.workers,
                                  val_items=args.val_items, eval_every=args.eval_every, seed=args.seed,
-                                 data_seed=args.data_seed)
+                                 data_seed=args.data_seed, data=tuple(args.data))
+        for path in cfg.data:
+            if not os.path.isfile(path):
+                raise ValueError(f"--data {path}: no such file (a JSONL split: docs/DATA.md)")
         layer = resolve_layer(args.model, args.arr_coc, EncodeConfig(args.encode))
         layer = check_layer_folder(layer) if layer is not None else None
         if args.init_adapter:

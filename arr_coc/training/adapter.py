@@ -3,7 +3,8 @@
     python -m arr_coc train-adapter --out runs/adapter                     # stage "frozen": the layer fixed
     python -m arr_coc train-adapter --stage joint --init-adapter runs/adapter/adapter --out runs/joint
 
-Every step draws ShapesVQA items on the fly (`shapes.make_item`, a DataLoader whose workers draw them), a budget per
+Every step draws ShapesVQA items on the fly (`shapes.make_item`), or reads JSONL records (`--data`, docs/DATA.md;
+`adapter_items.py`), in a DataLoader whose workers draw them, a budget per
 item uniform in [2%, 10%], and prunes them **through the pipeline itself** (`pipeline.look.prepare`: the shipped
 layer chooses, encode="before" by default). Then, with gradients:
 
@@ -40,6 +41,7 @@ import numpy as np
 import torch
 
 from ..schedule import lr_at
+from .adapter_items import JsonlItems, ShapesItems
 
 if TYPE_CHECKING:
     from ..qwen import ARRCOCQwen
@@ -58,9 +60,9 @@ class AdapterTrainConfig:
 
     out: str = "runs/arr-coc-adapter"
     stage: str = "frozen"                  # "frozen": the layer fixed; "joint": the layer trained too
-    steps: int = 400
+    steps: int = 1000
     batch_size: int = 8
-    lr: float = 2e-4                       # the adapter's peak learning rate
+    lr: float = 1e-3                       # the adapter's peak learning rate (the sweep: docs/TRAINING.md)
     layer_lr: float = 1e-4                 # joint: the layer's
     warmup: int = 20
     weight_decay: float = 0.0
@@ -74,7 +76,9 @@ class AdapterTrainConfig:
     mask_temperature: tuple[float, float] = (0.5, 0.1)   # joint: the relaxation's T, start -> end
     budget_weight: float = 1.0             # joint: (soft kept share - budget share)^2
     seed: int = 0
-    data_seed: int = 21                    # ShapesVQA seed of the items (the test split, VLM and layer use others)
+    data_seed: int = 21                    # ShapesVQA seed of the items (the test split, VLM and layer use others);
+                                           # with `data`, the seed of its shuffle and of its validation hold-out
+    data: tuple[str, ...] = ()             # JSONL splits (docs/DATA.md) to train on; () = ShapesVQA drawn on the fly
     hard: bool = False                     # stage 3: oversample the hard question types and scenes
     hard_types: tuple[str, ...] = ("count", "letter")
     hard_weight: float = 2.0
@@ -93,37 +97,12 @@ class AdapterTrainConfig:
         if not 0 < low <= high < 1:
             raise ValueError(f"budgets {self.budgets}: need shares 0 < LOW <= HIGH < 1, e.g. 0.02,0.10")
         self.budgets, self.targets, self.hard_types = (low, high), tuple(self.targets), tuple(self.hard_types)
-        unknown = [t for t in self.hard_types if t not in QUESTION_TYPES]
+        self.data = tuple(self.data)
+        unknown = [] if self.data else [t for t in self.hard_types if t not in QUESTION_TYPES]
         if unknown:
             raise ValueError(f"hard types {unknown}: choose from {', '.join(QUESTION_TYPES)}")
         if self.steps < 0 or self.batch_size < 1 or self.hard_weight < 1:
             raise ValueError("steps >= 0, batch size >= 1 and hard weight >= 1, please")
-
-
-class ShapesItems(torch.utils.data.Dataset):
-    """ShapesVQA items generated on the fly: index -> (image, question, answer, type), deterministic in the index.
-    With `weights` (type -> weight >= 1) a type is drawn in proportion to its weight (rejection by a seeded coin per
-    index), and with `hard_rate` the generator's hard scenes come that often."""
-
-    def __init__(self, seed: int, split: str, n: int, weights: dict[str, float] | None = None,
-                 hard_rate: float | None = None):
-        self.seed, self.split, self.n, self.weights, self.hard_rate = seed, split, n, weights or {}, hard_rate
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> tuple[Any, str, str, str]:
-        from ..shapes import make_item
-        from ..shapes.vocabulary import DEFAULT_HARD_RATE
-
-        top = max(self.weights.values(), default=1.0)
-        rate = DEFAULT_HARD_RATE if self.hard_rate is None else self.hard_rate
-        for attempt in range(64):
-            image, record, _ = make_item(self.seed, self.split, index * 64 + attempt, hard_rate=rate)
-            keep = self.weights.get(record["type"], 1.0) / top
-            if keep >= 1 or np.random.default_rng((self.seed, index, attempt)).random() < keep:
-                break
-        return image, record["question"], record["answers"][0], record["type"]
 
 
 def _collate(batch: list) -> list:
@@ -205,8 +184,9 @@ def _start(cfg: AdapterTrainConfig, model_path: str, layer: str | None, init_ada
                [])
     if resume and os.path.isfile(os.path.join(cfg.out, STATE_FILE)):
         _resume(run)
-    run.loader = data_loader(cfg, run.state["step"])
-    run.val = [ShapesItems(cfg.data_seed + 1, "adapter-val", cfg.val_items)[i] for i in range(cfg.val_items)]
+    data, val = training_items(cfg)
+    run.loader = data_loader(cfg, run.state["step"], data)
+    run.val = val
     run.t_start = time.perf_counter()
     return run
 
@@ -220,10 +200,19 @@ def type_weights(cfg: AdapterTrainConfig) -> tuple[dict[str, float], float | Non
     return {t: cfg.hard_weight for t in cfg.hard_types}, min(MAX_HARD_RATE, DEFAULT_HARD_RATE * cfg.hard_weight)
 
 
-def data_loader(cfg: AdapterTrainConfig, start_step: int) -> Any:
-    """Batches of items for steps start_step.. (item k*B+j at step k, whatever the workers: resuming replays)."""
+def training_items(cfg: AdapterTrainConfig) -> tuple[torch.utils.data.Dataset, list]:
+    """(the training items, the fixed validation items): ShapesVQA drawn on the fly, or cfg.data's records with
+    cfg.val_items of them held out."""
     weights, rate = type_weights(cfg)
-    data = ShapesItems(cfg.data_seed, "adapter", max(1, cfg.steps) * cfg.batch_size, weights, rate)
+    n = max(1, cfg.steps) * cfg.batch_size
+    if cfg.data:
+        return JsonlItems.split(cfg.data, n, cfg.val_items, cfg.data_seed, weights)
+    val = ShapesItems(cfg.data_seed + 1, "adapter-val", cfg.val_items)
+    return ShapesItems(cfg.data_seed, "adapter", n, weights, rate), [val[i] for i in range(cfg.val_items)]
+
+
+def data_loader(cfg: AdapterTrainConfig, start_step: int, data: torch.utils.data.Dataset) -> Any:
+    """Batches of items for steps start_step.. (item k*B+j at step k, whatever the workers: resuming replays)."""
     order = list(range(start_step * cfg.batch_size, len(data)))
     return torch.utils.data.DataLoader(data, batch_size=cfg.batch_size, sampler=order, num_workers=cfg.workers,
                                        collate_fn=_collate, persistent_workers=cfg.workers > 0)
@@ -351,6 +340,14 @@ def _resume(run: _Run) -> None:
     run.rng = saved["rng"]
 
 
+def _shown(path: Any) -> str:
+    """A path as a card shows it: relative to the working folder when it lies under it (a repository's
+    checkpoints/...), else as given (a hub id, a folder elsewhere)."""
+    text = os.fspath(path)
+    full = os.path.abspath(text)
+    return os.path.relpath(full) if os.path.exists(full) and full.startswith(os.getcwd() + os.sep) else text
+
+
 def save(run: _Run, model_path: str, layer: str | None) -> None:
     """The adapter (peft's files + card) in out/adapter/, the layer when it trained (or out has none), the state
     file, the log and the loss plot."""
@@ -361,17 +358,19 @@ def save(run: _Run, model_path: str, layer: str | None) -> None:
     os.makedirs(cfg.out, exist_ok=True)
     folder = os.path.join(cfg.out, SUBFOLDER)
     last = next((r["val_loss"] for r in reversed(state["log"]) if "val_loss" in r), None)
-    recipe = (f"`python -m arr_coc train-adapter` stage {cfg.stage}{' + hard' if cfg.hard else ''}, {state['step']} "
-              f"of {cfg.steps} steps of {cfg.batch_size} items, budgets {cfg.budgets[0]:g}-{cfg.budgets[1]:g}, "
-              f"lr {cfg.lr:g}, rank {cfg.rank}, seed {cfg.seed}")
-    card = AdapterCard(vlm=str(model_path), layer=str(layer or "untrained"), encode=cfg.encode, training=recipe,
+    source = f"on {', '.join(_shown(p) for p in cfg.data)}" if cfg.data else "on ShapesVQA items"
+    recipe = (f"`python -m arr_coc train-adapter` stage {cfg.stage}{' + hard' if cfg.hard else ''} {source}, "
+              f"{state['step']} of {cfg.steps} steps of {cfg.batch_size} items, "
+              f"budgets {cfg.budgets[0]:g}-{cfg.budgets[1]:g}, lr {cfg.lr:g}, rank {cfg.rank}, seed {cfg.seed}")
+    card = AdapterCard(vlm=_shown(model_path), layer=_shown(layer) if layer else "untrained", encode=cfg.encode,
+                       training=recipe,
                        results=[] if last is None else [f"- validation answer loss (pruned, adapter on) at step "
                                                         f"{state['step']}: {last:.4f}"])
     run.wrapper.adapter.save_pretrained(folder, card)
     net = run.wrapper.arr_coc_layer
     if cfg.stage == "joint" or not os.path.isfile(os.path.join(cfg.out, "config.json")):
         strict, net.config.strict = net.config.strict, False
-        net.save_pretrained(cfg.out, LayerCard(vlm=str(model_path), encode=cfg.encode,
+        net.save_pretrained(cfg.out, LayerCard(vlm=_shown(model_path), encode=cfg.encode,
                                                training=recipe if cfg.stage == "joint" else f"as {layer}"))
         net.config.strict = strict
     torch.save({"adapter": [p.detach().cpu() for p in run.params],
