@@ -15,12 +15,15 @@ evaluation), so a second layer costs its own weights only. The layers are the se
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
 from arr_coc.inputs import InputError
 
 from microscope.scope import Microscope, RunConfig, encode_text  # noqa: F401 - RunConfig, encode_text re-exported
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from arr_coc import ARRCOCQwen
@@ -63,6 +66,24 @@ def add_layers(scope: Microscope, folders: list[str] | None) -> None:
             raise ValueError(f"--compare-arr-coc {folder!r}: could not build the layer ({type(exc).__name__}: {exc}); "
                              "pass a layer trained for this model, or 'untrained'") from exc
         scope.more_layers[name] = wrapper
+        add_adapted(scope, name, wrapper, path)
+
+
+def add_adapted(scope: Microscope, name: str, wrapper: ARRCOCQwen, path: str | None) -> None:
+    """A layer folder that holds its LoRA adapters (`adapter/`, written by train-adapter) is offered twice: alone,
+    and as "<name> + adapter" (the same layer, the adapter on for its pruned runs), so configs A and B can show
+    what the adapter changes side by side. Clips never get it (it was trained on the image model)."""
+    from arr_coc import ARRCOCQwen
+    from arr_coc.qwen.adapter import SUBFOLDER
+
+    if path is None or not os.path.isdir(os.path.join(path, SUBFOLDER)) or wrapper.adapter is not None:
+        return
+    try:
+        scope.more_layers[f"{name} + adapter"] = ARRCOCQwen(
+            wrapper.model, wrapper.processor, arr_coc=wrapper.arr_coc_layer, seed=wrapper.seed,
+            execution=wrapper.execution, adapter=path)
+    except ValueError as exc:   # AdapterError: an adapter for another model; the layer alone is still offered
+        logger.warning("the adapter in %s is not offered: %s", path, exc)
 
 
 # ----------------------------------------------------------------------------- a request's configurations

@@ -239,6 +239,44 @@ def test_hard_items_oversample_the_named_types():
         AdapterTrainConfig(hard_types=("colour",))
 
 
+def test_jsonl_items_hold_out_validation_and_oversample_by_weight(tmp_path):
+    from arr_coc.shapes import write_split
+    from arr_coc.data import read_jsonl
+    from arr_coc.training.adapter_items import JsonlItems, answer_to_learn
+
+    split = write_split(tmp_path, "train", n=40, seed=4)
+    data, val = JsonlItems.split([str(split)], n=200, val_items=8, seed=1)
+    assert len(val) == len(data.held_ids) == 8 and len(data.records) == 32
+    assert not set(data.held_ids) & {r.id for r in data.records}           # never trained on
+    assert sorted(q for _, q, _, _ in val) == sorted(r.question for r in read_jsonl(split) if r.id in data.held_ids)
+    seen = [data[i][1] for i in range(64)]
+    assert seen == [data[i][1] for i in range(64)]                          # deterministic in the index
+    assert sorted(seen[:32]) == sorted(r.question for r in data.records)   # one pass: each record once
+    assert seen[:32] != seen[32:]                                           # the next pass, a new order
+    plain = [data[i][3] for i in range(200)]
+    hard = JsonlItems(data.records, 200, 1, {"count": 4})
+    assert [hard[i][3] for i in range(200)].count("count") > 2 * plain.count("count")
+    assert answer_to_learn(["2", "3", "3", "2", "3"]) == "3" and answer_to_learn(["a", "b"]) == "a"
+    with pytest.raises(ValueError, match="no record .* has that type"):
+        JsonlItems.split([str(split)], 10, 2, 0, {"color_of_sky": 2})
+
+
+def test_train_adapter_runs_on_a_jsonl_split_and_refuses_a_missing_one(tmp_path, capsys):
+    from arr_coc.__main__ import main
+    from arr_coc.shapes import write_split
+
+    split = write_split(tmp_path / "data", "train", n=12, seed=4)
+    out = tmp_path / "pair"
+    assert main(["train-adapter", "--data", str(split), "--steps", "2", "--batch-size", "2", "--val-items", "2",
+                 "--rank", "2", "--out", str(out), "--quiet"]) == 0
+    card = (out / "adapter" / "README.md").read_text()
+    assert "train.jsonl" in card and "ShapesVQA items" not in card
+    log = json.loads((out / "adapter" / "training_log_adapter.json").read_text())
+    assert log["config"]["data"] == [str(split)]
+    with pytest.raises(SystemExit, match="--data .*nothing.jsonl: no such file"):
+        main(["train-adapter", "--data", str(tmp_path / "nothing.jsonl"), "--out", str(out)])
+
+
 def test_eval_and_ask_take_an_adapter_and_pair_rows_with_and_without_it(tmp_path, capsys):
     from arr_coc.__main__ import main
     from arr_coc.paths import EMBEDDED_MODEL
@@ -273,3 +311,20 @@ def test_eval_and_ask_take_an_adapter_and_pair_rows_with_and_without_it(tmp_path
     assert "no adapter at" in err and "\n" not in err
     assert main(["eval", "--data", split, "--methods", "arr_coc@before+adapter", "--out", str(out)]) == 2
     assert "no --adapter FOLDER" in capsys.readouterr().err
+
+
+def test_the_page_offers_a_layer_with_and_without_its_shipped_adapter_side_by_side():
+    from arr_coc.shapes import make_item
+    from microscope.handler import ask
+    from microscope.server import add_layers, load, parse_args, shipped_before_layer
+
+    scope = load(None, device="cpu")
+    scope.count_flops = False                                                  # not what this test is about
+    add_layers(scope, shipped_before_layer(scope, parse_args([])))
+    alone, adapted = [name for name in scope.layers if "arr-coc-shapes-before" in name]
+    assert adapted == alone + " + adapter" and scope.default_compare == (alone, "before")   # B's default: alone
+    image, record, _ = make_item(0, "test", 5)
+    result = ask(scope, image, record["question"], budget="3%", layer=alone, encode="before", compare_layer=adapted,
+                 compare_encode="before")
+    row = dict((r[0], r[1:]) for r in result.stats)["adapter"]
+    assert row[0] == "-" and row[1] == "-" and row[2].endswith("arr-coc-shapes-before")   # baseline, A, B
