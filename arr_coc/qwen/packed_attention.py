@@ -9,8 +9,10 @@ its `cu_seqlens` branch, and it runs transformers' sdpa on what it is given:
 
 - images of equal length (a fixed-shape bucket: `n * max_seqlen == S`, so every segment is exactly
   `max_seqlen` long): one batched sdpa over [n, heads, L, D], the stock per-image arithmetic;
-- otherwise: one sdpa over the whole packed sequence with a block-diagonal mask built on the device from
-  `cu_seqlens` (the same attention; sums in another order, so equal within float rounding).
+- otherwise: the segments scattered on the device into a padded batch [n, heads, max_seqlen, D] (each patch's
+  segment and place in it computed from `cu_seqlens`), one sdpa over it with the padding keys masked, and the
+  rows gathered back: the same attention, O(n x max_seqlen^2) instead of a block-diagonal mask's O(S^2) (a batch
+  of 8 images of unequal buckets did 8x the attention arithmetic with the mask).
 
 Only the tower's config is switched, only inside `packed_tower` (the compiled execution's calls); every other
 call runs the stock code. `max_seqlen` must be passed by the caller (a host int), as `encode_packed` does.
@@ -43,11 +45,22 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         out, _ = sdpa_attention_forward(module, per_image(query), per_image(key), per_image(value), None,
                                         dropout=dropout, scaling=scaling, is_causal=False)
         return out.reshape(1, s, heads, d), None                        # [n, L, H, D] in packed order
+    if not isinstance(max_length_q, int):
+        raise ValueError("packed attention needs max_seqlen as a host int (the longest segment)")
+    cu = cu_seq_lens_q.to(torch.long)
     position = torch.arange(s, device=query.device)
-    segment = (position[:, None] >= cu_seq_lens_q[None, 1:-1]).sum(1)   # [S] the image each patch belongs to
-    mask = (segment[:, None] == segment[None, :])[None, None]           # [1, 1, S, S] block diagonal
-    return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling,
-                                  is_causal=False)
+    segment = (position[:, None] >= cu[None, 1:-1]).sum(1)              # [S] the segment each patch belongs to
+    place = position - cu.index_select(0, segment)                      # [S] its place in that segment
+
+    def padded(x: torch.Tensor) -> torch.Tensor:                        # [1, H, S, D] -> [n, H, L, D], zeros after
+        out = x.new_zeros(n, max_length_q, heads, d)
+        return out.index_put((segment, place), x[0].transpose(0, 1)).transpose(1, 2)
+
+    keys = torch.arange(max_length_q, device=query.device)
+    valid = (keys[None, :] < (cu[1:] - cu[:-1])[:, None])[:, None, None]   # [n, 1, 1, L] a segment's own keys
+    out, _ = sdpa_attention_forward(module, padded(query), padded(key), padded(value), valid, dropout=dropout,
+                                    scaling=scaling, is_causal=False)      # [n, L, H, D]
+    return out[segment, place][None], None                              # [1, S, H, D] in packed order
 
 
 def register() -> None:
