@@ -178,6 +178,24 @@ def test_both_maps_gradients_are_one_grouped_convolution_bit_for_bit():
     assert not torch.equal(out[:, 0:2], out[:, 2:4])                        # negative control: per map
 
 
+def test_the_luminance_blur_on_the_cpu_is_the_convolutions_sums_bit_for_bit():
+    """The texture's full-resolution blur (shifted fused multiply-adds on the CPU) equals the two convolutions it
+    replaced, on images as the texture sees them (widths of 16 px cells); negative control: the same taps summed
+    as separate multiplies and adds round differently."""
+    from arr_coc.spectral import _gauss_kernel, gaussian_blur
+    from arr_coc.texture import BLUR_SIGMA
+
+    g = torch.Generator().manual_seed(3)
+    for h, w in ((256, 256), (512, 496), (112, 1024)):
+        x = torch.rand(3, 1, h, w, generator=g)
+        assert torch.equal(gaussian_blur(x, BLUR_SIGMA, taps_on_cpu=True), gaussian_blur(x, BLUR_SIGMA))
+    k = [float(v) for v in _gauss_kernel(BLUR_SIGMA)]
+    padded = torch.nn.functional.pad(x, (5, 5, 0, 0), mode="replicate")
+    plain = sum(padded[..., i: i + w] * k[i] for i in range(1, 11)) + padded[..., 0:w] * k[0]
+    conv = torch.nn.functional.conv2d(padded, torch.tensor(k).view(1, 1, 1, -1))
+    assert not torch.equal(plain, conv)
+
+
 def test_the_fast_path_runs_an_adapter_only_where_tokens_were_pruned(make_image):
     from arr_coc.qwen.adapter import attach_adapter
     from arr_coc.qwen.tiny import build_tiny_qwen
@@ -209,3 +227,31 @@ def test_a_second_look_runs_the_stock_tower_with_its_memory_and_answers_as_eager
     want = eager.respond([make_image(112, 112)], ["Where is the circle?"], pruning, max_new_tokens=3)
     assert len(got.traces[0].looks) == 2 and got.answers == want.answers
     assert same_cells(got.traces[0], want.traces[0])
+
+
+def test_packed_attention_over_unequal_images_is_each_images_own_attention():
+    """The tower's packed attention (segments of unequal length: a batch of images in different buckets, or
+    Qwen2.5-VL's windows) equals sdpa run on each segment alone, and compiles as one graph; a patch never attends
+    to another segment (negative control: the same call told the segments are one gives another answer)."""
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    from arr_coc.qwen.packed_attention import packed_attention
+
+    g = torch.Generator().manual_seed(0)
+    lengths = [5, 12, 1, 7]
+    cu = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32)
+    q, k, v = (torch.randn(1, 2, sum(lengths), 8, generator=g) for _ in range(3))       # [1, H, S, D]
+    module = torch.nn.Module()
+    module.is_causal, module.training = False, False
+    got, _ = packed_attention(module, q, k, v, cu_seq_lens_q=cu, max_length_q=max(lengths))
+    want = torch.cat([sdpa(*(x[:, :, a:b] for x in (q, k, v))).transpose(1, 2)
+                      for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())], dim=1)        # [1, S, H, D]
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6)
+    one = torch.tensor([0, sum(lengths)], dtype=torch.int32)
+    mixed, _ = packed_attention(module, q, k, v, cu_seq_lens_q=one, max_length_q=sum(lengths))
+    assert not torch.allclose(mixed, want, atol=1e-3)
+    counter = CompileCounter()
+    compiled = torch.compile(lambda a, b, c, s: packed_attention(module, a, b, c, cu_seq_lens_q=s,
+                                                                 max_length_q=max(lengths))[0],
+                             backend=counter, fullgraph=True, dynamic=False)
+    assert torch.equal(compiled(q, k, v, cu), got) and counter.frame_count == 1
