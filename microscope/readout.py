@@ -16,6 +16,7 @@ the decision (`look_decision`); the trace's `looks` holds the same per look.
 from __future__ import annotations
 
 import math
+import os
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
@@ -88,11 +89,20 @@ def execution_text(t: Any) -> str:
     return f"{t.execution}: {cells} cells, {t.bucket['prompt']}-token prompt"
 
 
+def shown_path(path: str | None) -> str:
+    """A model's or an adapter's folder as the page shows it: relative to the app's folder when it lies under it
+    (checkpoints/...), as given otherwise (a hub id, a folder elsewhere); "-" for none."""
+    if not path:
+        return "-"
+    full = os.path.abspath(path)
+    return os.path.relpath(full) if os.path.exists(full) and full.startswith(os.getcwd() + os.sep) else path
+
+
 # (row name, value for the baseline, value for a pruned run); pruned values get (run, its config, the baseline)
 ROWS: list[tuple[str, Callable[[Run], str], Callable[[Run, Any, Run], str]]] = [
-    ("model (answered)", lambda b: b.trace.model or "-", lambda r, c, b: r.trace.model or "-"),
+    ("model (answered)", lambda b: shown_path(b.trace.model), lambda r, c, b: shown_path(r.trace.model)),
     ("execution (bucket)", lambda b: execution_text(b.trace), lambda r, c, b: execution_text(r.trace)),
-    ("adapter", lambda b: b.trace.adapter or "-", lambda r, c, b: r.trace.adapter or "-"),
+    ("adapter", lambda b: shown_path(b.trace.adapter), lambda r, c, b: shown_path(r.trace.adapter)),
     ("method", lambda b: "none (all tokens)", lambda r, c, b: str(r.trace.method)),
     ("ARR-COC layer", lambda b: "-", lambda r, c, b: c.layer if str(c.method).startswith("arr_coc") else "-"),
     ("encode", lambda b: "after", lambda r, c, b: c.encode_text()),
