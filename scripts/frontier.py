@@ -21,6 +21,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def shown_method(method: str) -> str:
+    """A row's method as the plot names it: "X-adapter" is X (the layer alone), "X+adapter" is "X + adapter", and
+    "arr_coc_trained@before" is arr_coc_trained (the encode is shown beside it anyway)."""
+    alone = method.endswith("-adapter")
+    base = method.removesuffix("-adapter").removesuffix("+adapter").removesuffix("@before").removesuffix("@after")
+    return base if alone or not method.endswith("+adapter") else f"{base} + adapter"
+
+
 def load_rows(specs: list[str]) -> tuple[list[dict], list]:
     rows, ids = [], None
     for spec in specs:
@@ -34,8 +42,12 @@ def load_rows(specs: list[str]) -> tuple[list[dict], list]:
             if r.get("status") != "ok" or not r.get("correct"):
                 continue
             plain = r["method"] in ("none", "downscale")  # no encoding choice: every patch, or a smaller image
-            name = r["method"] if plain else f"{r['method']} ({r.get('encode', 'after')})"
-            rows.append({**r, "name": f"{label}: {name}" if label else name})
+            method = shown_method(r["method"])
+            name = method if plain else f"{method} ({r.get('encode', 'after')})"
+            name = f"{label}: {name}" if label else name
+            if any(x["name"] == name and x["budget"] == r["budget"] for x in rows):
+                continue                                 # the same row in two runs (e.g. each run's none): once
+            rows.append({**r, "name": name})
     return rows, ids
 
 
