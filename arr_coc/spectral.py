@@ -28,7 +28,13 @@ def _gauss_kernel(sigma: float) -> torch.Tensor:
     return k / k.sum()
 
 
-def _taps(padded: torch.Tensor, weights: list[float], n: int, dim: int) -> torch.Tensor:
+def gauss_taps(sigma: float) -> tuple[float, ...]:
+    """`_gauss_kernel` as Python floats: compute once, outside any compiled graph (a module constant), and pass
+    to `gaussian_blur(cpu_taps=...)`."""
+    return tuple(float(v) for v in _gauss_kernel(sigma))
+
+
+def _taps(padded: torch.Tensor, weights: tuple[float, ...], n: int, dim: int) -> torch.Tensor:
     """sum_i weights[i] * padded.narrow(dim, i, n), accumulated tap after tap with a fused multiply-add per tap,
     the order a convolution accumulates in: on this project's CPU bit for bit oneDNN's 1-D convolution
     (tests/test_fast_path.py), and 10-20x faster for one channel (oneDNN's single-channel kernels are slow).
@@ -39,17 +45,19 @@ def _taps(padded: torch.Tensor, weights: list[float], n: int, dim: int) -> torch
     return out
 
 
-def gaussian_blur(x: torch.Tensor, sigma: float, taps_on_cpu: bool = False) -> torch.Tensor:
-    """Separable Gaussian blur of [B, 1, H, W] with replicate padding: two convolutions, or with `taps_on_cpu`
-    on the CPU shifted fused multiply-adds (`_taps`: the same sums; the texture's full-resolution luminance, whose
-    width is a multiple of 16 px, is bit for bit the convolution's and 10-20x faster; a thumbnail of any width
-    keeps the convolution, which `_taps` matches only within 1 ulp there)."""
+def gaussian_blur(x: torch.Tensor, sigma: float, cpu_taps: tuple[float, ...] | None = None) -> torch.Tensor:
+    """Separable Gaussian blur of [B, 1, H, W] with replicate padding: two convolutions, or, given `cpu_taps`
+    (`gauss_taps(sigma)`) and a CPU tensor, shifted fused multiply-adds (`_taps`: the same sums; the texture's
+    full-resolution luminance, whose width is a multiple of 16 px, is bit for bit the convolution's and several
+    times faster; a thumbnail of any width keeps the convolution, which `_taps` matches only within 1 ulp there)."""
     radius = max(1, int(math.ceil(3 * sigma)))
     h, w = x.shape[-2:]
-    if taps_on_cpu and x.device.type == "cpu":
-        weights = [float(v) for v in _gauss_kernel(sigma)]
-        x = _taps(F.pad(x, (radius, radius, 0, 0), mode="replicate"), weights, w, -1)
-        return _taps(F.pad(x, (0, 0, radius, radius), mode="replicate"), weights, h, -2)
+    if cpu_taps is not None and x.device.type == "cpu":
+        if len(cpu_taps) != 2 * radius + 1:
+            raise ValueError(f"cpu_taps: {len(cpu_taps)} weights for sigma {sigma} (radius {radius}); "
+                             "pass gauss_taps(sigma)")
+        x = _taps(F.pad(x, (radius, radius, 0, 0), mode="replicate"), cpu_taps, w, -1)
+        return _taps(F.pad(x, (0, 0, radius, radius), mode="replicate"), cpu_taps, h, -2)
     k = constant(f"gauss{sigma}", lambda: _gauss_kernel(sigma), x)
     x = F.conv2d(F.pad(x, (radius, radius, 0, 0), mode="replicate"), k.view(1, 1, 1, -1))
     return F.conv2d(F.pad(x, (0, 0, radius, radius), mode="replicate"), k.view(1, 1, -1, 1))
@@ -97,4 +105,4 @@ def spectral_saliency(luma: torch.Tensor, grid: GridBatch, px: int, size: int, c
     return out
 
 
-__all__ = ["gaussian_blur", "spectral_residual", "spectral_saliency", "squash"]
+__all__ = ["gauss_taps", "gaussian_blur", "spectral_residual", "spectral_saliency", "squash"]

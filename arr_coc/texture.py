@@ -54,7 +54,7 @@ from .components import CAP, OBJECT_CHANNELS, PX_PER_CELL, STEPS, object_channel
 from .config import TextureConfig
 from .grid import GridBatch, constant, fill_edges, masked_median
 from .kmeans import kmeans
-from .spectral import gaussian_blur, spectral_saliency, squash
+from .spectral import gauss_taps, gaussian_blur, spectral_saliency, squash
 
 ImageLike = Union[Image.Image, np.ndarray, torch.Tensor]
 
@@ -205,6 +205,7 @@ def _channel_norm(x: torch.Tensor) -> torch.Tensor:
 
 
 BLUR_SIGMA = 1.5                                       # the highpass group's Gaussian
+BLUR_TAPS = gauss_taps(BLUR_SIGMA)                     # its weights as constants (the CPU's shifted multiply-adds)
 
 
 def _sobel_kernels() -> torch.Tensor:
@@ -276,7 +277,7 @@ def _clusters(ctx: _Context) -> torch.Tensor:
 
 @register_channels("highpass", ("highpass",))
 def _highpass(ctx: _Context) -> torch.Tensor:
-    detail = ctx.luma - gaussian_blur(ctx.luma, sigma=BLUR_SIGMA, taps_on_cpu=True)   # 80% of the texture as a conv
+    detail = ctx.luma - gaussian_blur(ctx.luma, sigma=BLUR_SIGMA, cpu_taps=BLUR_TAPS)
     return squash(ctx.pool(detail**2).sqrt(), ctx.config.highpass_scale)
 
 

@@ -182,14 +182,14 @@ def test_the_luminance_blur_on_the_cpu_is_the_convolutions_sums_bit_for_bit():
     """The texture's full-resolution blur (shifted fused multiply-adds on the CPU) equals the two convolutions it
     replaced, on images as the texture sees them (widths of 16 px cells); negative control: the same taps summed
     as separate multiplies and adds round differently."""
-    from arr_coc.spectral import _gauss_kernel, gaussian_blur
-    from arr_coc.texture import BLUR_SIGMA
+    from arr_coc.spectral import gaussian_blur
+    from arr_coc.texture import BLUR_SIGMA, BLUR_TAPS
 
     g = torch.Generator().manual_seed(3)
     for h, w in ((256, 256), (512, 496), (112, 1024)):
         x = torch.rand(3, 1, h, w, generator=g)
-        assert torch.equal(gaussian_blur(x, BLUR_SIGMA, taps_on_cpu=True), gaussian_blur(x, BLUR_SIGMA))
-    k = [float(v) for v in _gauss_kernel(BLUR_SIGMA)]
+        assert torch.equal(gaussian_blur(x, BLUR_SIGMA, cpu_taps=BLUR_TAPS), gaussian_blur(x, BLUR_SIGMA))
+    k = BLUR_TAPS
     padded = torch.nn.functional.pad(x, (5, 5, 0, 0), mode="replicate")
     plain = sum(padded[..., i: i + w] * k[i] for i in range(1, 11)) + padded[..., 0:w] * k[0]
     conv = torch.nn.functional.conv2d(padded, torch.tensor(k).view(1, 1, 1, -1))
