@@ -23,6 +23,9 @@ def kernels_of_compiled(layer, batch, plan) -> dict[str, int]:
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
+    know = getattr(layer.participatory, "know_weights", None)   # as compile_device_pass does: no read-back inside
+    if know is not None:
+        know()
     fn = torch.compile(layer._captured_pass, fullgraph=True, dynamic=False)
     _, codes = run_and_get_code(fn, batch, plan)
     call = "\n".join(codes)
