@@ -93,15 +93,23 @@ def _wait_layers(page, main: str) -> None:
 
 
 def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
+    """One session on the page, step by step: the baseline alone, both configs, config A before the tower with
+    its settings, the pictures and the screenshot, an example row and a bad input, the slider at its maximum."""
     examples = read_examples()
     first = next(e for e in examples if os.path.basename(e["image"]) == "shapes_letter.png")
+    _baseline_alone(page, first)
+    _both_configs(page)
+    _config_a_before(page)
+    _pictures_and_screenshot(page, tmp_path)
+    _example_row_and_a_bad_input(page, examples)
+    _slider_at_its_maximum(page)
 
-    # upload + question
+
+def _baseline_alone(page, first) -> None:
+    """Upload + question; ARR-COC off: the baseline alone answers."""
     page.set_input_files("#image input[type=file]", first["image"])
     page.wait_for_selector("#image img")
     page.fill("#question textarea", first["question"])
-
-    # ARR-COC off: the baseline alone answers
     toggle = page.locator("#arr-toggle input[type=checkbox]")
     assert toggle.is_checked()
     toggle.click()
@@ -110,7 +118,10 @@ def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
     _wait_value(page, "answer-arr", "v.includes('ARR-COC is off')")
     _wait_value(page, "answer-baseline", "v.length > 0")
 
-    # ARR-COC on again, the page's defaults: config A encodes after, config B (the same layer) before
+
+def _both_configs(page) -> None:
+    """ARR-COC on again, the page's defaults: config A encodes after, config B (the same layer) before."""
+    toggle = page.locator("#arr-toggle input[type=checkbox]")
     toggle.click()
     assert toggle.is_checked()
     page.click("#run")
@@ -122,7 +133,9 @@ def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
     assert "whole prefill speedup" in stats and "vision GFLOPs" in stats
     assert "Error" not in page.inner_text("#error")
 
-    # the toggle: config A encodes before, with the before mode's settings; its encoded cells shrink
+
+def _config_a_before(page) -> None:
+    """The toggle: config A encodes before, with the before mode's settings; its encoded cells shrink."""
     main_layer = page.eval_on_selector("#layer input", "el => el.value")
     page.locator("#encode input[type=radio][value=before]").check()   # check() fails unless it took
     page.locator("#before-settings").get_by_text("encode before: gist, margin, periphery").click()
@@ -142,7 +155,9 @@ def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
     periphery = page.evaluate(f"() => {STATS_ROW}('periphery tokens (gist, read)')")
     assert int(encoded[2].split()[0]) < 256 and int(periphery[2]) > 0, (encoded, periphery)
 
-    # config A back to after; B keeps before with the gist, margin and periphery: the screenshot shows both modes
+
+def _pictures_and_screenshot(page, tmp_path) -> None:
+    """Config A back to after; B keeps before with the gist, margin and periphery: the screenshot shows both."""
     page.locator("#encode input[type=radio][value=after]").check()
     page.click("#run")
     page.wait_for_function(f"() => {{ const r = {STATS_ROW}('encode'); return r && r[2] === 'after'; }}")
@@ -154,20 +169,19 @@ def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
     channel_names = page.inner_text("#channels")
     for name in ("sobel_mag", "sal_spectral", "cluster_rarity"):
         assert name in channel_names
-
     page.evaluate("window.scrollTo(0, 0)")
     out = ROOT / "docs" / "app_screenshot.png" if os.environ.get("ARR_COC_SCREENSHOT") == "1" else tmp_path / "app.png"
     page.screenshot(path=str(out), full_page=True)
     assert out.stat().st_size > 20_000
 
-    # an example row fills the inputs
+
+def _example_row_and_a_bad_input(page, examples) -> None:
+    """An example row fills the inputs; a bad input gets its message in the page, and the next request works."""
     target = next(e for e in examples if os.path.basename(e["image"]) == "shapes_void.png")
     index = examples.index(target)
     page.locator("#examples tbody tr").nth(index).click()
     _wait_value(page, "question", f"v === {target['question']!r}")
     page.wait_for_selector("#image img")
-
-    # a bad input gets its message in the page, and the next request still works
     page.fill("#question textarea", "   ")
     page.click("#run")
     page.wait_for_function("() => document.querySelector('#error').innerText.includes('The question is empty')")
@@ -176,8 +190,10 @@ def test_ask_toggle_pictures_screenshot_and_examples(page, tmp_path):
     page.wait_for_function("() => !document.querySelector('#error').innerText.includes('Error')")
     _wait_value(page, "answer-arr", "v.length > 0")
 
-    # the slider at its maximum: JSON would send 1.0 as the integer 1, which the API refuses as ambiguous (as the
-    # command line refuses "1"); the page sends it as "1.0" (page.slider_max_as_text): the share 1.0
+
+def _slider_at_its_maximum(page) -> None:
+    """JSON would send 1.0 as the integer 1, which the API refuses as ambiguous (as the command line refuses "1");
+    the page sends it as "1.0" (page.slider_max_as_text): the share 1.0."""
     page.fill("#budget input[type=number]", "1")
     page.press("#budget input[type=number]", "Enter")
     page.click("#run")
