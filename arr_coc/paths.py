@@ -29,6 +29,16 @@ class LayerNotFound(FileNotFoundError):
     """A trained ARR-COC layer folder that is not there or cannot be read; the message says what to pass."""
 
 
+def shown_path(path: str | os.PathLike | None) -> str:
+    """A folder as cards and the page show it: relative to the working folder when it lies under it
+    (checkpoints/...), as given otherwise (a hub id, a folder elsewhere); "-" for none."""
+    if not path:
+        return "-"
+    text = os.fspath(path)
+    full = os.path.abspath(text)
+    return os.path.relpath(full) if os.path.exists(full) and full.startswith(os.getcwd() + os.sep) else text
+
+
 def check_layer_folder(folder: str | os.PathLike) -> str:
     """The local folder of a trained ARR-COC layer that can be read, else LayerNotFound: `folder` itself, or,
     for a hub id ("owner/name") that is no local path, its snapshot in the Hugging Face cache (fetched

@@ -16,8 +16,9 @@ the decision (`look_decision`); the trace's `looks` holds the same per look.
 from __future__ import annotations
 
 import math
-import os
 from typing import TYPE_CHECKING, Any, Callable
+
+from arr_coc.paths import shown_path
 
 if TYPE_CHECKING:
     from arr_coc import Trace
@@ -87,15 +88,6 @@ def execution_text(t: Any) -> str:
         return t.execution
     cells = "+".join(str(c) for c in t.bucket["cells"])
     return f"{t.execution}: {cells} cells, {t.bucket['prompt']}-token prompt"
-
-
-def shown_path(path: str | None) -> str:
-    """A model's or an adapter's folder as the page shows it: relative to the app's folder when it lies under it
-    (checkpoints/...), as given otherwise (a hub id, a folder elsewhere); "-" for none."""
-    if not path:
-        return "-"
-    full = os.path.abspath(path)
-    return os.path.relpath(full) if os.path.exists(full) and full.startswith(os.getcwd() + os.sep) else path
 
 
 # (row name, value for the baseline, value for a pruned run); pruned values get (run, its config, the baseline)

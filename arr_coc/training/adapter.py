@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
+from ..paths import shown_path
 from ..schedule import lr_at
 from .adapter_items import JsonlItems, ShapesItems
 
@@ -340,14 +341,6 @@ def _resume(run: _Run) -> None:
     run.rng = saved["rng"]
 
 
-def _shown(path: Any) -> str:
-    """A path as a card shows it: relative to the working folder when it lies under it (a repository's
-    checkpoints/...), else as given (a hub id, a folder elsewhere)."""
-    text = os.fspath(path)
-    full = os.path.abspath(text)
-    return os.path.relpath(full) if os.path.exists(full) and full.startswith(os.getcwd() + os.sep) else text
-
-
 def save(run: _Run, model_path: str, layer: str | None) -> None:
     """The adapter (peft's files + card) in out/adapter/, the layer when it trained (or out has none), the state
     file, the log and the loss plot."""
@@ -358,11 +351,11 @@ def save(run: _Run, model_path: str, layer: str | None) -> None:
     os.makedirs(cfg.out, exist_ok=True)
     folder = os.path.join(cfg.out, SUBFOLDER)
     last = next((r["val_loss"] for r in reversed(state["log"]) if "val_loss" in r), None)
-    source = f"on {', '.join(_shown(p) for p in cfg.data)}" if cfg.data else "on ShapesVQA items"
+    source = f"on {', '.join(shown_path(p) for p in cfg.data)}" if cfg.data else "on ShapesVQA items"
     recipe = (f"`python -m arr_coc train-adapter` stage {cfg.stage}{' + hard' if cfg.hard else ''} {source}, "
               f"{state['step']} of {cfg.steps} steps of {cfg.batch_size} items, "
               f"budgets {cfg.budgets[0]:g}-{cfg.budgets[1]:g}, lr {cfg.lr:g}, rank {cfg.rank}, seed {cfg.seed}")
-    card = AdapterCard(vlm=_shown(model_path), layer=_shown(layer) if layer else "untrained", encode=cfg.encode,
+    card = AdapterCard(vlm=shown_path(model_path), layer=shown_path(layer) if layer else "untrained", encode=cfg.encode,
                        training=recipe,
                        results=[] if last is None else [f"- validation answer loss (pruned, adapter on) at step "
                                                         f"{state['step']}: {last:.4f}"])
@@ -370,7 +363,7 @@ def save(run: _Run, model_path: str, layer: str | None) -> None:
     net = run.wrapper.arr_coc_layer
     if cfg.stage == "joint" or not os.path.isfile(os.path.join(cfg.out, "config.json")):
         strict, net.config.strict = net.config.strict, False
-        net.save_pretrained(cfg.out, LayerCard(vlm=_shown(model_path), encode=cfg.encode,
+        net.save_pretrained(cfg.out, LayerCard(vlm=shown_path(model_path), encode=cfg.encode,
                                                training=recipe if cfg.stage == "joint" else f"as {layer}"))
         net.config.strict = strict
     torch.save({"adapter": [p.detach().cpu() for p in run.params],
