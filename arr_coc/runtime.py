@@ -143,3 +143,11 @@ def add_arguments(parser: Any) -> None:
                         help="auto: float32 on cpu, bfloat16 on a GPU that has it, else float16 (default auto)")
     parser.add_argument("--attn-implementation", default=None, choices=ATTN_IMPLEMENTATIONS,
                         help="the VLM's attention kernels (default: transformers' own, sdpa)")
+
+
+def add_fast_argument(parser: Any) -> None:
+    """--fast auto|on|off (`arr_coc.execution.read_fast_flag`): the commands' and the app's one flag for
+    fixed-shape compiled execution. Here, beside --device, because `--help` must load no torch."""
+    parser.add_argument("--fast", choices=("auto", "on", "off"), default="auto",
+                        help="run requests as fixed-shape compiled graphs (buckets, torch.compile, static KV cache): "
+                             "auto = on a GPU, off on the CPU where it measured no faster (default auto)")

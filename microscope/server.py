@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from arr_coc.runtime import add_arguments as add_runtime
+from arr_coc.runtime import add_fast_argument as add_fast
 from arr_coc.inputs import LIMITS
 from microscope.admission import Admission
 from microscope.configs import add_layers
@@ -76,9 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="count each run's FLOPs (vision tower, selector, LM prefill) off the clock (default on; "
                         "--no-flops for a large model on a CPU, where counting costs a second prefill)")
     add_runtime(p)  # --device, --dtype, --attn-implementation: the same names and meaning as every command
-    p.add_argument("--fast", choices=("auto", "on", "off"), default="auto",
-                   help="answer as fixed-shape compiled graphs (arr_coc/execution.py): auto = on a GPU, off on the "
-                        "CPU, where it measured no faster (default auto)")
+    add_fast(p)     # --fast auto|on|off, as ask, eval and bench take it
     p.add_argument("--warm-up", dest="warm_up", action=argparse.BooleanOptionalAction, default=True,
                    help="answer one generated question at start-up, so the first user's request is as fast as the "
                         "next (default on)")

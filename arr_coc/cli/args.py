@@ -7,6 +7,7 @@ import sys
 from typing import NoReturn
 
 from arr_coc.runtime import add_arguments as add_runtime  # noqa: F401 - the commands' --device/--dtype
+from arr_coc.runtime import add_fast_argument as add_fast  # noqa: F401 - their --fast
 
 
 def budget_arg(text: str):
@@ -100,13 +101,6 @@ def encode_config(args: argparse.Namespace, method: str | None = None):
         return check_encode(method, encode_options(args))
     except (InputError, ValueError) as exc:     # ValueError: a --saccade-gate file that is not one
         fail(args, str(exc))
-
-
-def add_fast(parser: argparse.ArgumentParser) -> None:
-    """--fast: fixed-shape compiled execution (arr_coc/execution.py, docs/GPU.md "Fast path")."""
-    parser.add_argument("--fast", choices=("auto", "on", "off"), default="auto",
-                        help="run requests as fixed-shape compiled graphs (buckets, torch.compile, static KV cache): "
-                             "auto = on a GPU, off on the CPU where it measured no faster (default auto)")
 
 
 def fail(args: argparse.Namespace, message: str) -> NoReturn:
