@@ -474,7 +474,7 @@ def check_items(images: list[list[Any]], questions: list[Any], limits: InputLimi
     with `sampling` (`arr_coc.qwen.processing.video_sampling(processor)`: the model's own rule) and returned
     as Clips, in place."""
     from .video.clip import Clip
-    from .video.animation import animated_note, animation_frames
+    from .video.animation import animated_notes
     from .video.reading import is_clip_path
 
     out_images, out_questions, notes = [], [], []
@@ -485,8 +485,8 @@ def check_items(images: list[list[Any]], questions: list[Any], limits: InputLimi
             if isinstance(im, Clip) or is_clip_path(im):
                 checked.append(check_clip(im, limits, name=os.fspath(im) if not isinstance(im, Clip) else None,
                                           sampling=sampling))
-                if not isinstance(im, Clip) and animation_frames(im):
-                    q_notes.append(animated_note(im))
+                if not isinstance(im, Clip):
+                    q_notes.extend(animated_notes(im))
                 continue
             if type(im).__module__.startswith(("torch", "numpy")):
                 checked.append(im)   # an array: the processor's business

@@ -111,10 +111,10 @@ def open_asked(image: Any, video: Any, limits: InputLimits, sampling: dict[str, 
     clip = video or (image if isinstance(image, str) and not isinstance(image, Unreadable) and is_clip_path(image)
                      else None)
     if clip:
-        from arr_coc.video.animation import animated_note
+        from arr_coc.video.animation import animated_notes
 
         path = clip if isinstance(clip, str) else getattr(clip, "path", None) or (clip or {}).get("path")
-        notes = [] if clip is video else [animated_note(path)]
+        notes = [] if clip is video else animated_notes(path)
         return AskedClip(check_clip(path, limits, name=None, sampling=sampling), notes)
     return AskedImage(open_upload(image, limits))
 

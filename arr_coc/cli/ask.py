@@ -74,7 +74,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     from arr_coc.inputs import LIMITS, InputError, check_max_new_tokens, check_question, check_video_file, open_image
     from arr_coc.paths import CHECKPOINTS, default_model_path, resolve_layer
     from arr_coc.pipeline.request import Pruning, check_encode, check_for_video, check_method
-    from arr_coc.video.animation import animated_note
+    from arr_coc.video.animation import animated_notes
     from arr_coc.video.reading import is_clip_path
 
     run_on = runtime(args)  # a wrong device / dtype / attention name, or no GPU for cuda: said before anything loads
@@ -99,7 +99,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
         check_for_video(args.method, encode)
         check_video_file(args.video, LIMITS, name=args.video, sampling=_sampling(args))
     elif is_clip_path(args.image):   # an animated GIF / PNG is a clip wherever it is given (issue 49)
-        notes.append(animated_note(args.image))
+        notes.extend(animated_notes(args.image))
         args.video, args.image = args.image, None
         check_for_video(args.method, encode)
     opened = open_image(args.image, name=args.image) if args.video is None else None

@@ -252,7 +252,7 @@ def validate(image: Any, question: Any, budget: Any = None, method: Any = None, 
     several problems gets the same first verdict everywhere. An animated GIF / PNG path is a clip, as everywhere
     (`image` is then the checked `Clip`, `info` None). Raises InputError."""
     from ..inputs import check_clip
-    from ..video.animation import animated_note
+    from ..video.animation import animated_notes
     from ..video.reading import is_clip_path
 
     checked_budget = read_budget(budget, default_budget, limits)
@@ -260,7 +260,7 @@ def validate(image: Any, question: Any, budget: Any = None, method: Any = None, 
     text, notes = check_question(question, limits)
     if is_clip_path(image):
         return CheckedRequest(checked_budget, checked_method, text, check_clip(image, limits, name), None,
-                              notes + [animated_note(image)])
+                              notes + animated_notes(image))
     picture, info = check_image(image, limits, name)
     return CheckedRequest(checked_budget, checked_method, text, picture, info, notes + info.notes)
 

@@ -14,6 +14,7 @@ readers give each frame's duration; FFmpeg's give the stored frames).
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -42,10 +43,18 @@ def is_animation(path: str | os.PathLike) -> bool:
 
 
 def _stored(path: str | os.PathLike) -> tuple[int, float]:
-    """(stored frames, the first frame's duration in seconds) of a GIF / APNG; (0, 0.0) for anything else."""
+    """(stored frames, the first frame's duration in seconds) of a GIF / APNG; (0, 0.0) for anything else. One
+    request asks this of the same file several times (is it a clip, check it, read it, say so): the header is read
+    once per file version (path, modification time, size)."""
     path = os.fspath(path)
     if os.path.splitext(path)[1].lower() not in ANIMATION_EXTENSIONS or not os.path.isfile(path):
         return 0, 0.0
+    stat = os.stat(path)
+    return _read_header(os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _read_header(path: str, mtime_ns: int, size: int) -> tuple[int, float]:
     try:
         from PIL import Image
 
@@ -104,10 +113,14 @@ def load_animation(path: str, shown: str, frame_rate: float | None, sampling: di
                 source=path, indices=picked, total_frames=len(times))
 
 
-def animated_note(path: str | os.PathLike) -> str:
-    """What is said when a picture's path turns out to be an animation, read as a clip."""
-    return (f"The animated image ({animation_frames(path)} frames) is read as a clip, its frames over time; save one "
-            "frame as a picture to ask about it alone.")
+def animated_notes(path: str | os.PathLike) -> list[str]:
+    """What is said when a picture's path turns out to be an animation, read as a clip: one note for an animated
+    GIF / APNG, none for anything else (a video file given as a picture is a clip without surprise)."""
+    frames = animation_frames(path)
+    if not frames:
+        return []
+    return [f"The animated image ({frames} frames) is read as a clip, its frames over time; save one frame as a "
+            "picture to ask about it alone."]
 
 
-__all__ = ["ANIMATION_EXTENSIONS", "animated_note", "animation_frames", "is_animation", "load_animation", "read_animation"]
+__all__ = ["ANIMATION_EXTENSIONS", "animated_notes", "animation_frames", "is_animation", "load_animation", "read_animation"]
