@@ -21,6 +21,7 @@ import torch
 from ..budget import Budget, BudgetError, BudgetMode, count_of
 from ..grid import upload
 from ..stopwatch import Stopwatch, lap
+from ..temporal import minimum_count
 from .backend import VLMBackend
 from .prompt import Prompt
 from .selection import Selection, SelectionContext, Selector
@@ -159,7 +160,7 @@ def unit_counts(budgets: list[Budget], prompt: Prompt) -> list[int]:
     counts = [count_of(bud, h * w) for bud, (h, w) in zip(budgets, prompt.grid_hw)]
     for units in prompt.clips:
         t, n = len(units), prompt.n_tokens[units[0]]
-        k = max(t, count_of(budgets[units[0]], t * n))
+        k = max(minimum_count(t, n), count_of(budgets[units[0]], t * n))
         for g, i in enumerate(units):
             counts[i] = min(n, k // t + (g < k % t))
     return counts

@@ -10,6 +10,7 @@ import torch
 from ..budget import Budget, BudgetMode, budget_label, count_of
 from ..resolution import (FOVEAL, GIST_ONLY, NOT_ENCODED, PERIPHERY, RESOLUTION_LEVELS,  # noqa: F401 - re-exported
                           UNREAD)
+from ..temporal import minimum_count
 from .choose import Choice, slice_output
 from .fovea import nearest_cells
 
@@ -208,7 +209,7 @@ def budget_notes(name: str, budgets: list[Budget | None], budget_mode: BudgetMod
         kept = sum(int(lm_cells[i].numel()) for i in members)
         if kept <= allowed:
             continue
-        if kept <= t:
+        if kept <= minimum_count(t, n):
             out.append(f"The clip's budget ({budget_label(budgets[members[0]])}: {allowed} token"
                        f"{'s' if allowed != 1 else ''}) is below its minimum of one token per temporal group: it "
                        f"kept {kept}, one for each of its {t} groups.")
