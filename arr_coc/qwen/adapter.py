@@ -99,6 +99,7 @@ class Adapter:
         self.targets = tuple(targets)
         self.card = card or AdapterCard()
         self.trainable = trainable           # whether its LoRA weights take gradients (train-adapter)
+        self._lora = [p for n, p in self.model.named_parameters() if ".lora_" in n]   # peft injected them already
         self._on = True
         self._switch(False)
         self.dropout(False)                  # peft's new modules start in training mode: answers must not be random
@@ -158,8 +159,9 @@ class Adapter:
         return tower, lm
 
     def parameters(self) -> list[Any]:
-        """The LoRA weights (what training moves)."""
-        return [p for n, p in self.model.named_parameters() if ".lora_" in n]
+        """The LoRA weights (what training moves), found once at construction (not per switch: a request switches
+        the adapter on and off several times)."""
+        return list(self._lora)
 
     def save_pretrained(self, folder: str | os.PathLike, card: AdapterCard | None = None) -> None:
         """peft's files + the base model's identity + the model card."""
