@@ -24,9 +24,10 @@ sys.path.insert(0, str(ROOT))
 def shown_method(method: str) -> str:
     """A row's method as the plot names it: "X-adapter" is X (the layer alone), "X+adapter" is "X + adapter", and
     "arr_coc_trained@before" is arr_coc_trained (the encode is shown beside it anyway)."""
-    alone = method.endswith("-adapter")
-    base = method.removesuffix("-adapter").removesuffix("+adapter").removesuffix("@before").removesuffix("@after")
-    return base if alone or not method.endswith("+adapter") else f"{base} + adapter"
+    from arr_coc.evaluation.plans import split_spec
+
+    base = split_spec(method)[0]
+    return f"{base} + adapter" if method.endswith("+adapter") else base
 
 
 def load_rows(specs: list[str]) -> tuple[list[dict], list]:
