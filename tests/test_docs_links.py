@@ -95,4 +95,5 @@ def test_the_checker_finds_broken_links(tmp_path):
         (3, "pic.png", "no such file"),
     ]
     assert slug("Reading `results.json`") == "reading-resultsjson"
-    assert slug('Selecting before the vision tower (encode="before")') == "selecting-before-the-vision-tower-encodebefore"
+    before = 'Selecting before the vision tower (encode="before")'
+    assert slug(before) == "selecting-before-the-vision-tower-encodebefore"
