@@ -1,13 +1,17 @@
-"""ARR-COC: query-aware visual-token allocation for Qwen-VL models.
+"""ARR-COC: query-aware visual-token allocation for vision-language models.
 
     from arr_coc import ARRCOCConfig, ARRCOCLayer
     layer = ARRCOCLayer(ARRCOCConfig().with_query_dim(1536))
     out = layer(images, grid_hw, query_embeds=..., visual_tokens=..., budget=0.25)
     out.kept_indices   # per image, raster indices of the visual tokens to keep
 
-    from arr_coc import ARRCOCQwen
-    vlm = ARRCOCQwen.from_pretrained("checkpoints/shapes-qwen2vl")
+    from arr_coc import ARRCOC
+    vlm = ARRCOC.from_pretrained("checkpoints/shapes-qwen2vl")      # the backend by the model's type
     answer, trace = vlm.generate(image, "What color is the star?", budget=0.1)
+    chosen = vlm.choose(image, "What color is the star?", budget=0.1)   # the pure choice: which cells
+
+    from arr_coc import choose                                  # the same choice with no model object at all
+    chosen = choose(pictures, grid_hw, question_ids, embed, layer=layer, budget=0.1)
 
     from arr_coc import load_clip
     clip = load_clip("walk.mp4", fps=2.0)   # a Clip: sampled frames, timestamps, frame rate
@@ -28,7 +32,12 @@ _EXPORTS = {
     "ARRCOCOutput": "arr_coc.layer",
     "channel_names": "arr_coc.texture",
     "generate_texture_array": "arr_coc.texture",
+    "ARRCOC": "arr_coc.front",
     "ARRCOCQwen": "arr_coc.qwen",
+    "choose": "arr_coc.pipeline.pure",
+    "Chosen": "arr_coc.pipeline.pure",
+    "register_backend": "arr_coc.pipeline.registry",
+    "BackendEntry": "arr_coc.pipeline.registry",
     "Trace": "arr_coc.qwen",
     "Pruning": "arr_coc.pipeline",
     "register_selector": "arr_coc.pipeline",
@@ -49,8 +58,11 @@ if TYPE_CHECKING:
     from .budget import DEFAULT_BUDGET, Budget, BudgetError, parse_budget
     from .config import ARRCOCConfig
     from .inputs import LIMITS, InputError, InputLimits
+    from .front import ARRCOC
     from .layer import ARRCOCLayer, ARRCOCOutput
     from .pipeline import Pruning, register_selector
+    from .pipeline.pure import Chosen, choose
+    from .pipeline.registry import BackendEntry, register_backend
     from .qwen import ARRCOCQwen, Trace
     from .texture import channel_names, generate_texture_array
     from .video.clip import Clip

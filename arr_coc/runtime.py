@@ -151,3 +151,24 @@ def add_fast_argument(parser: Any) -> None:
     parser.add_argument("--fast", choices=("auto", "on", "off"), default="auto",
                         help="run requests as fixed-shape compiled graphs (buckets, torch.compile, static KV cache): "
                              "auto = on a GPU, off on the CPU where it measured no faster (default auto)")
+
+
+def check_supported(run: Runtime) -> None:
+    """Refuse, before loading, a runtime transformers would refuse halfway (flash_attention_2 off a GPU, in
+    float32, or without the flash-attn package), with what to pass instead."""
+    if run.attn_implementation != "flash_attention_2":
+        return
+    import importlib.util
+
+    import torch
+
+    if run.device.type != "cuda":
+        raise RuntimeChoiceError(f"attention implementation 'flash_attention_2' runs on CUDA devices only, not "
+                                 f"{run.device}; pass --device cuda, or --attn-implementation sdpa")
+    if run.dtype not in (torch.bfloat16, torch.float16):
+        raise RuntimeChoiceError("attention implementation 'flash_attention_2' needs --dtype bfloat16 or float16, "
+                                 f"not {str(run.dtype).removeprefix('torch.')}; or pass --attn-implementation sdpa")
+    if importlib.util.find_spec("flash_attn") is None:
+        raise RuntimeChoiceError("attention implementation 'flash_attention_2' needs the flash-attn package, which is "
+                                 "not installed; `pip install flash-attn --no-build-isolation` (on the CUDA machine), "
+                                 "or pass --attn-implementation sdpa")

@@ -189,7 +189,7 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     from arr_coc.inputs import InputError, check_max_new_tokens, limits_for
     from arr_coc.paths import LayerNotFound, resolve_layer
     from arr_coc.qwen.adapter import AdapterError
-    from arr_coc.qwen.loading import check_supported
+    from arr_coc.runtime import check_supported
     from arr_coc.runtime import Runtime, RuntimeChoiceError
     from arr_coc.pipeline.selection import available_methods
 

@@ -55,7 +55,7 @@ def dump(args: argparse.Namespace) -> None:
                 chunk = records[start:start + args.batch]
                 images = [[Image.open(r.image).convert("RGB")] for r in chunk]
                 inputs = vlm.build_inputs(images, [r.question for r in chunk])
-                _, traces = vlm.prepare(inputs, budget=budget, encode=mode)
+                _, traces = vlm.prepare(inputs, budget=budget, encode=mode).outputs
                 for r, tr in zip(chunk, traces):
                     kept = tr.kept_indices[0]
                     row[r.id] = {"kept": kept.tolist(), "grid": list(tr.grid_hw[0]), "fallback": tr.fallback[0],

@@ -7,6 +7,7 @@ should not would change the logits."""
 
 from __future__ import annotations
 
+from _pruned import forward_pruned, prepare_state  # noqa: F401
 import json
 import shutil
 from pathlib import Path
@@ -45,12 +46,12 @@ def test_every_token_kept_is_the_stock_model_and_pruned_is_not(family, make_imag
     inputs = _inputs(vlm, make_image)
     for encode in ("after", "before"):
         for kw in ({"method": "none"}, {"budget": 1.0}):          # nothing chosen, and a choice of every cell
-            got, want = vlm.forward_pruned(encode=encode, **kw, **inputs), stock.forward_pruned(encode=encode, **kw,
+            got, want = forward_pruned(vlm, encode=encode, **kw, **inputs), forward_pruned(stock, encode=encode, **kw,
                                                                                                  **inputs)
             assert torch.equal(got.logits, want.logits), (encode, kw)
             assert [t.adapter for t in got.traces] == ["", ""]
-        got, want = vlm.forward_pruned(budget=0.25, encode=encode, **inputs), \
-            stock.forward_pruned(budget=0.25, encode=encode, **inputs)
+        got, want = forward_pruned(vlm, budget=0.25, encode=encode, **inputs), \
+            forward_pruned(stock, budget=0.25, encode=encode, **inputs)
         assert [t.kept_indices[0].tolist() for t in got.traces] == [t.kept_indices[0].tolist() for t in want.traces]
         assert (got.logits - want.logits).abs().max() > 1e-3, encode        # the negative control: it does run
         assert [t.to_dict()["adapter"] for t in got.traces] == ["adapter", "adapter"]
@@ -61,11 +62,11 @@ def test_a_batch_of_both_runs_the_adapter_for_the_pruned_row_only(make_image):
 
     vlm, stock = _adapted("qwen2_vl")
     inputs = _inputs(vlm, make_image)
-    n = [t.total_tokens for t in stock.prepare_state(inputs, method="none").traces]
+    n = [t.total_tokens for t in prepare_state(stock, inputs, method="none").traces]
     kept = [torch.arange(n[0]), torch.arange(0, n[1], 3)]
     for encode in ("after", "before"):
-        got = vlm.forward_pruned(kept_indices=kept, encode=encode, **inputs)
-        want = stock.forward_pruned(kept_indices=kept, encode=encode, **inputs)
+        got = forward_pruned(vlm, kept_indices=kept, encode=encode, **inputs)
+        want = forward_pruned(stock, kept_indices=kept, encode=encode, **inputs)
         assert [t.adapter for t in got.traces] == ["", "adapter"]
         assert torch.equal(got.logits[0], want.logits[0])
         assert (got.logits[1] - want.logits[1]).abs().max() > 1e-3
@@ -88,19 +89,19 @@ def test_save_and_load_a_folder_and_a_hub_cache_offline(tmp_path, make_image, mo
 
     vlm, _ = _adapted("qwen2_vl")
     inputs = _inputs(vlm, make_image)
-    want = vlm.forward_pruned(budget=0.25, encode="before", **inputs).logits
+    want = forward_pruned(vlm, budget=0.25, encode="before", **inputs).logits
     vlm.save_pretrained(tmp_path / "pair")                               # the layer + adapter/ beside it
     names = sorted(p.name for p in (tmp_path / "pair" / "adapter").iterdir())
     assert {"adapter_config.json", "adapter_model.safetensors", "README.md", "arr_coc_adapter.json"} <= set(names)
     model, processor = build_tiny_qwen("qwen2_vl", seed=0)
     again = ARRCOCQwen(model, processor, arr_coc=str(tmp_path / "pair"), adapter=str(tmp_path / "pair"))
-    assert torch.equal(again.forward_pruned(budget=0.25, encode="before", **inputs).logits, want)
+    assert torch.equal(forward_pruned(again, budget=0.25, encode="before", **inputs).logits, want)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE",
                         str(_hub_cache(tmp_path, tmp_path / "pair" / "adapter", "someone/tiny-adapter")))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model, processor = build_tiny_qwen("qwen2_vl", seed=0)
     hub = ARRCOCQwen(model, processor, arr_coc=str(tmp_path / "pair"), adapter="someone/tiny-adapter")
-    out = hub.forward_pruned(budget=0.25, encode="before", **inputs)
+    out = forward_pruned(hub, budget=0.25, encode="before", **inputs)
     assert torch.equal(out.logits, want) and out.traces[0].adapter == "someone/tiny-adapter"
     with pytest.raises(AdapterError, match="someone/missing.*not in the Hugging Face cache"):
         ARRCOCQwen(model, processor, adapter="someone/missing")
@@ -168,7 +169,7 @@ def test_the_tower_adapter_counts_as_the_arithmetic_says(make_image):
     from arr_coc.evaluation.flops import count_flops
 
     vlm, _ = _adapted("qwen2_vl")
-    prompt = vlm.prepare_state(_inputs(vlm, make_image), method="none", encode="before").batch
+    prompt = prepare_state(vlm, _inputs(vlm, make_image), method="none", encode="before").batch
     cells = [torch.arange(0, 12).numpy()]
     off = count_flops(vlm.backend.encode_cells, prompt, [0], cells)[1]
     with vlm.backend.adapted(True):

@@ -341,7 +341,7 @@ def test_lm_flops_depend_on_the_prompt_length_only(scope, image):
     w = scope.wrapper
     inputs = w.build_inputs([[Image.open(image).convert("RGB")]], [Q])
     for budget in (0.25, 1.0):
-        pruned, traces = w.prepare(inputs, budget=budget, method="arr_coc")
+        pruned, traces = w.prepare(inputs, budget=budget, method="arr_coc").outputs
         assert lm_flops(w.backend, pruned, 0, {}) == text_prefill_flops(w, traces[0].prompt_tokens) > 0
 
 

@@ -129,9 +129,9 @@ def test_another_widths_layer_is_counted_on_meta_with_its_attention(tiny_vlm, ma
     model, processor = tiny_vlm("qwen2_vl")
     vlm = ARRCOCQwen(model, processor)
     inputs = vlm.build_inputs([[make_image(112, 112)]], ["what is here?"])
-    pruned, _ = vlm.prepare(inputs, method="none")
+    pruned, _ = vlm.prepare(inputs, method="none").outputs
     with flop_counter() as counter:
-        vlm.prefill(pruned, logits_to_keep=1)
+        vlm.backend.prefill(pruned, logits_to_keep=1)
     seq = int(pruned.attention_mask.sum())
     run = lm_count(module_totals(counter), model.config.text_config.num_hidden_layers, seq)
     assert lm_layer_flops(model, model.config.text_config.to_dict(), seq) == run.layers[0] == run.layers[1]
@@ -182,7 +182,7 @@ def test_the_tower_flops_agree_with_the_evaluations_counter(tiny_report):
     assert record["question"] == report["question"]
     inputs = vlm.build_inputs([[image]], [record["question"]])
     for encode, gist in (("after", 0.0), ("before", 0.0), ("before", 0.25)):
-        _, traces = vlm.prepare(inputs, budget=0.25, encode=EncodeConfig(encode, gist=gist))
+        _, traces = vlm.prepare(inputs, budget=0.25, encode=EncodeConfig(encode, gist=gist)).outputs
         row = _row(report, encode, 0.25, gist)
         expected = [row["vision_flops"] + row["gist_flops"]]
         assert vision_flops(vlm.backend, _prompt(vlm, inputs), traces, gist, {}) == expected

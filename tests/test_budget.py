@@ -129,7 +129,7 @@ def test_the_shipped_layer_keeps_exact_budgets_when_asked(tmp_path):
     for rec in read_jsonl(write_split(tmp_path, split="test", n=12, seed=13)):
         inputs = vlm.build_inputs([[rec.load_image()]], [rec.question])
         for mode in kept:
-            _, traces = vlm.prepare(inputs, budget=0.05, budget_mode=mode)
+            _, traces = vlm.prepare(inputs, budget=0.05, budget_mode=mode).outputs
             kept[mode].append((traces[0].kept_tokens, resolve_count(0.05, traces[0].total_tokens)))
     assert all(k == want for k, want in kept["exact"])
     assert any(k != want for k, want in kept[None])   # the default follows the question

@@ -35,13 +35,14 @@ def before_vlm():
 def _layer_batch(vlm, n: int, canvas: str = "336x336"):
     """The shipped before-mode layer's padded batch for n generated scenes, built as the wrapper builds it."""
     from arr_coc.methods.arrcoc import layer_batch_of
+    from arr_coc.pipeline import Pruning
     from arr_coc.pipeline.choose import context
     from arr_coc.shapes import make_item
 
     items = [make_item(5, "device", i, canvas=canvas) for i in range(n)]
     inputs = vlm.build_inputs([[it.image] for it in items], [it.record["question"] for it in items])
     prompt = vlm.backend.read_prompt(inputs, encode_all=False)
-    ctx = context(vlm.backend, prompt, vlm.layer, None, [0.1] * n, None, 0)
+    ctx = context(vlm.request(Pruning.of()), prompt, None, [0.1] * n, None)
     return layer_batch_of(ctx, vlm.arr_coc_layer)
 
 
@@ -118,7 +119,7 @@ def test_a_bfloat16_vlm_keeps_its_tensors_and_the_layer_runs_beside_it_in_float3
         inputs = vlm.build_inputs([[make_image(120, 150, 0)], [make_image(90, 200, 1)]], ["What is red?", "Where?"])
         before = {k: v.clone() for k, v in inputs.items()}
         for encode in ("after", "before"):
-            pruned, traces = vlm.prepare(inputs, budget=0.25, encode=encode)
+            pruned, traces = vlm.prepare(inputs, budget=0.25, encode=encode).outputs
             assert all(f.dtype == torch.bfloat16 for f in pruned.image_features)   # what the LM reads: its dtype
             assert all(t.fallback == [None] for t in traces)
         layer = vlm.arr_coc_layer
@@ -144,7 +145,7 @@ def test_every_selector_runs_with_the_vlm_on_the_device_the_caller_chose(tiny_vl
     vlm = ARRCOCQwen(model.to(device), processor)
     try:
         inputs = vlm.build_inputs([[make_image(120, 150, 0)], [make_image(90, 200, 1)]], ["What is red?", "Where?"])
-        pruned, traces = vlm.prepare(inputs, budget=0.3, method=method)
+        pruned, traces = vlm.prepare(inputs, budget=0.3, method=method).outputs
         assert pruned.input_ids.device.type == device and all(f.device.type == device for f in pruned.image_features)
         assert all(t.error is None for t in traces), [t.error for t in traces]
         if method.startswith("arr_coc"):

@@ -145,7 +145,7 @@ def test_the_shipped_layer_gives_count_questions_more_tokens_than_one_object_que
     wrapper = ARRCOCQwen.from_pretrained(DEFAULT_CHECKPOINT, arr_coc=default_layer_path())
     kept: dict[str, list[int]] = {}
     for rec in read_jsonl(write_split(tmp_path, split="test", n=40, seed=13)):
-        _, traces = wrapper.prepare(wrapper.build_inputs([[rec.load_image()]], [rec.question]), budget=0.05)
+        _, traces = wrapper.prepare(wrapper.build_inputs([[rec.load_image()]], [rec.question]), budget=0.05).outputs
         kept.setdefault(rec.type, []).append(traces[0].kept_tokens)
     mean = {t: sum(k) / len(k) for t, k in kept.items()}
     one_object = [k for t in ("color", "shape", "letter") for k in kept.get(t, [])]
@@ -188,7 +188,7 @@ def test_the_shipped_before_layer_finds_the_named_shape():
         found[tag] = 0
         for image, record in items:
             _, traces = wrapper.prepare(wrapper.build_inputs([[image]], [record["question"]]), budget=0.03,
-                                        encode=EncodeConfig("before"))
+                                        encode=EncodeConfig("before")).outputs
             assert traces[0].grid_hw[0] == (image.height // 28, image.width // 28)  # 448 px: not resized
             share = torch.from_numpy(boxes_to_cell_shares(record["boxes"], image.size, 28)).flatten()
             found[tag] += int(share[traces[0].kept_indices[0]].sum() > 0.25)  # a quarter of the shape's area kept
@@ -221,7 +221,7 @@ def test_the_shipped_before_layer_spends_its_budget_where_the_question_needs_it(
             tokens[tag, kind] = 0
             for image, question in asked:
                 _, traces = wrapper.prepare(wrapper.build_inputs([[image]], [question]), budget=0.08,
-                                            encode=EncodeConfig("before"))
+                                            encode=EncodeConfig("before")).outputs
                 tokens[tag, kind] += traces[0].kept_tokens
                 extent = traces[0].to_dict()["extent_per_image"]  # what the trace reports
                 assert (extent is None) == (tag == "run 3") and (extent is None or extent[0] >= 1.0)

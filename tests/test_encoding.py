@@ -153,9 +153,9 @@ def test_before_with_every_cell_and_no_gist_gives_todays_logits(tiny_vlm, family
 
     vlm = _noise_vlm(tiny_vlm, family, attn)
     inputs = vlm.build_inputs([[_noise(120, 150, 0)], [_noise(90, 200, 1)]], [Q, "How many stars are there?"])
-    after = vlm.prefill(vlm.prepare(inputs, method="none")[0]).logits
-    pruned, traces = vlm.prepare(inputs, method="none", encode=EncodeConfig("before", gist=0.0))
-    assert torch.equal(vlm.prefill(pruned).logits, after)            # max |diff| 0.0, deepstack included
+    after = vlm.backend.prefill(vlm.prepare(inputs, method="none").pruned).logits
+    pruned, traces = vlm.prepare(inputs, method="none", encode=EncodeConfig("before", gist=0.0)).outputs
+    assert torch.equal(vlm.backend.prefill(pruned).logits, after)            # max |diff| 0.0, deepstack included
     assert traces[0].encode == "before" and traces[0].gist_grid == []
     assert [c.numel() for c in traces[0].encoded_cells] == traces[0].total_per_image
 
@@ -167,7 +167,7 @@ def test_before_encodes_only_the_chosen_cells_and_the_margin(tiny_vlm, family):
     vlm = _noise_vlm(tiny_vlm, family)
     inputs = vlm.build_inputs([[_noise(224, 224, 0)]], [Q])
     for margin in (0, 1):
-        pruned, (tr,) = vlm.prepare(inputs, budget=0.25, encode=EncodeConfig("before", gist=0.25, margin=margin))
+        pruned, (tr,) = vlm.prepare(inputs, budget=0.25, encode=EncodeConfig("before", gist=0.25, margin=margin)).outputs
         kept, encoded = tr.kept_indices[0], tr.encoded_cells[0]
         assert tr.kept_tokens == kept.numel() < tr.total_tokens and tr.gist_grid == [(4, 4)]   # 8 x 8 -> a quarter
         assert set(kept.tolist()) <= set(encoded.tolist())
@@ -191,9 +191,9 @@ def test_periphery_adds_gist_tokens_for_the_regions_not_encoded(tiny_vlm):
 
     vlm = _noise_vlm(tiny_vlm, "qwen2_vl")
     inputs = vlm.build_inputs([[_noise(336, 336, 2)]], [Q])
-    _, (plain,) = vlm.prepare(inputs, budget=3, method="grid", encode=EncodeConfig("before", gist=0.25))
+    _, (plain,) = vlm.prepare(inputs, budget=3, method="grid", encode=EncodeConfig("before", gist=0.25)).outputs
     pruned, (tr,) = vlm.prepare(inputs, budget=3, method="grid", encode=EncodeConfig("before", gist=0.25,
-                                                                                      periphery=True))
+                                                                                      periphery=True)).outputs
     periphery = tr.periphery_cells[0]
     assert periphery.numel() > 0 and not set(periphery.tolist()) & set(plain.kept_indices[0].tolist())
     assert tr.kept_tokens == plain.kept_tokens + periphery.numel() == pruned.image_features[0].shape[0]

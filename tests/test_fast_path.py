@@ -8,6 +8,7 @@ what the buckets change (more cells, a longer left padding) is tested on its own
 
 from __future__ import annotations
 
+from _pruned import forward_pruned, prepare_state  # noqa: F401
 import numpy as np
 import pytest
 import torch
@@ -116,8 +117,8 @@ def test_fast_equals_eager_on_images(tiny_vlm, make_image, family, encode):
         assert got.traces[0].bucket == want.traces[0].bucket
         assert got.traces[0].execution == "fast" and want.traces[0].execution == "eager"
         inputs = fast.build_inputs([[image]], [question])
-        a, b = fast.prepare_state(inputs, 0.1, encode=encode), eager.prepare_state(inputs, 0.1, encode=encode)
-        torch.testing.assert_close(fast.prefill(a.pruned).logits, eager.prefill(b.pruned).logits,
+        a, b = prepare_state(fast, inputs, 0.1, encode=encode), prepare_state(eager, inputs, 0.1, encode=encode)
+        torch.testing.assert_close(fast.backend.prefill(a.pruned).logits, eager.backend.prefill(b.pruned).logits,
                                    rtol=1e-5, atol=1e-5)
         graphs.append(counter.frame_count)
     # the layer, the tower, the LM's prefill and decoding step, the logits-only prefill: captured once each for

@@ -138,7 +138,7 @@ def test_divprune_is_more_diverse_than_random_on_real_visual_tokens(tiny_vlm, ma
 def test_fastv_keeps_the_tokens_the_last_prompt_token_attends_to_most(tiny_vlm, make_image, family, layer):
     w = ARRCOCQwen(*tiny_vlm(family, "sdpa"))
     inputs = _two_rows(w, make_image)
-    pruned, traces = w.prepare(inputs, budget=0.3, method=fastv.make_selector(layer))
+    pruned, traces = w.prepare(inputs, budget=0.3, method=fastv.make_selector(layer)).outputs
     # Independent reference: the stock eager model's own attention maps over the unpruned prompt.
     eager, _ = tiny_vlm(family, "eager")
     with torch.no_grad():
@@ -185,7 +185,7 @@ def test_visionzip_keeps_the_tokens_that_receive_the_most_vision_attention(tiny_
 
     monkeypatch.setattr(module, "eager_attention_forward", spy)
     budget = 0.5
-    pruned, traces = w.prepare(inputs, budget=budget, method=visionzip.select)
+    pruned, traces = w.prepare(inputs, budget=budget, method=visionzip.select).outputs
     assert len(weights) >= 3
     # Independent reference: mean attention each patch receives, over heads and queries; 2x2 patches per token.
     kept = [k for tr in traces for k in tr.kept_indices]
@@ -201,7 +201,7 @@ def test_visionzip_merges_context_into_target_tokens(tiny_vlm, make_image):
     inputs = w.build_inputs([[make_image(224, 224, 4)]], [Q])
     ctx = _context(w, inputs, 0.5)
     v = ctx.visual_tokens[0]
-    pruned, _ = w.prepare(inputs, budget=0.5, method="visionzip")   # the pipeline's own vision pass, recorded
+    pruned, _ = w.prepare(inputs, budget=0.5, method="visionzip").outputs   # the pipeline's own vision pass, recorded
     assert ctx.prompt.native.tower_record is None
     standalone = visionzip.select(ctx)                         # no record: re-runs the vision tower itself
     assert torch.equal(pruned.kept_indices[0], standalone.kept[0])

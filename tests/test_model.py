@@ -10,6 +10,7 @@ their ORIGINAL positions. Negative controls prove that comparison can fail.
 
 from __future__ import annotations
 
+from _pruned import forward_pruned, prepare_state  # noqa: F401
 import argparse
 import json
 import logging
@@ -90,7 +91,7 @@ def test_keep_all_equals_stock_logits_and_tokens(tiny_vlm, make_image, family, a
     with torch.no_grad():
         stock = w.model(**inputs).logits
     for method, budget in (("none", None), ("arr_coc", 1.0), ("grid", 1.0), ("random", 1.0)):
-        out = w.forward_pruned(method=method, budget=budget, **inputs)
+        out = forward_pruned(w, method=method, budget=budget, **inputs)
         assert out.logits.shape == stock.shape, method
         assert (out.logits - stock).abs().max().item() <= 1e-6, method
         assert all(t.kept_tokens == t.total_tokens for t in out.traces), method
@@ -105,7 +106,7 @@ def test_keep_all_equals_stock_logits_and_tokens(tiny_vlm, make_image, family, a
 def test_pruned_prefill_equals_masked_reference(tiny_vlm, make_image, family, attn):
     w = _wrapper(tiny_vlm, family, attn)
     inputs = _two_image_prompt(w, make_image)  # one question, two images, each its own budget
-    out = w.forward_pruned(method="random", budget=[[0.25, 0.5]], **inputs)
+    out = forward_pruned(w, method="random", budget=[[0.25, 0.5]], **inputs)
     n = out.traces[0].total_per_image
     assert out.traces[0].kept_per_image == [resolve_count(0.25, n[0]), resolve_count(0.5, n[1])]
     pads = (out.pruned.input_ids == w.image_token_id).sum().item()
@@ -119,13 +120,13 @@ def test_negative_controls_fail_the_reference_comparison(tiny_vlm, make_image, f
     """Each broken variant must miss the masked reference by far more than the 1e-5 tolerance."""
     w = _wrapper(tiny_vlm, family)
     inputs = _two_image_prompt(w, make_image)
-    out = w.forward_pruned(method="random", budget=[[0.25, 0.5]], **inputs)
+    out = forward_pruned(w, method="random", budget=[[0.25, 0.5]], **inputs)
     p = out.pruned
     ref = masked_reference_logits(w, inputs, p)
     assert _diff_at_kept(out.logits, ref, p) <= 1e-5  # the correct path passes
 
     def miss(variant: PrunedInputs) -> float:
-        return _diff_at_kept(w.prefill(variant).logits, ref, p)
+        return _diff_at_kept(w.backend.prefill(variant).logits, ref, p)
 
     # 1. 1-D positions (the text counter on all three M-RoPE axes).
     assert miss(p.with_features(position_ids=p.position_ids[0])) > 1e-4
@@ -176,13 +177,13 @@ def test_batch_equals_each_item_alone(tiny_vlm, make_image, family, method):
     images = [make_image(120, 150, 0), make_image(90, 200, 1)]
     questions, budgets = [Q, Q2], [0.25, 0.5]
     batch = w.build_inputs([[im] for im in images], questions)
-    out_b = w.forward_pruned(method=method, budget=budgets, **batch)
+    out_b = forward_pruned(w, method=method, budget=budgets, **batch)
     gen_b = w.model_generate(method=method, budget=budgets, max_new_tokens=6, **batch)
     new_b = gen_b[:, batch["input_ids"].shape[1]:]
     assert out_b.traces[0].total_tokens != out_b.traces[1].total_tokens  # different sizes
     for i, (im, q, bud) in enumerate(zip(images, questions, budgets)):
         alone = w.build_inputs([[im]], [q])
-        out_a = w.forward_pruned(method=method, budget=bud, **alone)
+        out_a = forward_pruned(w, method=method, budget=bud, **alone)
         assert torch.equal(out_a.traces[0].kept_indices[0], out_b.traces[i].kept_indices[0])
         if method == "arr_coc":  # the trace carries this item's slice of the layer output
             arr = out_b.traces[i].arr_coc
@@ -252,7 +253,7 @@ def test_scorer_failure_falls_back_to_all_tokens_for_that_item_only(tiny_vlm, ma
     cfg = ARRCOCConfig().with_query_dim(d)
     images, questions = [make_image(120, 150, 0), make_image(90, 200, 1)], [Q, Q2]
     plain = ARRCOCQwen(model, processor)
-    n_fail = plain.forward_pruned(method="none", **plain.build_inputs([[images[1]]], [Q2])).traces[0].total_tokens
+    n_fail = forward_pruned(plain, method="none", **plain.build_inputs([[images[1]]], [Q2])).traces[0].total_tokens
     good = ARRCOCLayer(cfg)
     # The layer receives its stages: the same stages, one wrapped to fail on item 1's image.
     bad = ARRCOCLayer(cfg, information=good.information, perspectival=good.perspectival,

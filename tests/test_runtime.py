@@ -214,14 +214,14 @@ def test_every_method_keeps_the_vlms_dtype(family, dtype, model_dirs, make_image
     runs += [(m, EncodeConfig("before", gist=0.25, margin=1, periphery=True)) for m in ("arr_coc", "random", "grid")]
     try:
         for method, encode in runs:
-            pruned, (trace,) = wrapper.prepare(inputs, budget=0.3, method=method, encode=encode, strict=True)
+            pruned, (trace,) = wrapper.prepare(inputs, budget=0.3, method=method, encode=encode, strict=True).outputs
             assert {f.dtype for f in pruned.image_features} == {want}, method
             if pruned.deepstack_features is not None:
                 assert {f.dtype for layer in pruned.deepstack_features for f in layer} == {want}
             assert trace.fallback == [None] and trace.error is None and trace.kept_tokens < trace.total_tokens
             if trace.arr_coc is not None:
                 assert trace.arr_coc.relevance.dtype == torch.float32 and torch.isfinite(trace.arr_coc.relevance).all()
-            logits = wrapper.prefill(pruned).logits
+            logits = wrapper.backend.prefill(pruned).logits
             assert logits.dtype == want and torch.isfinite(logits.float()).all()
     finally:
         for h in hooks:

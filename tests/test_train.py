@@ -116,7 +116,7 @@ def test_a_trained_layers_budget_follows_the_question_and_holds_on_average(setup
         w = ARRCOCQwen(wrapper.model, wrapper.processor, arr_coc=layer)
         out = []
         for rec in records:
-            _, traces = w.prepare(w.build_inputs([[rec.load_image()]], [rec.question]), budget=0.25)
+            _, traces = w.prepare(w.build_inputs([[rec.load_image()]], [rec.question]), budget=0.25).outputs
             out.append(traces[0].kept_tokens)
         return out
 

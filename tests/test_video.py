@@ -8,6 +8,7 @@ the project's own video processor (tests/test_video_input.py checks that one).
 
 from __future__ import annotations
 
+from _pruned import forward_pruned, prepare_state  # noqa: F401
 import json
 import re
 import subprocess
@@ -69,7 +70,7 @@ def test_keep_all_on_video_equals_stock_logits(tiny_vlm, family, image):
     with torch.no_grad():
         stock = model(**inputs).logits
     for encode in ("after", "before"):
-        out = wrapper.forward_pruned(method="none", encode=encode, **inputs)
+        out = forward_pruned(wrapper, method="none", encode=encode, **inputs)
         assert torch.equal(out.logits, stock), (family, encode)
     # Negative control: the same tokens with two groups' features swapped is another video.
     feats = list(out.pruned.image_features)
@@ -88,7 +89,7 @@ def test_kept_video_tokens_keep_their_time_positions(tiny_vlm, family):
     inputs = video_inputs(model, processor, t=4)
     if family == "qwen2_5_vl":
         inputs["second_per_grid_ts"] = torch.tensor([0.5])
-    out = wrapper.forward_pruned(method="random", budget=0.4, **inputs)
+    out = forward_pruned(wrapper, method="random", budget=0.4, **inputs)
     mm = inputs["mm_token_type_ids"]
     rope = {k: inputs[k] for k in ("video_grid_thw", "second_per_grid_ts") if k in inputs}
     pos, _ = model.model.get_rope_index(inputs["input_ids"], mm_token_type_ids=mm, attention_mask=inputs["attention_mask"],
@@ -106,9 +107,9 @@ def test_batch_of_a_video_and_an_image_equals_each_alone(tiny_vlm, make_image, m
     wrapper = ARRCOCQwen(model, processor)
     video = video_inputs(model, processor, t=4, question="What happens at the end?")
     image = wrapper.build_inputs([[make_image(56, 84, seed=3)]], ["What colour is the square?"])
-    alone = [wrapper.forward_pruned(method=method, budget=0.3, **x) for x in (video, image)]
+    alone = [forward_pruned(wrapper, method=method, budget=0.3, **x) for x in (video, image)]
     both = _stack(video, image, pad=wrapper.pad_token_id)
-    out = wrapper.forward_pruned(method=method, budget=0.3, **both)
+    out = forward_pruned(wrapper, method=method, budget=0.3, **both)
     kept = [k.tolist() for k in out.pruned.kept_indices]
     assert kept == [k.tolist() for a in alone for k in a.pruned.kept_indices]
     for row, a in enumerate(alone):
@@ -155,7 +156,7 @@ def test_question_about_the_end_spends_the_budget_at_the_end(tiny_vlm):
     late = early = None
     for question in ("What colour is the square at the end?", "What colour is the square at the start?"):
         inputs = video_inputs(model, processor, t=8, grid=(6, 6), question=question, seed=1)
-        kept = wrapper.forward_pruned(method="arr_coc", budget=0.25, **inputs).traces[0].kept_per_image
+        kept = forward_pruned(wrapper, method="arr_coc", budget=0.25, **inputs).traces[0].kept_per_image
         share_late = sum(kept[4:]) / sum(kept)
         late, early = (share_late, early) if "end" in question else (late, share_late)
     assert late > 0.75 and early < 0.25
@@ -167,9 +168,9 @@ def test_methods_that_cannot_do_video_say_so(tiny_vlm):
     inputs = video_inputs(model, processor)
     for method in ("fastv", "visionzip"):
         with pytest.raises(ValueError, match=f"Method '{method}' cannot prune a video.*arr_coc"):
-            wrapper.forward_pruned(method=method, budget=0.3, **inputs)
+            forward_pruned(wrapper, method=method, budget=0.3, **inputs)
     with pytest.raises(ValueError, match="'evs' reads the encoded visual tokens.*encode='after'"):
-        wrapper.forward_pruned(method="evs", encode="before", budget=0.3, **inputs)
+        forward_pruned(wrapper, method="evs", encode="before", budget=0.3, **inputs)
 
 
 # -- the temporal core, on synthetic signals --------------------------------------------------------------
@@ -319,7 +320,7 @@ def test_generate_answers_a_clip_and_keep_all_is_the_stock_model(tiny_vlm, make_
     assert "pixel_values_videos" in inputs and int(inputs["video_grid_thw"][0, 0]) == 4
     with torch.no_grad():
         stock = model(**inputs).logits
-    assert torch.equal(wrapper.forward_pruned(method="none", **inputs).logits, stock)
+    assert torch.equal(forward_pruned(wrapper, method="none", **inputs).logits, stock)
     alone, trace = wrapper.generate(clip, "What moves?", budget=0.3, max_new_tokens=3)
     assert trace.clip_per_image == [0] * 4 and len(trace.kept_per_group) == 1
     image = make_image(56, 84, seed=1)
@@ -415,13 +416,14 @@ def test_the_time_stage_reads_nothing_back(tiny_vlm):
     import arr_coc.temporal as temporal
     from arr_coc.evaluation.opcount import OpCounter
     from arr_coc.methods.arrcoc import decide_over_time, layer_batch_of
+    from arr_coc.pipeline import Pruning
     from arr_coc.pipeline.choose import context
 
     model, processor = tiny_vlm("qwen2_vl")
     wrapper = ARRCOCQwen(model, processor)
     inputs = wrapper.build_inputs([[_clip(8)], [_clip(6, seed=1)]], ["What moves at the end?", "What moves?"])
     prompt = wrapper.backend.read_prompt(inputs, encode_all=False)
-    ctx = context(wrapper.backend, prompt, wrapper.layer, None, [0.2] * len(prompt.n_tokens), None, 0)
+    ctx = context(wrapper.request(Pruning.of()), prompt, None, [0.2] * len(prompt.n_tokens), None)
     layer = wrapper.arr_coc_layer
     lb = layer_batch_of(ctx, layer)
     out = layer.run(lb, ctx.budgets)

@@ -151,7 +151,7 @@ def test_the_wrapper_encodes_the_windows_and_the_lm_reads_only_the_chosen(window
     vlm = windowed(112)
     inputs = vlm.build_inputs([[_noise(280, 196)]], [Q])
     chosen = torch.tensor([5, 33, 64])
-    pruned, (tr,) = vlm.prepare(inputs, kept_indices=[chosen], encode=EncodeConfig("before", windows=True))
+    pruned, (tr,) = vlm.prepare(inputs, kept_indices=[chosen], encode=EncodeConfig("before", windows=True)).outputs
     assert tr.encoded_cells[0].tolist() == sorted(brute_windows(chosen, (10, 7), 4))
     assert tr.kept_tokens == 3 == pruned.image_features[0].shape[0]        # the context never reaches the LM
     d = tr.to_dict()
@@ -290,7 +290,7 @@ def test_bench_measures_cells_margin_and_whole_windows_side_by_side(tmp_path):
     vlm = ARRCOCQwen(model, processor)
     image, record, _ = make_item(0, "bench", 0, canvas="336x336", hard_rate=0.0)
     inputs = vlm.build_inputs([[image]], [record["question"]])
-    _, traces = vlm.prepare(inputs, budget=0.25, encode=EncodeConfig("before", windows=True))
+    _, traces = vlm.prepare(inputs, budget=0.25, encode=EncodeConfig("before", windows=True)).outputs
     assert traces[0].encoded_cells[0].numel() == windows["encoded_tokens"]
     assert vision_flops(vlm.backend, _prompt(vlm, inputs), traces, 0.0, {}) == [windows["vision_flops"]]
 

@@ -267,13 +267,13 @@ def _run_row(rig: _Rig, row: RowSpec, count: bool) -> dict[str, Any]:
         sync()
         t0 = time.perf_counter()
         pruned, traces = wrapper.prepare(rig.inputs, budget=None if name == "none" else row.budget, method=name,
-                                         budget_mode=rig.budget_mode, encode=encode)
+                                         budget_mode=rig.budget_mode, encode=encode).outputs
         sync()
         t1 = time.perf_counter()
     with flop_counter() if count else nullcontext() as lm_counter:
         sync()
         t2 = time.perf_counter()
-        out = wrapper.prefill(pruned, logits_to_keep=1)
+        out = wrapper.backend.prefill(pruned, logits_to_keep=1)
         sync()
         t3 = time.perf_counter()
     prep_s = t1 - t0

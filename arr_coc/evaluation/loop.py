@@ -42,7 +42,7 @@ from ..budget import Budget, BudgetMode, count_of
 from ..encode import EncodeConfig
 from ..pipeline.selection import method_info, methods_where
 from .items import Item, as_items
-from .plans import BatchRun, MethodPlan, split_spec
+from .plans import MethodPlan, split_spec
 
 if TYPE_CHECKING:
     from ..qwen import ARRCOCQwen

@@ -140,6 +140,7 @@ def trained_selector(vlm: VLMBackend, weights: str | os.PathLike,
 
     select_trained.__name__ = "arr_coc_trained"
     select_trained.selects_before_encoding = select_trained.handles_video = True  # type: ignore[attr-defined]
+    select_trained.runs_layer = True  # type: ignore[attr-defined]
     return select_trained
 
 

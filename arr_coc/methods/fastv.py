@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..attending import topk_indices
+from ..pipeline.backend import TextAttention, require
 from ..pipeline.selection import Selection, SelectionContext, register_selector
 from ._common import check_count
 
@@ -44,7 +45,8 @@ def fastv_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
 def image_scores(ctx: SelectionContext, layer: int = DEFAULT_LAYER) -> list[torch.Tensor]:
     """Per unit of ctx, the FastV score [n_i] of each of its visual tokens (raster order). ctx holds every unit
     of its rows, in prompt order (selection contexts are split by item)."""
-    return ctx.backend.text_attention(ctx.prompt, ctx.image_ids, ctx.visual_tokens, ctx.deepstack_features, layer)
+    backend = require(ctx.backend, TextAttention, "give the language model's attention to FastV")
+    return backend.text_attention(ctx.prompt, ctx.image_ids, ctx.visual_tokens, ctx.deepstack_features, layer)
 
 
 def make_selector(layer: int = DEFAULT_LAYER):

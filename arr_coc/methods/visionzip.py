@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attending import topk_indices
+from ..pipeline.backend import TowerAttention, require
 from ..pipeline.selection import Selection, SelectionContext, register_selector
 from ._common import check_count
 
@@ -99,7 +100,8 @@ def make_selector(n_contextual: int | None = None):
         if all(k >= h * w for k, (h, w) in zip(ctx.counts, ctx.grid_hw)):
             return Selection(kept=[torch.arange(h * w) for h, w in ctx.grid_hw])
         kept, tokens = [], []
-        for (received, keys), v, k in zip(ctx.backend.tower_attention(ctx.prompt, ctx.image_ids),
+        backend = require(ctx.backend, TowerAttention, "give the tower's attention to VisionZip")
+        for (received, keys), v, k in zip(backend.tower_attention(ctx.prompt, ctx.image_ids),
                                           ctx.visual_tokens, ctx.counts):
             idx, out = visionzip_select(received, keys, v, k, n_contextual)
             kept.append(idx)

@@ -12,20 +12,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
-from ..inputs import check_items, check_max_new_tokens
-from ..stopwatch import Stopwatch, lap
-from .backend import VLMBackend
+from ..inputs import LIMITS, check_items, check_max_new_tokens
+from ..stopwatch import lap
+from .backend import AnswersText, ChecksInputs, has, require
+from .context import RequestContext
 from .look import Prepared, prepare
 from .looks import Looker, Pass
 from .request import Pruning
 from .trace import Trace
-
-if TYPE_CHECKING:
-    from ..layer import ARRCOCLayer
 
 
 @dataclass
@@ -59,17 +57,17 @@ class Response:
     answered: Answered
 
 
-def answer(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning, layer: Callable[[], ARRCOCLayer],
-           seed: int = 0, clock: Stopwatch | None = None, **gen_kwargs: Any) -> Answered:
+def answer(req: RequestContext, inputs: Mapping[str, Any], **gen_kwargs: Any) -> Answered:
     """Prune the processor's tensors `inputs` and generate (greedy unless told otherwise)."""
-    if not backend.visual_kinds(inputs):
-        return _text_only(backend, inputs, pruning, **gen_kwargs)
-    if pruning.encode.passes > 1:      # look again where one look was not enough
-        looked = Looker(backend, pruning, layer, seed, clock, **gen_kwargs).run(inputs)
+    backend, clock = req.backend, req.clock
+    if has(backend, AnswersText) and not backend.visual_kinds(inputs):
+        return _text_only(backend, inputs, req.pruning, **gen_kwargs)
+    if req.pruning.encode.passes > 1:      # look again where one look was not enough
+        looked = Looker(req, **gen_kwargs).run(inputs)
         done = Answered(looked.new_tokens, looked.traces, looked.passes, looked.first, ttft_s=looked.ttft_s)
     else:
         t0 = time.perf_counter()
-        first = prepare(backend, inputs, pruning, layer, seed, clock)
+        first = prepare(req, inputs)
         seconds = time.perf_counter() - t0                   # the look up to the language model
         decoded = backend.decode(first.pruned, **gen_kwargs)
         lap(clock, "answer")                                 # the LM: prefill + decoding
@@ -85,7 +83,7 @@ def answer(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning, lay
     return done
 
 
-def _text_only(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning, **gen_kwargs: Any) -> Answered:
+def _text_only(backend: AnswersText, inputs: Mapping[str, Any], pruning: Pruning, **gen_kwargs: Any) -> Answered:
     """A batch without visuals: nothing to prune, the stock generation."""
     decoded, lengths = backend.generate_text_only(inputs, **gen_kwargs)
     r = int(gen_kwargs.get("num_return_sequences", 1))
@@ -95,18 +93,23 @@ def _text_only(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning,
     return Answered(new, traces[: new.shape[0] // r], sequences=decoded.sequences)
 
 
-def respond(backend: VLMBackend, visuals: Sequence[Sequence[Any]], questions: Sequence[Any], pruning: Pruning,
-            layer: Callable[[], ARRCOCLayer], seed: int = 0, max_new_tokens: int = 32, **gen_kwargs: Any) -> Response:
+def respond(req: RequestContext, visuals: Sequence[Sequence[Any]], questions: Sequence[Any],
+            max_new_tokens: int = 32, **gen_kwargs: Any) -> Response:
     """Answer questions[b] about visuals[b] (images and clips, in order): the one validator first (InputError),
     then `answer`. Each trace's `total_s` is the whole call."""
     t0 = time.perf_counter()
+    backend = req.backend
     if len(visuals) != len(questions):
         raise ValueError(f"got {len(visuals)} image entries for {len(questions)} questions; pass one per question")
-    items, texts, notes = check_items([list(v) for v in visuals], list(questions), backend.input_limits(),
-                                      sampling=backend.video_sampling())
+    if not any(len(v) for v in visuals):
+        require(backend, AnswersText, "answer a question without a picture")
+    checks = has(backend, ChecksInputs)
+    items, texts, notes = check_items([list(v) for v in visuals], list(questions),
+                                      backend.input_limits() if checks else LIMITS,
+                                      sampling=backend.video_sampling() if checks else {})
     max_new_tokens = check_max_new_tokens(max_new_tokens)   # the validator's words, not transformers'
     inputs = backend.build_inputs(items, texts)
-    done = answer(backend, inputs, pruning, layer, seed, max_new_tokens=max_new_tokens, **gen_kwargs)
+    done = answer(req, inputs, max_new_tokens=max_new_tokens, **gen_kwargs)
     r = int(gen_kwargs.get("num_return_sequences", 1))
     decoded = [backend.decode_text(row) for row in done.new_tokens.tolist()]
     answers: list[str | list[str]] = [decoded[i * r:(i + 1) * r] if r > 1 else decoded[i] for i in range(len(texts))]

@@ -1,21 +1,31 @@
-"""The backend seam: everything the pruning pipeline needs of a vision-language model, and nothing more.
+"""The backend seam: what the pruning pipeline needs of a vision-language model, as a small core and capabilities.
 
-The pipeline (`look.py`, `looks.py`, `answer.py`) is written once against `VLMBackend`; a backend turns a
-processor's output into a `Prompt`, encodes cells of its units with its vision tower, rewrites the prompt
-to the kept tokens at their original positions, and runs its language model. Selectors reach a backend
-only through `SelectionContext.backend`, for the two services the published methods need: attention from
-a language-model layer (FastV) and the tower's last-block attention (VisionZip).
+The core (`VLMBackend`: nine methods, four facts) is what pruning after the vision tower needs: the processor's
+tensors, the prompt read as units, the units' pictures, the question's tokens and embeddings, the rewrite to the
+kept tokens at their original positions, a prefill and a decoding. Everything else is a capability a backend may
+implement, each a small Protocol below, checked where a request needs it (`require`: one line naming what is
+missing, before any work):
 
-`arr_coc.qwen.QwenBackend` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL on transformers) is the first backend; a compiled
-execution path or a serving engine is a second one, or an execution strategy of this one. docs/DESIGN.md,
-"Adding a backend", shows one in twenty lines.
+    ChecksInputs    the validator's limits, a video's sampling          default: `inputs.LIMITS`, the reader's
+    AnswersText     questions without a picture                           refused without it
+    EncodesBefore   the tower on chosen cells only (encode="before")      refused without it
+    RemembersTower  a later look attends to earlier looks' keys           a later look's own segment without it
+    Adapts          LoRA adapters for pruned requests                     the stock model without it
+    TextAttention   FastV's language-model attention                      FastV refused without it
+    TowerAttention  VisionZip's last-block attention                      VisionZip refused without it
+    CostsTower      the stock tower's cost (the evaluation's FLOPs)       refused without it
+    TrainsThrough   losses through the frozen VLM (training)              refused without it
+    FixedShapes     compiled fixed-shape execution (`--fast`)             refused without it
+
+`arr_coc.qwen.QwenBackend` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL on transformers) implements all of them; a new family
+registers its backend (`arr_coc.pipeline.registry`); docs/DESIGN.md, "Adding a backend", shows one.
 
 Shapes: N units in the batch, B rows, D the tower's output width (the language model's hidden size).
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -26,6 +36,7 @@ from .tokens import VisualRows
 
 if TYPE_CHECKING:
     from ..encode import EncodeConfig
+    from ..execution import Execution
     from ..inputs import InputLimits
     from ..stopwatch import Stopwatch
     from ..texture import WorkImages
@@ -72,9 +83,11 @@ class Decoded(Protocol):
 
 @runtime_checkable
 class VLMBackend(Protocol):
-    """What the pipeline needs of a VLM (one implementation per model family group; see the module doc)."""
+    """The core: what pruning after the vision tower needs of a VLM (nine methods and four facts).
 
-    family: str                 # e.g. "qwen2_vl": how traces and errors name the model
+    Everything else a backend may offer is a capability below; the pipeline asks for one where it needs it
+    (`require`) and refuses in one line where the backend lacks it."""
+
     pad_token_id: int           # what left-pads a row
     eos_token_ids: set[int]     # what ends an answer
 
@@ -85,43 +98,12 @@ class VLMBackend(Protocol):
     def text_hidden_size(self) -> int:
         """Width of the language model's embeddings (what the ARR-COC layer's question reader takes)."""
 
-    # -- an adapter (run for pruned requests only; docs/DESIGN.md, "Adapters") -------------------------------
-
-    @property
-    def adapter_name(self) -> str:
-        """The adapter's name (folder or hub id) as traces report it; "" when the backend has none."""
-
-    def adapted(self, on: bool) -> AbstractContextManager[Any]:
-        """Inside, the model runs with its adapter when `on` and it has one, the stock model otherwise. `prefill` and
-        `decode` switch by themselves from `PrunedPrompt.adapted`; the tower is switched by the pipeline."""
-
-    def adapter_flops(self, tower_cells: int, lm_tokens: int) -> int:
-        """The adapter's extra FLOPs for a tower pass over `tower_cells` cells and an LM prefill of `lm_tokens`
-        tokens (0 without one)."""
-
-    # -- the request ----------------------------------------------------------------------------------------
-
-    def input_limits(self) -> InputLimits:
-        """The validator's limits for this model (its largest input size)."""
-
-    def video_sampling(self) -> dict[str, Any]:
-        """How this model samples a video's frames (`arr_coc.video.load_clip` keywords)."""
-
-    def build_inputs(self, visuals: Sequence[Sequence[Any]], questions: Sequence[str]) -> dict[str, torch.Tensor]:
+    def build_inputs(self, visuals: Sequence[Sequence[Any]], questions: Sequence[str]) -> Mapping[str, Any]:
         """The processor's tensors for a batch: visuals[b] are question b's images and clips, in order."""
 
-    def check_encode(self, encode: EncodeConfig) -> None:
-        """Refuse (ValueError, before any work) an encoding this model cannot run."""
-
-    def visual_kinds(self, inputs: Mapping[str, Any]) -> frozenset[str]:
-        """What the processor's tensors hold: "image", "video", both or neither (a text-only batch)."""
-
-    # -- the unpruned prompt --------------------------------------------------------------------------------
-
-    def read_prompt(self, inputs: Mapping[str, Any], encode_all: bool, clock: Stopwatch | None = None,
-                    record_attention: bool = False) -> Prompt:
+    def read_prompt(self, inputs: Mapping[str, Any], encode_all: bool, clock: Stopwatch | None = None) -> Prompt:
         """Units, grids and rows of the processor's tensors; with encode_all the tower on every cell
-        (`Prompt.visual`, `feats`, `deep`), its last-block attention recorded when asked (`tower_attention`)."""
+        (`Prompt.visual`, `feats`, `deep`)."""
 
     def pixels(self, prompt: Prompt) -> UnitPixels:
         """The units' pictures (the texture's input), made once per prompt."""
@@ -135,28 +117,72 @@ class VLMBackend(Protocol):
     def decode_text(self, ids: Sequence[int]) -> str:
         """Token ids -> text, special tokens dropped."""
 
-    # -- the tower on chosen cells (encode="before") ---------------------------------------------------------
+    def rewrite(self, prompt: Prompt, visual: VisualRows, lm_cells: Sequence[torch.Tensor]) -> PrunedPrompt:
+        """The prompt with only `lm_cells` of each unit, every token at its unpruned position."""
+
+    def prefill(self, pruned: PrunedPrompt, **forward: Any) -> Any:
+        """One language-model forward over the pruned prompt (an output with `.logits`); with `Adapts`, the adapter
+        running for the rows `pruned.adapted` marks."""
+
+    def decode(self, pruned: PrunedPrompt, first_logits: bool = False, **generate: Any) -> Decoded:
+        """Generation from the pruned prompt (greedy unless told otherwise) -> `Decoded`; first_logits keeps the
+        first answer token's logits (what a saccade's gate reads)."""
+
+
+# ----------------------------------------------------------------------------- capabilities
+
+
+@runtime_checkable
+class ChecksInputs(Protocol):
+    """The validator's limits and a video's sampling for this model (without it: `arr_coc.inputs.LIMITS`, the
+    clip reader's defaults)."""
+
+    def input_limits(self) -> InputLimits: ...
+
+    def video_sampling(self) -> dict[str, Any]:
+        """How this model samples a video's frames (`arr_coc.video.load_clip` keywords)."""
+
+
+@runtime_checkable
+class AnswersText(Protocol):
+    """Questions without a picture: nothing to prune, the stock generation."""
+
+    def visual_kinds(self, inputs: Mapping[str, Any]) -> frozenset[str]:
+        """What the processor's tensors hold: "image", "video", both or neither (a text-only batch)."""
+
+    def generate_text_only(self, inputs: Mapping[str, Any], **generate: Any) -> tuple[Decoded, list[int]]:
+        """The stock generation of a batch without visuals -> (what it generated, each row's prompt length)."""
+
+
+@runtime_checkable
+class EncodesBefore(Protocol):
+    """The tower on chosen cells only (encode="before"): a gist, the chosen cells' context, one packed pass."""
+
+    def check_encode(self, encode: EncodeConfig) -> None:
+        """Refuse (ValueError, before any work) an encoding this model cannot run."""
 
     def encode_gist(self, prompt: Prompt, units: Sequence[int], grids: Sequence[tuple[int, int]]
                     ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]] | None]:
         """The tower on each of `units` downscaled to its grid in `grids`: per unit [h_g * w_g, D] (+ per unit,
-        one [h_g * w_g, D] per deepstack layer)."""
+        one [h_g * w_g, D] per extra feature layer the LM reads, e.g. Qwen3-VL's deepstack)."""
 
     def context_cells(self, prompt: Prompt, units: Sequence[int], chosen: Sequence[torch.Tensor],
                       encode: EncodeConfig) -> list[torch.Tensor]:
-        """Per unit, ascending cells to encode for the chosen ones: + `encode.margin` rings, + whole windows."""
+        """Per unit, ascending cells to encode for the chosen ones (the chosen + the context the tower needs)."""
 
     def encode_cells(self, prompt: Prompt, units: Sequence[int], cells: Sequence[np.ndarray],
                      clock: Stopwatch | None = None) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """The tower on `cells` of `units` (one packed pass, every cell at its true position):
-        -> (tokens [sum K_i, D] unit after unit, deepstack per layer [sum K_i, D] or None)."""
+        -> (tokens [sum K_i, D] unit after unit, extra feature layers [sum K_i, D] each, or None)."""
 
-    def encode_units(self, prompt: Prompt, units: Sequence[int]) -> torch.Tensor:
-        """The tower on every cell of `units`, as the stock model encodes them: [sum n_i, D] (cost counting)."""
+
+@runtime_checkable
+class RemembersTower(Protocol):
+    """A later look's tower attends to earlier looks' keys and values (without it, a later look's cells form a
+    segment of their own)."""
 
     def new_tower_memory(self) -> Any | None:
-        """A memory for later looks' tower passes; None where the tower cannot attend to earlier looks' keys
-        (then a later look's cells form a segment of their own)."""
+        """A memory for later looks' tower passes; None where this model's tower cannot use one."""
 
     def remembering(self, memory: Any, units: Sequence[int] | None) -> AbstractContextManager[Any]:
         """Keep in `memory` the tower's keys and values of the pass run inside (segment j is units[j]; None: j)."""
@@ -164,35 +190,124 @@ class VLMBackend(Protocol):
     def attending(self, memory: Any, units: Sequence[int]) -> AbstractContextManager[Any]:
         """Inside, the tower's queries of `units` attend to what `memory` kept as well as to their own."""
 
-    # -- the language model ---------------------------------------------------------------------------------
 
-    def rewrite(self, prompt: Prompt, visual: VisualRows, lm_cells: Sequence[torch.Tensor],
-                round_length: Callable[[int], int] | None = None) -> PrunedPrompt:
-        """The prompt with only `lm_cells` of each unit, every token at its unpruned position; round_length: the
-        rows' padded length from the longest row's (fixed shapes: `Buckets.prompt_for`)."""
+@runtime_checkable
+class Adapts(Protocol):
+    """LoRA adapters run for pruned requests only (docs/DESIGN.md, "Adapters")."""
 
-    def prefill(self, pruned: PrunedPrompt, **forward: Any) -> Any:
-        """One language-model forward over the pruned prompt (an output with `.logits`), the adapter running for the
-        rows `pruned.adapted` marks."""
+    @property
+    def adapter_name(self) -> str:
+        """The adapter's name (folder or hub id) as traces report it; "" when the backend has none loaded."""
 
-    def decode(self, pruned: PrunedPrompt, first_logits: bool = False, **generate: Any) -> Decoded:
-        """Generation from the pruned prompt (greedy unless told otherwise) -> `Decoded`; first_logits keeps the
-        first answer token's logits (what a saccade's gate reads); the adapter runs for the rows `pruned.adapted`
-        marks."""
+    def load_adapter(self, adapter: Any) -> None:
+        """Load adapters (a folder, a layer folder holding `adapter/`, a hub id, or an adapter object); the
+        project's AdapterError when they do not fit the model."""
 
-    def generate_text_only(self, inputs: Mapping[str, Any], **generate: Any) -> tuple[Decoded, list[int]]:
-        """Generation for a batch without visuals (nothing to prune): the stock call -> (what it generated, each
-        row's prompt length)."""
+    def adapted(self, on: bool) -> AbstractContextManager[Any]:
+        """Inside, the model runs with its adapter when `on` and it has one, the stock model otherwise."""
 
-    # -- services for selectors -----------------------------------------------------------------------------
+    def adapter_flops(self, tower_cells: int, lm_tokens: int) -> int:
+        """The adapter's extra FLOPs for a tower pass over `tower_cells` cells and an LM prefill of `lm_tokens`."""
+
+
+@runtime_checkable
+class TextAttention(Protocol):
+    """The language model's attention to the visual tokens (FastV)."""
 
     def text_attention(self, prompt: Prompt, units: Sequence[int], visual_tokens: Sequence[torch.Tensor],
                        deepstack: Sequence[Sequence[torch.Tensor]] | None, layer: int) -> list[torch.Tensor]:
         """Per unit [n_i]: the attention its tokens get from their row's last prompt token at LM layer `layer`
-        (1-based, mean over heads), running only layers 1..layer of the unpruned prompt (FastV)."""
+        (1-based, mean over heads), running only layers 1..layer of the unpruned prompt."""
+
+
+@runtime_checkable
+class TowerAttention(Protocol):
+    """The tower's last-block attention (VisionZip)."""
+
+    def read_prompt_recording(self, inputs: Mapping[str, Any], clock: Stopwatch | None = None) -> Prompt:
+        """`read_prompt(inputs, encode_all=True)` with the tower's last-block attention kept for `tower_attention`
+        (so the selector needs no second tower pass)."""
 
     def tower_attention(self, prompt: Prompt, units: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per unit: (attention each cell receives in the tower's last block [n_i], its key [n_i, C]) (VisionZip)."""
+        """Per unit: (attention each cell receives in the tower's last block [n_i], its key [n_i, C])."""
 
 
-__all__ = ["Decoded", "PrunedPrompt", "UnitPixels", "VLMBackend"]
+@runtime_checkable
+class CostsTower(Protocol):
+    """The stock tower on every cell of some units (what a full encoding costs: the evaluation's FLOP counts)."""
+
+    def encode_units(self, prompt: Prompt, units: Sequence[int]) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class TrainsThrough(Protocol):
+    """Losses through the frozen VLM for training the layer (`soft_answer_loss`) and adapters
+    (`pruned_answer_loss`)."""
+
+    def soft_answer_loss(self, input_ids: torch.Tensor, image_grid_thw: torch.Tensor, visual_tokens: torch.Tensor,
+                         answer: str, keep: torch.Tensor) -> torch.Tensor: ...
+
+    def pruned_answer_loss(self, pruned: PrunedPrompt, answers: Sequence[str]) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class FixedShapes(Protocol):
+    """Fixed-shape execution (`arr_coc.execution`): compiled stages, and rows padded to a bucket's length."""
+
+    def use(self, execution: Execution) -> None:
+        """Run the tower and the language model as `execution` says from now on."""
+
+    def rewrite_fixed(self, prompt: Prompt, visual: VisualRows, lm_cells: Sequence[torch.Tensor],
+                      round_length: Callable[[int], int]) -> PrunedPrompt:
+        """`rewrite`, the rows padded to `round_length(longest row)` (`Buckets.prompt_for`)."""
+
+
+CAPABILITIES = (ChecksInputs, AnswersText, EncodesBefore, RemembersTower, Adapts, TextAttention, TowerAttention,
+                CostsTower, TrainsThrough, FixedShapes)
+
+
+class MissingCapability(ValueError):
+    """A request needs what this model's backend does not implement (one line, before any work)."""
+
+
+def has(backend: Any, capability: type) -> bool:
+    """Whether `backend` implements `capability` (every member present)."""
+    return isinstance(backend, capability)
+
+
+def require(backend: Any, capability: type, what: str) -> Any:
+    """`backend`, checked to implement `capability`; else MissingCapability saying what the request needed."""
+    if not isinstance(backend, capability):
+        missing = [m for m in _members(capability) if not hasattr(backend, m)]
+        raise MissingCapability(f"this model's backend ({type(backend).__name__}) cannot {what}: it does not "
+                                f"implement {capability.__name__} (missing {', '.join(missing)})")
+    return backend
+
+
+def _members(protocol: type) -> list[str]:
+    return sorted(getattr(protocol, "__protocol_attrs__", ()) or
+                  [n for n in vars(protocol) if not n.startswith("_")])
+
+
+def adapted(backend: Any, on: bool) -> AbstractContextManager[Any]:
+    """The backend's adapter switched to `on` (nothing to switch on a backend without `Adapts`)."""
+    return backend.adapted(on) if isinstance(backend, Adapts) else nullcontext()
+
+
+def adapter_name(backend: Any) -> str:
+    """The loaded adapter's name, "" for none (or a backend without `Adapts`)."""
+    return backend.adapter_name if isinstance(backend, Adapts) else ""
+
+
+def by_flag(flags: Sequence[bool]) -> list[tuple[list[int], bool]]:
+    """Positions grouped by their flag, [(positions, flag)]: one group when all agree (the adapter's one split:
+    a batch whose rows or units differ in whether the adapter runs is run once per setting, then merged)."""
+    flags = [bool(f) for f in flags]
+    if not flags or all(f == flags[0] for f in flags):
+        return [(list(range(len(flags))), bool(flags and flags[0]))]
+    return [([j for j, f in enumerate(flags) if f == on], on) for on in (False, True)]
+
+
+__all__ = ["Adapts", "AnswersText", "CAPABILITIES", "ChecksInputs", "CostsTower", "Decoded", "EncodesBefore",
+           "FixedShapes", "MissingCapability", "PrunedPrompt", "RemembersTower", "TextAttention", "TowerAttention",
+           "TrainsThrough", "UnitPixels", "VLMBackend", "adapted", "adapter_name", "by_flag", "has", "require"]

@@ -20,14 +20,14 @@ import torch
 
 from ..budget import Budget, BudgetError, BudgetMode, count_of
 from ..grid import upload
-from ..stopwatch import Stopwatch, lap
+from ..stopwatch import lap
 from ..temporal import minimum_count
-from .backend import VLMBackend
+from .backend import MissingCapability, VLMBackend
 from .prompt import Prompt
 from .selection import Selection, SelectionContext, Selector
 
 if TYPE_CHECKING:
-    from ..layer import ARRCOCLayer
+    from .context import RequestContext
 
 logger = logging.getLogger(__name__)
 
@@ -153,39 +153,45 @@ def validate_kept(
     return out, fallback, errors
 
 
-def unit_counts(budgets: list[Budget], prompt: Prompt) -> list[int]:
-    """K_i per unit. A clip's budget, a share or a count, is the clip's: its count over the clip's t * n cells, at
-    least its minimum of one token per temporal group, split over its groups (earlier groups take the remainder),
-    so a per-group selector keeps what the clip was given and never more."""
-    counts = [count_of(bud, h * w) for bud, (h, w) in zip(budgets, prompt.grid_hw)]
-    for units in prompt.clips:
-        t, n = len(units), prompt.n_tokens[units[0]]
+def unit_counts(budgets: list[Budget], grid_hw: Sequence[tuple[int, int]], clips: Sequence[Sequence[int]] = ()
+                ) -> list[int]:
+    """K_i per unit. A clip's budget (`clips`: each clip's units in group order), a share or a count, is the clip's:
+    its count over the clip's t * n cells, at least its minimum of one token per temporal group, split over its
+    groups (earlier groups take the remainder), so a per-group selector keeps what the clip was given and never
+    more."""
+    counts = [count_of(bud, h * w) for bud, (h, w) in zip(budgets, grid_hw)]
+    for units in clips:
+        t, n = len(units), grid_hw[units[0]][0] * grid_hw[units[0]][1]
         k = max(minimum_count(t, n), count_of(budgets[units[0]], t * n))
         for g, i in enumerate(units):
             counts[i] = min(n, k // t + (g < k % t))
     return counts
 
 
-def question_embeddings(backend: VLMBackend, prompt: Prompt, pad: int
-                        ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def padded_questions(per_unit: Sequence[Sequence[int]], pad: int, embed: Callable[[torch.Tensor], torch.Tensor],
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Each unit's question-token embeddings, in one embedding call for the batch.
-    -> (query [N, L, D] in the VLM's dtype, mask [N, L] bool, lengths L_i) on the VLM's device."""
-    questions = backend.question_tokens(prompt)
-    per_unit = [questions[b] for b in prompt.item_of_image]
+    -> (query [N, L, D] in the embedding's dtype, mask [N, L] bool, lengths L_i) on `device`."""
     longest = max(len(q) for q in per_unit)
     padded = np.full((len(per_unit), longest), pad, dtype=np.int64)
     real = np.zeros((len(per_unit), longest), dtype=bool)
     for i, q in enumerate(per_unit):
         padded[i, : len(q)], real[i, : len(q)] = q, True
-    dev = backend.device
-    return backend.embed_tokens(upload(padded, dev)), upload(real, dev), [len(q) for q in per_unit]
+    return embed(upload(padded, device)), upload(real, device), [len(q) for q in per_unit]
 
 
-def context(backend: VLMBackend, prompt: Prompt, layer: Callable[[], ARRCOCLayer],
-            visual_tokens: list[torch.Tensor] | None, budgets: list[Budget], budget_mode: BudgetMode | None,
-            seed: int, clock: Stopwatch | None = None) -> SelectionContext:
+def question_embeddings(backend: VLMBackend, prompt: Prompt) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """`padded_questions` for a prompt's units, through the backend's embedding."""
+    questions = backend.question_tokens(prompt)
+    return padded_questions([questions[b] for b in prompt.item_of_image], backend.pad_token_id,
+                            backend.embed_tokens, backend.device)
+
+
+def context(req: RequestContext, prompt: Prompt, visual_tokens: list[torch.Tensor] | None, budgets: list[Budget],
+            budget_mode: BudgetMode | None) -> SelectionContext:
     """What a selector reads of this prompt (`SelectionContext`): budgets already resolved per unit."""
-    query, query_mask, lengths = question_embeddings(backend, prompt, backend.pad_token_id)
+    backend, clock = req.backend, req.clock
+    query, query_mask, lengths = question_embeddings(backend, prompt)
     texts: list[str] = []
     if prompt.has_video:   # the temporal allocator reads the question's words
         rows = [backend.decode_text(q) for q in backend.question_tokens(prompt)]
@@ -195,10 +201,10 @@ def context(backend: VLMBackend, prompt: Prompt, layer: Callable[[], ARRCOCLayer
     if prompt.pixels is None:
         prompt.pixels = backend.pixels(prompt)
     return SelectionContext(
-        backend=backend, prompt=prompt, layer=layer, pixels=prompt.pixels, grid_hw=list(prompt.grid_hw),
+        backend=backend, prompt=prompt, layer=req.layer, pixels=prompt.pixels, grid_hw=list(prompt.grid_hw),
         visual_tokens=visual_tokens, query=query, query_mask=query_mask, query_lengths=lengths,
-        budgets=list(budgets), counts=unit_counts(list(budgets), prompt), item_of_image=list(prompt.item_of_image),
-        budget_mode=budget_mode, image_ids=list(range(n)), seed=seed,
+        budgets=list(budgets), counts=unit_counts(list(budgets), prompt.grid_hw, prompt.clips),
+        item_of_image=list(prompt.item_of_image), budget_mode=budget_mode, image_ids=list(range(n)), seed=req.seed,
         deepstack_features=[[d[i] for d in deep] for i in range(n)] if deep is not None else None, clock=clock,
         clips=list(prompt.clip), groups=list(prompt.group), questions=texts)
 
@@ -206,8 +212,9 @@ def context(backend: VLMBackend, prompt: Prompt, layer: Callable[[], ARRCOCLayer
 def run_selector(fn: Selector, ctx: SelectionContext, name: str, strict: bool = False) -> Choice:
     """Run the selector on the batch; if it raises, per item; an item that still fails keeps all.
 
-    A `BudgetError` (the caller asked for something impossible) always propagates, and so does
-    every error with strict=True (the evaluation: a row must not silently run another method)."""
+    A `BudgetError` (the caller asked for something impossible) and a `MissingCapability` (the selector needs a
+    service this backend lacks) always propagate, and so does every error with strict=True (the evaluation: a
+    row must not silently run another method)."""
     N = len(ctx)
     kept: list[torch.Tensor | None] = [None] * N
     fallback: list[str | None] = [None] * N
@@ -216,7 +223,7 @@ def run_selector(fn: Selector, ctx: SelectionContext, name: str, strict: bool = 
     try:
         sel = as_selection(fn(ctx), N)
         groups = [(list(range(N)), sel)]
-    except BudgetError:
+    except (BudgetError, MissingCapability):
         raise
     except Exception as exc:  # noqa: BLE001 - isolate the failure to the items that cause it
         if strict:
@@ -251,5 +258,5 @@ def run_selector(fn: Selector, ctx: SelectionContext, name: str, strict: bool = 
     return Choice(kept, arr_out, fallback, errors, replaced)
 
 
-__all__ = ["Choice", "PerImageOutputs", "SelectorFailed", "as_selection", "context", "question_embeddings",
+__all__ = ["Choice", "PerImageOutputs", "SelectorFailed", "as_selection", "context", "padded_questions", "question_embeddings",
            "replacement", "run_selector", "slice_output", "unit_counts", "validate_kept"]

@@ -28,7 +28,7 @@ import torch
 
 from ..encode import EncodeConfig
 from ..stopwatch import Stopwatch, lap
-from .backend import VLMBackend
+from .backend import EncodesBefore, adapted as adapted_on, by_flag
 from .prompt import Prompt
 from .tokens import VisualRows
 
@@ -82,7 +82,7 @@ def dilate(cells: torch.Tensor, grid_hw: tuple[int, int], rings: int) -> torch.T
 
 
 @torch.no_grad()
-def encode_gist(backend: VLMBackend, prompt: Prompt, share: float, units: Sequence[int] | None = None) -> Gist:
+def encode_gist(backend: EncodesBefore, prompt: Prompt, share: float, units: Sequence[int] | None = None) -> Gist:
     """The tower on each unit downscaled to `share` of its tokens (all units, or `units`)."""
     units = list(range(len(prompt.grid_hw))) if units is None else list(units)
     full = [prompt.grid_hw[i] for i in units]
@@ -92,7 +92,7 @@ def encode_gist(backend: VLMBackend, prompt: Prompt, share: float, units: Sequen
     return Gist(grid_hw=grids, tokens=list(tokens), on_full_grid=mapped, deepstack=deep)
 
 
-def gist_or_zeros(backend: VLMBackend, prompt: Prompt, share: float, strict: bool) -> tuple[Gist, dict[int, str]]:
+def gist_or_zeros(backend: EncodesBefore, prompt: Prompt, share: float, strict: bool) -> tuple[Gist, dict[int, str]]:
     """The gist of every unit; if it fails on the batch, unit by unit, and a unit whose gist still fails gets
     zeros (it will keep every token): -> (gist, {unit: why})."""
     try:
@@ -143,19 +143,19 @@ class Foveated:
     periphery: list[torch.Tensor]                   # per unit, cells carrying a gist token
 
 
-def encode_split(backend: VLMBackend, prompt: Prompt, units: Sequence[int], cells: Sequence[np.ndarray],
+def encode_split(backend: EncodesBefore, prompt: Prompt, units: Sequence[int], cells: Sequence[np.ndarray],
                  adapted: Sequence[bool] | None, clock: Stopwatch | None = None
                  ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
     """`backend.encode_cells`, the adapter on for the units `adapted` marks (indexed by unit; None: off): one tower
-    pass when they agree (always, without an adapter), else one per setting, the tokens put back in unit order."""
-    flags = [bool(adapted[i]) if adapted is not None else False for i in units]
-    if all(f == flags[0] for f in flags):
-        with backend.adapted(bool(flags and flags[0])):
+    pass when they agree (always, without an adapter), else one per setting (`by_flag`), the tokens put back in
+    unit order."""
+    groups = by_flag([bool(adapted[i]) if adapted is not None else False for i in units])
+    if len(groups) == 1:
+        with adapted_on(backend, groups[0][1]):
             return backend.encode_cells(prompt, units, cells, clock)
     pieces: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
-    for on in (False, True):
-        mine = [j for j, f in enumerate(flags) if f == on]
-        with backend.adapted(on):
+    for mine, on in groups:
+        with adapted_on(backend, on):
             tokens, deep = backend.encode_cells(prompt, [units[j] for j in mine], [cells[j] for j in mine], clock)
         sizes = [len(cells[j]) for j in mine]
         per_layer = [d.split(sizes) for d in deep] if deep is not None else []
@@ -167,7 +167,7 @@ def encode_split(backend: VLMBackend, prompt: Prompt, units: Sequence[int], cell
     return tokens, deep
 
 
-def foveate(backend: VLMBackend, prompt: Prompt, chosen: Sequence[torch.Tensor], config: EncodeConfig,
+def foveate(backend: EncodesBefore, prompt: Prompt, chosen: Sequence[torch.Tensor], config: EncodeConfig,
             gist: Gist | None, clock: Stopwatch | None = None, adapted: Sequence[bool] | None = None) -> Foveated:
     """Encode the chosen cells (+ margin, + whole windows) in one tower pass and, with `config.periphery`,
     add the gist's uncovered regions. chosen on the host. adapted: per unit, whether the adapter runs on its cells

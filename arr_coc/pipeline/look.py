@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -25,18 +25,16 @@ from ..budget import Budget, BudgetMode
 from ..cancel import checkpoint
 from ..encode import EncodeConfig
 from ..stopwatch import Stopwatch
-from .backend import PrunedPrompt, VLMBackend
+from .backend import (EncodesBefore, FixedShapes, PrunedPrompt, TowerAttention, VLMBackend, adapter_name,
+                      require)
 from ..buckets import fill, relevance_of
 from .choose import Choice, context, run_selector, validate_kept
+from .context import RequestContext
 from .fovea import Foveated, Gist, foveate, gist_or_zeros
 from .prompt import Prompt
-from .request import Pruning
 from .selection import Selector, reads_tower_attention
 from .tokens import VisualRows
 from .trace import Trace, item_traces
-
-if TYPE_CHECKING:
-    from ..layer import ARRCOCLayer
 
 
 @dataclass
@@ -54,19 +52,25 @@ class Prepared:
     budget_mode: BudgetMode | None = None
     selector: Selector | None = None      # what chose (None: given cells or every cell)
 
+    @property
+    def outputs(self) -> tuple[PrunedPrompt, list[Trace]]:
+        """(the pruned prompt, the traces): what a caller that runs the language model itself reads."""
+        return self.pruned, self.traces
+
 
 @torch.no_grad()
-def prepare(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning, layer: Callable[[], ARRCOCLayer],
-            seed: int = 0, clock: Stopwatch | None = None) -> Prepared:
+def prepare(req: RequestContext, inputs: Mapping[str, Any]) -> Prepared:
     """One look over the processor's tensors `inputs` (module docstring)."""
     t_start = time.perf_counter()
-    clock = (clock or Stopwatch()).start()
+    clock = req.clock.start()
+    backend, pruning = req.backend, req.pruning
     encoding, fn = pruning.encode, pruning.selector
-    backend.check_encode(encoding)      # e.g. whole windows on a tower without windows: before any work
     before = encoding.mode == "before"
-    prompt = backend.read_prompt(inputs, encode_all=not before, clock=clock, record_attention=reads_tower_attention(fn))
+    if before:   # e.g. whole windows on a tower without windows: before any work
+        require(backend, EncodesBefore, "encode before the vision tower (encode='before')").check_encode(encoding)
+    prompt = read(backend, inputs, before, reads_tower_attention(fn), clock)
     pruning.check_prompt(prompt)
-    budgets, mode = pruning.unit_budgets(prompt, layer), pruning.unit_mode(layer)
+    budgets, mode = pruning.unit_budgets(prompt, req.layer), pruning.unit_mode(req.layer)
     gist, gist_failed, gist_s = None, {}, 0.0
     if before and fn is not None and encoding.gist > 0:
         t0 = time.perf_counter()
@@ -77,7 +81,7 @@ def prepare(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning, la
         checkpoint("gist")
 
     t0 = time.perf_counter()
-    choice = _choose(backend, prompt, pruning, layer, gist, budgets, mode, seed, clock)
+    choice = _choose(req, prompt, gist, budgets, mode)
     for i, why in gist_failed.items():   # no coarse view, no informed choice: this unit keeps every token
         choice.keep_all(i, prompt.n_tokens[i], f"gist failed: {why}")
     choice.kept, choice.fallback, choice.errors = validate_kept(choice.kept, prompt.n_tokens, choice.fallback,
@@ -98,8 +102,7 @@ def prepare(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning, la
         checkpoint("vision")
     elif any(r is not None for r in choice.replaced):   # the selector replaced some tokens (VisionZip)
         visual = VisualRows.every_cell(choice.replacing(prompt.feats), prompt.deep)
-    pruned = backend.rewrite(prompt, visual, lm_cells,
-                             pruning.buckets.prompt_for if pruning.buckets is not None else None)
+    pruned = rewrite(backend, prompt, visual, lm_cells, pruning)
     pruned.adapted = adapted                                  # prefill and decode switch the adapter by it
     clock.lap("packing")
     timing = {"vision_s": prompt.vision_s, "gist_s": gist_s, "select_s": select_s,
@@ -108,10 +111,29 @@ def prepare(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning, la
     traces = item_traces(pruning.method, budgets, mode, prompt, choice, lm_cells, pruned, encoding.mode, fovea, gist,
                          timing)
     for b, tr in enumerate(traces):
-        tr.adapter = backend.adapter_name if adapted is not None and adapted[b] else ""
+        tr.adapter = adapter_name(backend) if adapted is not None and adapted[b] else ""
         if pruning.buckets is not None:
             tr.bucket = {"cells": [int(lm_cells[i].numel()) for i in prompt.units_of(b)], "prompt": int(pruned.width)}
     return Prepared(pruned, traces, prompt, choice, fovea, gist, encoding, budgets, mode, fn)
+
+
+def read(backend: VLMBackend, inputs: Mapping[str, Any], before: bool, record_attention: bool,
+         clock: Stopwatch) -> Prompt:
+    """The unpruned prompt; after the tower, with the tower's last-block attention kept when the selector reads it
+    (VisionZip: `TowerAttention`)."""
+    if record_attention and not before:
+        need = require(backend, TowerAttention, "give the tower's attention to a selector (VisionZip)")
+        return need.read_prompt_recording(inputs, clock)
+    return backend.read_prompt(inputs, encode_all=not before, clock=clock)
+
+
+def rewrite(backend: VLMBackend, prompt: Prompt, visual: VisualRows, lm_cells: Sequence[torch.Tensor],
+            pruning: Any) -> PrunedPrompt:
+    """The backend's rewrite; with buckets, its rows padded to the bucket's length (`FixedShapes`)."""
+    if pruning.buckets is None:
+        return backend.rewrite(prompt, visual, lm_cells)
+    fixed = require(backend, FixedShapes, "run fixed shapes (buckets, --fast)")
+    return fixed.rewrite_fixed(prompt, visual, lm_cells, pruning.buckets.prompt_for)
 
 
 def adapter_rows(backend: VLMBackend, prompt: Prompt, kept: Sequence[torch.Tensor], use: bool = True
@@ -120,22 +142,21 @@ def adapter_rows(backend: VLMBackend, prompt: Prompt, kept: Sequence[torch.Tenso
     `Pruning.adapter`), and some unit of the row lost tokens. A row that keeps every token runs the stock model
     (tower and language model), so keep-all stays exact; None without an adapter. The one place this is decided
     (docs/DESIGN.md, "Adapters")."""
-    if not backend.adapter_name or not use:
+    if not adapter_name(backend) or not use:
         return None
     return [any(int(kept[i].numel()) < prompt.n_tokens[i] for i in prompt.units_of(b)) for b in range(prompt.rows)]
 
 
-def _choose(backend: VLMBackend, prompt: Prompt, pruning: Pruning, layer: Callable[[], ARRCOCLayer],
-            gist: Gist | None, budgets: list[Budget], mode: BudgetMode | None, seed: int,
-            clock: Stopwatch | None) -> Choice:
+def _choose(req: RequestContext, prompt: Prompt, gist: Gist | None, budgets: list[Budget], mode: BudgetMode | None
+            ) -> Choice:
     """Every unit's kept cells: given, all of them (no selector), or the selector's on the whole batch."""
-    n = len(prompt.grid_hw)
+    pruning, n = req.pruning, len(prompt.grid_hw)
     if pruning.kept is not None:
         return Choice.of([torch.as_tensor(k, dtype=torch.long) for k in pruning.kept], n)
     if pruning.selector is None:
         return Choice.of([torch.arange(k) for k in prompt.n_tokens], n)
     tokens = list(prompt.feats) if prompt.feats is not None else gist.on_full_grid if gist is not None else None
-    ctx = context(backend, prompt, layer, tokens, budgets, mode, seed, clock)
+    ctx = context(req, prompt, tokens, budgets, mode)
     return run_selector(pruning.selector, ctx, pruning.method, strict=pruning.strict)
 
 

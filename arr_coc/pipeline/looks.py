@@ -24,24 +24,21 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 
 from ..output import ARRCOCOutput
 from ..saccade import SaccadeConfig, decide, grown, saccade_cells, strength, uncertainty
-from ..stopwatch import Stopwatch, lap
-from .backend import PrunedPrompt, VLMBackend
+from ..stopwatch import lap
+from .backend import PrunedPrompt, RemembersTower, adapted as adapted_on, has
+from .context import RequestContext
 from .choose import as_selection, context, slice_output
 from .fovea import reads
 from .look import Prepared, prepare
-from ..errors import InputError
-from .request import LOOKS_REFUSAL, Pruning
 from .trace import Look, Trace
 
-if TYPE_CHECKING:
-    from ..layer import ARRCOCLayer
 
 
 @dataclass
@@ -116,14 +113,13 @@ def relevance_maps(first: Prepared, units: list[int]) -> dict[int, np.ndarray]:
 class Looker:
     """The looks of one batch over a backend (module docstring): `run` answers with up to `passes` looks."""
 
-    def __init__(self, backend: VLMBackend, pruning: Pruning, layer: Callable[[], ARRCOCLayer], seed: int = 0,
-                 clock: Stopwatch | None = None, **gen_kwargs: Any):
+    def __init__(self, req: RequestContext, **gen_kwargs: Any):
         if gen_kwargs.get("do_sample") or int(gen_kwargs.get("num_return_sequences", 1)) != 1 \
                 or int(gen_kwargs.get("num_beams", 1)) != 1:
             raise ValueError("passes > 1 decides each look from the greedy answer's first token: use greedy "
                              "decoding (no do_sample, num_beams or num_return_sequences > 1), or passes=1")
-        self.backend, self.pruning, self.layer, self.seed, self.clock = backend, pruning, layer, seed, clock
-        self.config: SaccadeConfig = pruning.encode.saccade
+        self.req, self.backend, self.clock = req, req.backend, req.clock
+        self.config: SaccadeConfig = req.pruning.encode.saccade
         self.gen_kwargs = gen_kwargs
 
     def _answer(self, pruned: PrunedPrompt) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -139,11 +135,10 @@ class Looker:
     @torch.no_grad()
     def run(self, inputs: Mapping[str, Any]) -> Looked:
         t0 = time.perf_counter()
-        if "video" in self.backend.visual_kinds(inputs):
-            raise InputError(LOOKS_REFUSAL, "encode")
-        memory = self.backend.new_tower_memory() if self.config.memory and self.config.passes > 1 else None
+        remembers = has(self.backend, RemembersTower) and self.config.memory and self.config.passes > 1
+        memory = self.backend.new_tower_memory() if remembers else None
         with self.backend.remembering(memory, None) if memory is not None else nullcontext():
-            first = prepare(self.backend, inputs, self.pruning, self.layer, self.seed, self.clock)
+            first = prepare(self.req, inputs)      # a clip is refused there (`Pruning.check_prompt`)
         if first.fovea is None:
             raise ValueError("passes > 1 needs encode='before' with a selector (a saccade adds cells to a foveal look)")
         B = first.batch.rows
@@ -183,7 +178,7 @@ class Looker:
             # only rows that lost tokens on look 1 have cells left to encode, so with an adapter every one is on
             on = adapted is not None and all(adapted[batch.item_of_image[i]] for i in todo)
             with self.backend.attending(memory, todo) if memory is not None else nullcontext(), \
-                    self.backend.adapted(on):
+                    adapted_on(self.backend, on):
                 tokens, deep = self.backend.encode_cells(batch, todo, [to_encode[i] for i in todo], self.clock)
             state.visual = state.visual.extended(tokens, deep, {i: to_encode[i] for i in todo})
         vision_s = time.perf_counter() - t_tower
@@ -230,8 +225,7 @@ class Looker:
         batch, extra = first.batch, self.config.budget
         budgets = [grown(b, extra, n) for b, n in zip(first.budgets, batch.n_tokens)]
         tokens = first.gist.on_full_grid if first.gist is not None else None
-        ctx = context(self.backend, batch, self.layer, tokens, budgets, first.budget_mode, self.seed,
-                      self.clock).subset(units)
+        ctx = context(self.req, batch, tokens, budgets, first.budget_mode).subset(units)
         chosen = as_selection(first.selector(ctx), len(units)).kept
         return {i: np.asarray(k.cpu().numpy(), dtype=np.int64) for i, k in zip(units, chosen)}
 

@@ -28,7 +28,7 @@ from ..encode import EncodeConfig, EncodeMode, as_encode_config
 from ..errors import InputError
 from ..inputs import LIMITS, ImageInfo, InputLimits, check_image, check_question
 from ..buckets import Buckets
-from .selection import (Selector, available_methods, get_selector, method_info, methods_where, selector_name,
+from .selection import (Selector, available_methods, runs_layer, get_selector, method_info, methods_where, selector_name,
                         selects_before_encoding, selects_video, unknown_method_message, video_methods)
 
 if TYPE_CHECKING:
@@ -141,8 +141,8 @@ def check_for_video(method: str, encode: EncodeConfig) -> None:
 
 
 def uses_layer(selector: Selector) -> bool:
-    """A selector that runs the ARR-COC layer (its default budget is the layer's)."""
-    return selector_name(selector).startswith("arr_coc")
+    """A selector that runs the ARR-COC layer (its default budget is the layer's): the registry's mark."""
+    return runs_layer(selector)
 
 
 def read_budgets(budget: BudgetSpec, wire: bool = False) -> BudgetSpec:

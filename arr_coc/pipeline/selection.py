@@ -59,8 +59,10 @@ class VLMHandles:
 class SelectionContext:
     """Everything a selector may use, for N units (all units of a batch, prompt order).
 
-    backend       the VLM, through its typed interface (`VLMBackend`): FastV's and VisionZip's attention
-    prompt        the unpruned prompt the units belong to (hand it back to the backend's services)
+    backend       the VLM, through its typed interface (`VLMBackend`): FastV's and VisionZip's attention; None in a
+                  pure choice (`pure.choose`), which refuses the methods that read the VLM (`Method.vlm`)
+    prompt        the unpruned prompt the units belong to (hand it back to the backend's services); None in a
+                  pure choice
     layer         the ARR-COC layer to run, built on first call (a trained one for `arr_coc_trained`)
     pixels        the units' pictures (`UnitPixels`): the texture's input on the device, or `images` on the host
     grid_hw       list[(h_i, w_i)] merged-token grid; n_i = h_i * w_i
@@ -79,8 +81,8 @@ class SelectionContext:
     questions     per unit: its question's text (empty when unknown)
     """
 
-    backend: VLMBackend
-    prompt: Prompt
+    backend: VLMBackend | None
+    prompt: Prompt | None
     layer: Callable[[], ARRCOCLayer]
     pixels: UnitPixels
     grid_hw: list[tuple[int, int]]
@@ -171,6 +173,10 @@ class Method:
     in_all   one of `eval --methods all` (arr_coc_adaptive is arr_coc with a budget mode: not a row of its own)
     tower_attention  reads the tower's last-block attention (`VLMBackend.tower_attention`): the pipeline asks the
              backend to record it during its own tower pass, so the selector needs no second one
+    layer    runs the ARR-COC layer (its default budget and budget mode are the layer's; `runs_layer`)
+    vlm      what it reads of the VLM itself (a backend service: "the language model's attention", "the tower's
+             attention"); None: it runs as a pure choice (`arr_coc.pipeline.pure.choose`) on pixels, the
+             question's tokens and, when it reads them, the encoded visual tokens
     """
 
     name: str
@@ -181,6 +187,8 @@ class Method:
     needs: str | None = None
     in_all: bool = True
     tower_attention: bool = False
+    layer: bool = False
+    vlm: str | None = None
 
 
 _BUILTIN = (   # the evaluation's order of `--methods all` (tables and plots follow it)
@@ -188,16 +196,16 @@ _BUILTIN = (   # the evaluation's order of `--methods all` (tables and plots fol
     Method("random", "arr_coc.methods.random_sampling", before=True, video=True),
     Method("grid", "arr_coc.methods.grid", before=True, video=True),
     Method("downscale", "arr_coc.methods.downscale", needs="input"),
-    Method("fastv", "arr_coc.methods.fastv"),
-    Method("visionzip", "arr_coc.methods.visionzip", tower_attention=True),
+    Method("fastv", "arr_coc.methods.fastv", vlm="the language model's attention"),
+    Method("visionzip", "arr_coc.methods.visionzip", tower_attention=True, vlm="the tower's attention"),
     Method("divprune", "arr_coc.methods.divprune", video=True),
     Method("cdpruner", "arr_coc.methods.cdpruner", video=True),
     Method("evs", "arr_coc.methods.over_time", video=True, images=False),
     Method("uniform_frames", "arr_coc.methods.over_time", before=True, video=True, images=False),
     Method("oracle", "arr_coc.methods.oracle", before=True, video=True, needs="boxes"),
-    Method("arr_coc", "arr_coc.methods.arrcoc", before=True, video=True),
-    Method("arr_coc_adaptive", "arr_coc.methods.arrcoc", before=True, video=True, in_all=False),
-    Method("arr_coc_trained", "arr_coc.methods.arrcoc", before=True, video=True, needs="weights"),
+    Method("arr_coc", "arr_coc.methods.arrcoc", before=True, video=True, layer=True),
+    Method("arr_coc_adaptive", "arr_coc.methods.arrcoc", before=True, video=True, in_all=False, layer=True),
+    Method("arr_coc_trained", "arr_coc.methods.arrcoc", before=True, video=True, needs="weights", layer=True),
 )
 METHODS: dict[str, Method] = {m.name: m for m in _BUILTIN}
 SELECTORS: dict[str, Selector] = {}
@@ -218,12 +226,13 @@ def register_selector(name: str, fn: Selector | None = None, *, overwrite: bool 
             raise ValueError(f"selector {name!r} is already registered; pass overwrite=True to replace it")
         known = METHODS.get(name)
         if known is not None:
-            marks = (known.before, known.video, known.tower_attention)
+            marks = (known.before, known.video, known.tower_attention, known.layer)
         else:
             marks = (bool(getattr(f, "selects_before_encoding", False)) if before is None else before,
                      bool(getattr(f, "handles_video", False)) if video is None else video,
-                     bool(getattr(f, "reads_tower_attention", False)))
-        f.selects_before_encoding, f.handles_video, f.reads_tower_attention = marks  # type: ignore[attr-defined]
+                     bool(getattr(f, "reads_tower_attention", False)), runs_layer(f))
+        (f.selects_before_encoding, f.handles_video, f.reads_tower_attention,  # type: ignore[attr-defined]
+         f.runs_layer) = marks
         SELECTORS[name] = f
         return f
 
@@ -243,7 +252,7 @@ def method_info(name: str) -> Method:
     if name in SELECTORS:
         fn = SELECTORS[name]
         return Method(name, None, before=selects_before_encoding(fn), video=selects_video(fn),
-                      tower_attention=reads_tower_attention(fn))
+                      tower_attention=reads_tower_attention(fn), layer=runs_layer(fn))
     raise ValueError(unknown_method_message(name))
 
 
@@ -297,7 +306,20 @@ def reads_tower_attention(fn: Selector | None) -> bool:
     return bool(getattr(fn, "reads_tower_attention", False))
 
 
-MARKS = ("selects_before_encoding", "handles_video", "reads_tower_attention")   # what a wrapper of a selector copies
+def runs_layer(fn: Selector | None) -> bool:
+    """A selector that runs the ARR-COC layer (its default budget and mode are the layer's): marked by the registry
+    (`Method.layer`) or by `runs_arr_coc_layer`."""
+    return bool(getattr(fn, "runs_layer", False))
+
+
+def runs_arr_coc_layer(fn: Selector) -> Selector:
+    """Mark a selector of your own that runs the context's ARR-COC layer (`ctx.layer()`), so a missing budget is
+    the layer's. Returns `fn`."""
+    fn.runs_layer = True  # type: ignore[attr-defined]
+    return fn
+
+
+MARKS = ("selects_before_encoding", "handles_video", "reads_tower_attention", "runs_layer")   # what a wrapper copies
 
 
 def video_methods() -> list[str]:
@@ -319,5 +341,5 @@ def selector_name(method: str | Selector) -> str:
 
 __all__ = ["MARKS", "METHODS", "Method", "SELECTORS", "Selection", "SelectionContext", "Selector", "VLMHandles",
            "available_methods", "choose_before_encoding", "clip_members", "get_selector", "handles_video",
-           "method_info", "methods_where", "reads_tower_attention", "register_selector", "selector_name", "selects_before_encoding",
+           "method_info", "methods_where", "reads_tower_attention", "register_selector", "runs_arr_coc_layer", "runs_layer", "selector_name", "selects_before_encoding",
            "selects_video", "unknown_method_message", "video_methods"]

@@ -1,7 +1,7 @@
-"""The Hugging Face Qwen-VL backend (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) and the library's front door, `ARRCOCQwen`.
+"""The Hugging Face Qwen-VL backend (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), registered for the front door `arr_coc.ARRCOC`.
 
-wrapper.py      ARRCOCQwen: from_pretrained, generate / respond, prepare / prefill -> `arr_coc.pipeline`
-backend.py      QwenBackend: the pipeline's `VLMBackend` for these models
+backend.py      QwenBackend: the pipeline's `VLMBackend` core and every capability, for these models
+wrapper.py      ARRCOCQwen: the front door with a Qwen model's names (a thin alias of `arr_coc.ARRCOC`)
 families.py     what differs between the three families, one entry each
 prompt.py       the prompt read as units: pads, patch rows, unpruned M-RoPE positions
 pixels.py       the processor's patches as the texture's input
@@ -10,14 +10,15 @@ rewrite.py      the kept tokens at their original positions (PrunedInputs)
 attention.py    FastV's and VisionZip's attention, as the backend's services
 tower_memory.py a later look's tower attends to earlier looks' keys and values
 processing.py   chat prompts (questions tokenized as plain text), the image-only processor, un-patchify
-loading.py      checkpoints (hub id or folder) and the ARR-COC layer that goes with them
+loading.py      checkpoints (hub id or folder); `ENTRY`, this backend's entry in `arr_coc.pipeline.registry`
 tiny.py         tiny random models of the three families, for tests
 """
 
 from ..pipeline.choose import SelectorFailed
 from ..pipeline.trace import PrefillOutput, Trace
 from .backend import QwenBackend
-from .loading import MODEL_CLASSES, HubUnreachable
+from ..pipeline.registry import HubUnreachable
+from .loading import MODEL_CLASSES
 from .rewrite import PrunedInputs
 from .wrapper import ARRCOCQwen
 

@@ -28,6 +28,7 @@ from ..cancel import stopping_kwargs
 from ..encode import EncodeConfig
 from ..execution import Execution
 from ..inputs import InputLimits, limits_for
+from ..pipeline.backend import by_flag
 from ..pipeline.prompt import Prompt
 from ..pipeline.tokens import VisualRows
 from ..stopwatch import Stopwatch
@@ -38,7 +39,7 @@ from .families import Family, family_of
 from .pixels import PatchImages
 from .processing import IM_END, VISION_END, QwenProcessor, encode_prompts, video_sampling
 from .prompt import PromptTokens, question_tokens, read_prompt
-from .rewrite import PrunedInputs, rewrite
+from .rewrite import PrunedInputs, model_tensors, rewrite
 from .tower_memory import TowerMemory, attending, remembering
 
 if TYPE_CHECKING:
@@ -85,15 +86,13 @@ class QwenBackend:
                                    special=frozenset(getattr(tok, "all_special_ids", []) or []))
         self.merge = int(cfg.vision_config.spatial_merge_size)
         self._encoder_output_cls: type | None = None
-        self.execution = Execution.eager()
-        self.compiled: CompiledQwen | None = None
+        self.compiled: CompiledQwen | None = None   # the fast path's compiled stages (`use`); None: eager
         self._memory_depth = 0                     # > 0 inside `remembering` / `attending`: the stock tower runs
         self.adapter: Adapter | None = None      # LoRA adapters (`adapter.py`), run only inside `adapted(True)`
         self._adapter_flops: tuple[int, int] | None = None
 
     def use(self, execution: Execution) -> None:
         """Run the tower and the language model as `execution` says (compiled: `CompiledQwen`)."""
-        self.execution = execution
         self.compiled = CompiledQwen(self.model, execution) if execution.compiled else None
 
     def _tower(self) -> AbstractContextManager:
@@ -155,6 +154,13 @@ class QwenBackend:
     def set_adapter(self, adapter: Adapter | None) -> None:
         self.adapter, self._adapter_flops = adapter, None
 
+    def load_adapter(self, adapter: Any) -> None:
+        """LoRA adapters from a folder, a layer folder holding `adapter/`, a hub id, or an `Adapter` (AdapterError
+        when they do not fit this model)."""
+        from .adapter import Adapter, load_adapter
+
+        self.set_adapter(adapter if isinstance(adapter, Adapter) else load_adapter(self.model, adapter))
+
     def adapted(self, on: bool) -> AbstractContextManager:
         """Inside, the adapter runs when `on` (and there is one); the stock model otherwise."""
         return self.adapter.active(on) if self.adapter is not None else nullcontext()
@@ -190,14 +196,16 @@ class QwenBackend:
 
     # -- the unpruned prompt --------------------------------------------------------------------------------
 
-    def read_prompt(self, inputs: Mapping[str, Any], encode_all: bool, clock: Stopwatch | None = None,
-                    record_attention: bool = False) -> Prompt:
-        """record_attention: keep the tower's last-block attention of the full encoding (`tower_attention`)."""
-        if not (record_attention and encode_all):   # recording the tower's attention needs its stock call
-            return read_prompt(self.model, self.tokens, inputs, encode_all, self.encoder_output_cls, clock,
-                               self._encode_every_cell())
+    def read_prompt(self, inputs: Mapping[str, Any], encode_all: bool, clock: Stopwatch | None = None) -> Prompt:
+        """The processor's tensors (any other keyword a caller passed along is left out) read as units."""
+        return read_prompt(self.model, self.tokens, model_tensors(inputs), encode_all, self.encoder_output_cls, clock,
+                           self._encode_every_cell())
+
+    def read_prompt_recording(self, inputs: Mapping[str, Any], clock: Stopwatch | None = None) -> Prompt:
+        """The full encoding through the stock tower (recording needs its stock call), its last-block attention
+        kept for `tower_attention`."""
         with LastBlockRecorder(self.model) as recorder:
-            prompt = read_prompt(self.model, self.tokens, inputs, encode_all, self.encoder_output_cls, clock)
+            prompt = read_prompt(self.model, self.tokens, model_tensors(inputs), True, self.encoder_output_cls, clock)
         prompt.native.tower_record = recorder.last
         return prompt
 
@@ -257,8 +265,12 @@ class QwenBackend:
 
     # -- the language model ---------------------------------------------------------------------------------
 
-    def rewrite(self, prompt: Prompt, visual: VisualRows, lm_cells: Sequence[torch.Tensor],
-                round_length: Callable[[int], int] | None = None) -> PrunedInputs:
+    def rewrite(self, prompt: Prompt, visual: VisualRows, lm_cells: Sequence[torch.Tensor]) -> PrunedInputs:
+        return self.rewrite_fixed(prompt, visual, lm_cells, None)
+
+    def rewrite_fixed(self, prompt: Prompt, visual: VisualRows, lm_cells: Sequence[torch.Tensor],
+                      round_length: Callable[[int], int] | None) -> PrunedInputs:
+        """The rewrite, the rows padded to `round_length(longest row)` when given (a bucket's length)."""
         native = prompt.native
         return rewrite(native.host["input_ids"], native.host["attention_mask"], native.pos3_host, native.spans,
                        visual, list(lm_cells), native.encoder_output_cls, prompt.item_of_image, prompt.grid_hw,
@@ -268,7 +280,7 @@ class QwenBackend:
     def prefill(self, pruned: PrunedInputs, **forward: Any) -> Any:
         """One forward; the adapter runs for the rows `pruned.adapted` marks (a batch of both: one forward each,
         the logits left-padded back into one batch)."""
-        groups = adapter_groups(pruned)
+        groups = by_flag(pruned.adapted or [False] * pruned.input_ids.shape[0])
         if len(groups) == 1:
             with self.adapted(groups[0][1]), self._language_model():
                 return self.model(**pruned.model_kwargs(), **forward)
@@ -286,7 +298,7 @@ class QwenBackend:
     def decode(self, pruned: PrunedInputs, first_logits: bool = False, **generate: Any) -> Decoded:
         """model.generate on fresh pruned kwargs (greedy unless told otherwise); the adapter runs for the rows
         `pruned.adapted` marks (a batch of both: one generation each, merged as one batch's would be)."""
-        groups = adapter_groups(pruned)
+        groups = by_flag(pruned.adapted or [False] * pruned.input_ids.shape[0])
         if len(groups) == 1:
             with self.adapted(groups[0][1]):
                 return self._generate(pruned, first_logits, **generate)
@@ -408,14 +420,6 @@ class QwenBackend:
         return [per_unit[i] for i in units]
 
 
-def adapter_groups(pruned: PrunedInputs) -> list[tuple[list[int], bool]]:
-    """The batch's rows by whether the adapter runs for them: [(rows, on)], one entry when all agree."""
-    flags = pruned.adapted or [False] * pruned.input_ids.shape[0]
-    if all(f == flags[0] for f in flags):
-        return [(list(range(len(flags))), bool(flags[0]))]
-    return [([b for b, f in enumerate(flags) if f == on], on) for on in (False, True)]
-
-
 def merge_decoded(parts: Sequence[tuple[list[int], Decoded]], rows: int, width: int, pad: int) -> Decoded:
     """One batch's `Decoded` from generations over some of its rows each: answers right-padded, each sequence's
     prompt left-padded to the whole batch's width `width` (what one generation of the batch returns)."""
@@ -445,4 +449,4 @@ def _patch_rows(pixel_values: torch.Tensor, grid_thw: torch.Tensor, units: Seque
     return pixel_values.index_select(0, torch.as_tensor(rows, device=pixel_values.device))
 
 
-__all__ = ["Decoded", "QwenBackend", "adapter_groups", "merge_decoded"]
+__all__ = ["Decoded", "QwenBackend", "merge_decoded"]

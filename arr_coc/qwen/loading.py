@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..layer import LayerSpec, build_layer  # noqa: F401 - where the wrapper and older callers find them
-from ..runtime import Runtime, RuntimeChoiceError
+from ..pipeline.registry import BackendEntry, HubUnreachable, hub_error, model_type_of  # noqa: F401 - HubUnreachable
+from ..runtime import Runtime, check_supported
 from .families import FAMILIES
 from .processing import load_processor
 
@@ -21,39 +22,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 MODEL_CLASSES = {name: family.model_class for name, family in FAMILIES.items()}
-
-class HubUnreachable(OSError):
-    """A hub id could not be fetched (offline, no network, or not on the hub); the message says what to do."""
-
-
-def _hub_error(model_id: str, exc: BaseException) -> HubUnreachable:
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    why = "HF_HUB_OFFLINE is set, so the hub was not asked" if offline else "the Hugging Face hub could not be reached"
-    return HubUnreachable(
-        f"could not load {model_id!r}: it is not a local folder and {why} ({first}). Pass a local model "
-        f"folder (--model PATH), or go online{' and unset HF_HUB_OFFLINE' if offline else ''} to download it once "
-        "(it is cached afterwards).")
-
-
-def check_supported(run: Runtime) -> None:
-    """Refuse, before loading, a runtime transformers would refuse halfway (flash_attention_2 off a GPU, in
-    float32, or without the flash-attn package), with what to pass instead."""
-    if run.attn_implementation != "flash_attention_2":
-        return
-    if run.device.type != "cuda":
-        raise RuntimeChoiceError(f"attention implementation 'flash_attention_2' runs on CUDA devices only, not "
-                                 f"{run.device}; pass --device cuda, or --attn-implementation sdpa")
-    if run.dtype not in (torch.bfloat16, torch.float16):
-        raise RuntimeChoiceError("attention implementation 'flash_attention_2' needs --dtype bfloat16 or float16, "
-                                 f"not {str(run.dtype).removeprefix('torch.')}; or pass --attn-implementation sdpa")
-    import importlib.util
-
-    if importlib.util.find_spec("flash_attn") is None:
-        raise RuntimeChoiceError("attention implementation 'flash_attention_2' needs the flash-attn package, which is "
-                                 "not installed; `pip install flash-attn --no-build-isolation` (on the CUDA machine), "
-                                 "or pass --attn-implementation sdpa")
-
 
 def load_vlm(
     model_id_or_path: str | os.PathLike, device: str | torch.device = "cpu",
@@ -64,7 +32,6 @@ def load_vlm(
     device, dtype and attn_implementation mean what `arr_coc.runtime` says (dtype None: auto).
     """
     import transformers
-    from transformers import AutoConfig
 
     run = Runtime.resolve(device, dtype, attn_implementation)  # wrong names fail before any loading
     check_supported(run)
@@ -72,15 +39,9 @@ def load_vlm(
     local = os.path.isdir(path)
     if local:
         kwargs.setdefault("local_files_only", True)
-    try:
-        config = AutoConfig.from_pretrained(path, **({"local_files_only": True} if local else {}))
-    except OSError as exc:
-        if local:
-            raise OSError(f"{path!r} holds no model config.json that transformers can read ({exc})") from exc
-        raise _hub_error(path, exc) from exc
-    family = getattr(config, "model_type", None)
+    family = model_type_of(path)
     if family not in MODEL_CLASSES:
-        raise ValueError(f"{path!r} is a {family!r} model; ARRCOCQwen supports {sorted(MODEL_CLASSES)}")
+        raise ValueError(f"{path!r} is a {family!r} model; the Qwen backend serves {sorted(MODEL_CLASSES)}")
     model_cls = getattr(transformers, MODEL_CLASSES[family])
     load_kw: dict[str, Any] = {"dtype": run.dtype}
     if run.attn_implementation is not None:
@@ -90,5 +51,25 @@ def load_vlm(
     except OSError as exc:
         if local:
             raise
-        raise _hub_error(path, exc) from exc
+        raise hub_error(path, exc) from exc
     return model, load_processor(path, family=family)
+
+
+def load_backend(model_id_or_path: str | os.PathLike, device: str | torch.device = "cpu",
+                 dtype: torch.dtype | str | None = "auto", attn_implementation: str | None = None, **kwargs: Any):
+    """A `QwenBackend` over the checkpoint (`load_vlm`), for the backend registry."""
+    from .backend import QwenBackend
+
+    model, processor = load_vlm(model_id_or_path, device, dtype, attn_implementation, **kwargs)
+    return QwenBackend(model.eval().requires_grad_(False), processor)
+
+
+def check_adapter(adapter: Any) -> None:
+    """An adapter folder or hub id that is not there, refused before the model loads (AdapterError)."""
+    from .adapter import Adapter, adapter_folder
+
+    if not isinstance(adapter, Adapter):
+        adapter_folder(adapter)
+
+
+ENTRY = BackendEntry("qwen", tuple(FAMILIES), load_backend, check_adapter)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -139,7 +139,7 @@ class PrunedInputs:
         return [int(k.numel()) for k in self.kept_indices]
 
 
-def model_tensors(kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
+def model_tensors(kwargs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """The processor tensors among `kwargs` (what `prepare` reads)."""
     return {k: kwargs[k] for k in INPUT_KEYS if kwargs.get(k) is not None}
 

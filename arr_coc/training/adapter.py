@@ -244,7 +244,6 @@ def adapter_loss(wrapper: ARRCOCQwen, batch: Sequence, budgets: Sequence[float],
                  step: int = 0) -> tuple[torch.Tensor, dict]:
     """The step's loss on `batch` [(image, question, answer, type)] at per-item `budgets` (module docstring)."""
     from ..encode import EncodeConfig
-    from ..pipeline.look import prepare
     from ..pipeline.request import Pruning
     from ..pipeline.selection import choose_before_encoding, get_selector
 
@@ -259,10 +258,9 @@ def adapter_loss(wrapper: ARRCOCQwen, batch: Sequence, budgets: Sequence[float],
         contexts.append(ctx)
         return arr_coc(ctx)
 
-    arr_coc_seen.handles_video = True
+    arr_coc_seen.handles_video = arr_coc_seen.runs_layer = True
     pruning = Pruning.of(arr_coc_seen, list(budgets), encode=EncodeConfig(cfg.encode))
-    with torch.no_grad():
-        first = prepare(backend, inputs, pruning, wrapper.layer, wrapper.seed)
+    first = wrapper.prepare(inputs, pruning)       # under no_grad: the choice itself trains nothing
     pruned = first.pruned
     if first.fovea is not None:          # the chosen cells again, with gradients into the tower's adapter
         fovea = _foveate_again(backend, first)

@@ -68,7 +68,7 @@ def collect(wrapper: ARRCOCQwen, records: Sequence[VQARecord], budget: float, sa
         vision_2 = vision_flops(backend, prompt, traces, 0.0, memo)
         full_vision = vision_flops(backend, prompt, [dataclasses.replace(tr, encode="after") for tr in traces], 0.0,
                                    memo)
-        every, _ = wrapper.prepare(inputs, method="none")
+        every, _ = wrapper.prepare(inputs, method="none").outputs
         gold = [tok(r.answers[0], add_special_tokens=False)["input_ids"][:1] or [0] for r in batch]
         gold_t = torch.as_tensor([g[0] for g in gold], device=looked.passes[0].first_logits.device)
         answers = [tok.batch_decode(p.answers, skip_special_tokens=True) for p in looked.passes]
