@@ -4,15 +4,19 @@ A merged visual token covers a `cell_px` x `cell_px` square of the resized image
 Qwen2-VL / Qwen2.5-VL, 32 px on Qwen3-VL); the grid is ceil(H / cell_px) x ceil(W / cell_px),
 raster order. Boxes are (x0, y0, x1, y1) pixels with x1 / y1 exclusive. The ShapesVQA generator,
 the training targets, the oracle selector and the evaluation's coverage all use these functions.
-numpy only: no torch import.
+numpy only at import: no torch import at module level (`dilate`, the cells around chosen ones, returns a
+tensor for the pipeline and the backends and imports torch when called).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 Box = Sequence[float]
 Size = tuple[int, int]   # (width, height) in pixels
@@ -91,3 +95,19 @@ def centre_cells(boxes: Sequence[Box], grid_hw: tuple[int, int], cell_px: int) -
     h, w = grid_hw
     return [min(h - 1, int((y0 + y1) / 2 // cell_px)) * w + min(w - 1, int((x0 + x1) / 2 // cell_px))
             for x0, y0, x1, y1 in boxes]
+def dilate(cells: torch.Tensor, grid_hw: tuple[int, int], rings: int) -> torch.Tensor:
+    """Raster cells within `rings` cells (Chebyshev distance) of any of `cells`, ascending. Host work (numpy)."""
+    import torch
+
+    chosen = np.asarray(cells.cpu().numpy(), dtype=np.int64)
+    if rings <= 0:
+        return torch.from_numpy(np.sort(chosen))
+    h, w = grid_hw
+    mask = np.zeros((h + 2 * rings, w + 2 * rings), dtype=bool)
+    ys, xs = np.divmod(chosen, w)
+    for dy in range(2 * rings + 1):
+        for dx in range(2 * rings + 1):
+            mask[ys + dy, xs + dx] = True
+    return torch.from_numpy(np.flatnonzero(mask[rings: rings + h, rings: rings + w]).astype(np.int64))
+
+

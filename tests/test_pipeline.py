@@ -21,7 +21,7 @@ from arr_coc import ARRCOC
 from arr_coc.execution import Execution
 from arr_coc.pipeline import IMAGE, VIDEO, Prompt, Pruning
 from arr_coc.pipeline.backend import MissingCapability
-from arr_coc.pipeline.fovea import dilate
+from arr_coc.geometry import dilate
 from arr_coc.pipeline.tokens import VisualRows
 from arr_coc.texture import work_images
 

@@ -67,20 +67,6 @@ def coarse_centres(full_hw: tuple[int, int], coarse_hw: tuple[int, int]) -> torc
     return (rows[:, None] * w + cols[None, :]).reshape(-1)
 
 
-def dilate(cells: torch.Tensor, grid_hw: tuple[int, int], rings: int) -> torch.Tensor:
-    """Raster cells within `rings` cells (Chebyshev distance) of any of `cells`, ascending. Host work (numpy)."""
-    chosen = np.asarray(cells.cpu().numpy(), dtype=np.int64)
-    if rings <= 0:
-        return torch.from_numpy(np.sort(chosen))
-    h, w = grid_hw
-    mask = np.zeros((h + 2 * rings, w + 2 * rings), dtype=bool)
-    ys, xs = np.divmod(chosen, w)
-    for dy in range(2 * rings + 1):
-        for dx in range(2 * rings + 1):
-            mask[ys + dy, xs + dx] = True
-    return torch.from_numpy(np.flatnonzero(mask[rings: rings + h, rings: rings + w]).astype(np.int64))
-
-
 @torch.no_grad()
 def encode_gist(backend: EncodesBefore, prompt: Prompt, share: float, units: Sequence[int] | None = None) -> Gist:
     """The tower on each unit downscaled to `share` of its tokens (all units, or `units`)."""
@@ -225,5 +211,5 @@ def reads(kept: np.ndarray, periphery: np.ndarray, grid_hw: tuple[int, int],
     return np.union1d(kept, still).astype(np.int64), still
 
 
-__all__ = ["Foveated", "Gist", "coarse_centres", "dilate", "encode_gist", "encode_split", "foveate", "gist_grid", "gist_or_zeros",
+__all__ = ["Foveated", "Gist", "coarse_centres", "encode_gist", "encode_split", "foveate", "gist_grid", "gist_or_zeros",
            "merge_gists", "nearest_cells", "periphery_cells", "reads"]

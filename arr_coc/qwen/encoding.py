@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from ..encode import EncodeConfig
 from ..grid import upload
-from ..pipeline.fovea import dilate
+from ..geometry import dilate
 from ..stopwatch import Stopwatch, lap
 from .families import Family, family_of
 
