@@ -166,6 +166,22 @@ def unit_counts(budgets: list[Budget], prompt: Prompt) -> list[int]:
     return counts
 
 
+def every_token_units(budgets: list[Budget], prompt: Prompt) -> list[bool]:
+    """Per unit, whether its budget is every token (a share of 1.0, a count of at least its tokens; a clip's over
+    the clip). Such a unit keeps every token whatever the budget mode or method: "mean" would scale the count
+    down, "adaptive" would ignore it, and either would switch an adapter on for a request of the stock model
+    (docs/DESIGN.md, "Budgets")."""
+    return [k >= n for k, n in zip(unit_counts(budgets, prompt), prompt.n_tokens)]
+
+
+def keep_every_token(choice: Choice, full: Sequence[bool], n_tokens: Sequence[int]) -> Choice:
+    """`choice` with every unit in `full` keeping all its cells, as chosen (no fallback, no replaced tokens)."""
+    for i, whole in enumerate(full):
+        if whole:
+            choice.kept[i], choice.replaced[i] = torch.arange(n_tokens[i]), None
+    return choice
+
+
 def question_embeddings(backend: VLMBackend, prompt: Prompt, pad: int
                         ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Each unit's question-token embeddings, in one embedding call for the batch.
@@ -251,5 +267,5 @@ def run_selector(fn: Selector, ctx: SelectionContext, name: str, strict: bool = 
     return Choice(kept, arr_out, fallback, errors, replaced)
 
 
-__all__ = ["Choice", "PerImageOutputs", "SelectorFailed", "as_selection", "context", "question_embeddings",
-           "replacement", "run_selector", "slice_output", "unit_counts", "validate_kept"]
+__all__ = ["Choice", "PerImageOutputs", "SelectorFailed", "as_selection", "context", "every_token_units",
+           "keep_every_token", "question_embeddings", "replacement", "run_selector", "slice_output", "unit_counts", "validate_kept"]

@@ -27,7 +27,7 @@ from ..encode import EncodeConfig
 from ..stopwatch import Stopwatch
 from .backend import PrunedPrompt, VLMBackend
 from ..buckets import fill, relevance_of
-from .choose import Choice, context, run_selector, validate_kept
+from .choose import Choice, context, every_token_units, keep_every_token, run_selector, validate_kept
 from .fovea import Foveated, Gist, foveate, gist_or_zeros
 from .prompt import Prompt
 from .request import Pruning
@@ -67,6 +67,8 @@ def prepare(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning, la
     prompt = backend.read_prompt(inputs, encode_all=not before, clock=clock, record_attention=reads_tower_attention(fn))
     pruning.check_prompt(prompt)
     budgets, mode = pruning.unit_budgets(prompt, layer), pruning.unit_mode(layer)
+    if fn is not None and pruning.kept is None and all(every_token_units(budgets, prompt)):
+        fn = None                          # every token asked for: nothing to choose, the stock model's request
     gist, gist_failed, gist_s = None, {}, 0.0
     if before and fn is not None and encoding.gist > 0:
         t0 = time.perf_counter()
@@ -77,7 +79,7 @@ def prepare(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning, la
         checkpoint("gist")
 
     t0 = time.perf_counter()
-    choice = _choose(backend, prompt, pruning, layer, gist, budgets, mode, seed, clock)
+    choice = _choose(backend, prompt, pruning, layer, gist, budgets, mode, seed, clock, fn)
     for i, why in gist_failed.items():   # no coarse view, no informed choice: this unit keeps every token
         choice.keep_all(i, prompt.n_tokens[i], f"gist failed: {why}")
     choice.kept, choice.fallback, choice.errors = validate_kept(choice.kept, prompt.n_tokens, choice.fallback,
@@ -127,16 +129,18 @@ def adapter_rows(backend: VLMBackend, prompt: Prompt, kept: Sequence[torch.Tenso
 
 def _choose(backend: VLMBackend, prompt: Prompt, pruning: Pruning, layer: Callable[[], ARRCOCLayer],
             gist: Gist | None, budgets: list[Budget], mode: BudgetMode | None, seed: int,
-            clock: Stopwatch | None) -> Choice:
-    """Every unit's kept cells: given, all of them (no selector), or the selector's on the whole batch."""
+            clock: Stopwatch | None, selector: Selector | None) -> Choice:
+    """Every unit's kept cells: given, all of them (no selector), or the selector's on the whole batch (a unit
+    whose budget is every token keeps every token: `choose.every_token_units`)."""
     n = len(prompt.grid_hw)
     if pruning.kept is not None:
         return Choice.of([torch.as_tensor(k, dtype=torch.long) for k in pruning.kept], n)
-    if pruning.selector is None:
+    if selector is None:
         return Choice.of([torch.arange(k) for k in prompt.n_tokens], n)
     tokens = list(prompt.feats) if prompt.feats is not None else gist.on_full_grid if gist is not None else None
     ctx = context(backend, prompt, layer, tokens, budgets, mode, seed, clock)
-    return run_selector(pruning.selector, ctx, pruning.method, strict=pruning.strict)
+    choice = run_selector(selector, ctx, pruning.method, strict=pruning.strict)
+    return keep_every_token(choice, every_token_units(budgets, prompt), prompt.n_tokens)
 
 
 __all__ = ["Prepared", "adapter_rows", "prepare"]
