@@ -301,3 +301,66 @@ def test_packed_attention_over_unequal_images_is_each_images_own_attention():
                                                                  max_length_q=max(lengths))[0],
                              backend=counter, fullgraph=True, dynamic=False)
     assert torch.equal(compiled(q, k, v, cu), got) and counter.frame_count == 1
+
+
+# -- what the fast path says (issue 55) ----------------------------------------------------------------------
+
+
+def test_each_new_bucket_is_announced_once_per_stage_before_it_compiles(tiny_vlm, make_image, caplog):
+    """`--fast on` compiled for minutes on the CPU with no word: now a line per stage and new shape, naming the
+    stage and saying it happens once per shape; a second request of the same bucket says nothing."""
+    import logging
+
+    model, processor = tiny_vlm("qwen2_vl")
+    fast, _, counter = pair(model, processor)
+    image = make_image(112, 112)
+    pruning = Pruning.of("arr_coc", 0.1, encode="before")
+    with caplog.at_level(logging.WARNING, logger="arr_coc.execution"):
+        fast.respond([image], ["Where is the red circle?"], pruning, max_new_tokens=2)
+        first = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        fast.respond([image], ["Where is the blue square?"], pruning, max_new_tokens=2)   # the same bucket
+        assert [r.getMessage() for r in caplog.records] == []
+    stages = " ".join(first)
+    for stage in ("the ARR-COC layer's device pass", "the vision tower", "the language model"):
+        assert f"compiling {stage} for a new bucket" in stages, first
+    assert all("once per shape" in m for m in first) and len(first) == counter.frame_count
+
+
+def test_fast_on_the_cpu_warns_that_it_is_slower_there(caplog):
+    import logging
+
+    from arr_coc.execution import CPU_NOTE
+
+    with caplog.at_level(logging.WARNING, logger="arr_coc.execution"):
+        read_fast_flag("on", "cpu")
+        read_fast_flag("auto", "cpu")
+        read_fast_flag("on", "cuda")
+    assert [r.getMessage() for r in caplog.records] == [CPU_NOTE] and "slower than eager" in CPU_NOTE
+
+
+def test_the_trace_and_ask_say_the_cells_chosen_and_the_cells_after_filling(tiny_vlm, make_image, capsys,
+                                                                            monkeypatch, tmp_path):
+    """Filling to a bucket keeps more cells than the method chose (by design): the trace's bucket and `ask --json`
+    say both, and the chosen count is what eager execution without buckets keeps."""
+    import json
+
+    from arr_coc.cli import main
+
+    model, processor = tiny_vlm("qwen2_vl")
+    bucketed = ARRCOCQwen(model, processor, execution=Execution(buckets=Buckets()))
+    plain = ARRCOCQwen(model, processor)
+    image = make_image(140, 168)
+    pruning = Pruning.of("arr_coc", 0.1, encode="before")
+    got = bucketed.respond([image], ["Where is the red circle?"], pruning, max_new_tokens=1).traces[0]
+    want = plain.respond([image], ["Where is the red circle?"], pruning, max_new_tokens=1).traces[0]
+    assert got.bucket["chosen"] == [want.kept_tokens] and got.bucket["filled"] == [got.kept_tokens]
+    assert got.bucket["chosen"][0] < got.bucket["filled"][0]                 # this budget's bucket adds cells
+    assert want.bucket is None
+    image.save(tmp_path / "p.png")
+    monkeypatch.setattr(ARRCOCQwen, "from_pretrained", classmethod(lambda cls, *a, **k: bucketed))
+    assert main(["ask", "--image", str(tmp_path / "p.png"), "--question", "Where is the red circle?", "--budget",
+                 "0.1", "--encode", "before", "--max-new-tokens", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bucket"]["chosen"] == want.kept_tokens and out["bucket"]["filled"] == out["kept_tokens"] > \
+        want.kept_tokens

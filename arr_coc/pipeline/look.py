@@ -84,6 +84,7 @@ def prepare(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning, la
         choice.keep_all(i, prompt.n_tokens[i], f"gist failed: {why}")
     choice.kept, choice.fallback, choice.errors = validate_kept(choice.kept, prompt.n_tokens, choice.fallback,
                                                                 choice.errors)
+    chosen = [int(k.numel()) for k in choice.kept]       # what the method chose, before any filling
     if pruning.buckets is not None and fn is not None:   # fixed shapes: filled with the next most relevant cells
         choice.kept = fill(choice.kept, prompt.grid_hw, pruning.buckets, relevance_of(choice.arr_out, prompt.grid_hw))
     select_s = time.perf_counter() - t0
@@ -112,7 +113,9 @@ def prepare(backend: VLMBackend, inputs: Mapping[str, Any], pruning: Pruning, la
     for b, tr in enumerate(traces):
         tr.adapter = backend.adapter_name if adapted is not None and adapted[b] else ""
         if pruning.buckets is not None:
-            tr.bucket = {"cells": [int(lm_cells[i].numel()) for i in prompt.units_of(b)], "prompt": int(pruned.width)}
+            units = prompt.units_of(b)   # per image: the cells chosen, the cells after filling, the padded prompt
+            tr.bucket = {"chosen": [chosen[i] for i in units], "filled": [int(lm_cells[i].numel()) for i in units],
+                         "prompt": int(pruned.width)}
     return Prepared(pruned, traces, prompt, choice, fovea, gist, encoding, budgets, mode, fn)
 
 

@@ -132,7 +132,7 @@ class ARRCOCQwen:
     def compile_layer(self, layer: ARRCOCLayer) -> None:
         """Run `layer`'s device pass as this wrapper's execution says (compiled, its questions on buckets)."""
         ex = self.execution
-        layer.compile_device_pass(ex.compile if ex.compiled else None,
+        layer.compile_device_pass((lambda fn: ex.compile(fn, "the ARR-COC layer's device pass")) if ex.compiled else None,
                                   ex.buckets.question_for if ex.buckets is not None else (lambda n: n))
 
     def pruning(self, pruning: Pruning) -> Pruning:
