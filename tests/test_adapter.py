@@ -8,6 +8,7 @@ should not would change the logits."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -430,3 +431,34 @@ def test_the_page_offers_a_layer_with_and_without_its_shipped_adapter_side_by_si
                  compare_encode="before")
     row = dict((r[0], r[1:]) for r in result.stats)["adapter"]
     assert row[0] == "-" and row[1] == "-" and row[2].endswith("arr-coc-shapes-before")   # baseline, A, B
+
+
+def test_the_layer_folder_s_own_adapter_is_on_by_default_and_off_when_asked(tmp_path, capsys):
+    """Issue 55: the adapter beside the before-mode layer lifts accuracy at every budget, yet it ran only when asked.
+    Now `from_pretrained(arr_coc=folder)` and `ask` load the folder's adapter/ when it was trained for this model;
+    `adapter=False` / `--no-adapter` turn it off; a layer without one, or one for another model, runs alone."""
+    from arr_coc.__main__ import main
+    from arr_coc.paths import EMBEDDED_MODEL, SHIPPED_BEFORE_LAYER, SHIPPED_LAYER
+    from arr_coc.qwen.adapter import layer_adapter
+
+    if not os.path.isdir(os.path.join(SHIPPED_BEFORE_LAYER, "adapter")):
+        pytest.skip("this checkout ships no adapter")
+    on = ARRCOCQwen.from_pretrained(EMBEDDED_MODEL, arr_coc=SHIPPED_BEFORE_LAYER)
+    assert on.adapter is not None and on.adapter.name.endswith("arr-coc-shapes-before")
+    assert ARRCOCQwen.from_pretrained(EMBEDDED_MODEL, arr_coc=SHIPPED_BEFORE_LAYER, adapter=False).adapter is None
+    assert ARRCOCQwen.from_pretrained(EMBEDDED_MODEL, arr_coc=SHIPPED_LAYER).adapter is None      # it holds none
+    model = on.model
+    assert layer_adapter(SHIPPED_BEFORE_LAYER, build_tiny_qwen("qwen2_vl")[0], "tiny") is None   # another base
+    other = tmp_path / "layer"
+    shutil.copytree(SHIPPED_BEFORE_LAYER, other)
+    base = json.loads((other / "adapter" / "arr_coc_adapter.json").read_text())
+    base["card"]["vlm"] = "someone/another-finetune"                 # the same architecture, another model
+    (other / "adapter" / "arr_coc_adapter.json").write_text(json.dumps(base))
+    assert layer_adapter(str(other), model, EMBEDDED_MODEL) is None
+    argv = ["ask", "--image", "assets/examples/shapes_letter.png", "--question", "What letter is on the blue circle?",
+            "--budget", "0.05", "--encode", "before", "--max-new-tokens", "2", "--json"]
+    names = []
+    for extra in ([], ["--no-adapter"]):
+        assert main(argv + extra) == 0
+        names.append(json.loads(capsys.readouterr().out)["adapter"])
+    assert names[0].endswith("arr-coc-shapes-before") and names[1] == ""

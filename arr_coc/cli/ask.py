@@ -37,9 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arr-coc", dest="arr_coc", default=None,
                         help="trained ARR-COC layer folder, or 'untrained' (default: the trained layer shipped "
                              "under checkpoints/ for the embedded model, else untrained)")
-    parser.add_argument("--adapter", default=None,
-                        help="LoRA adapters (a folder written by train-adapter, a layer folder holding adapter/, or a "
-                             "hub id), run when tokens are pruned (never with every token kept)")
+    adapters = parser.add_mutually_exclusive_group()
+    adapters.add_argument("--adapter", default=None,
+                          help="LoRA adapters (a folder written by train-adapter, a layer folder holding adapter/, or "
+                               "a hub id), run when tokens are pruned (never with every token kept); default: the "
+                               "layer folder's own adapter/, where it holds one trained for this model")
+    adapters.add_argument("--no-adapter", dest="adapter", action="store_false", default=None,
+                          help="no adapter, not even the layer folder's own")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     add_runtime(parser)
     add_fast(parser)
@@ -94,7 +98,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     question, notes = check_question(args.question)
     notes += clip_notes
     layer = resolve_layer(model_path, args.arr_coc, encode)
-    if getattr(args, "adapter", None) is not None:     # an adapter that is not there, before the model loads
+    if getattr(args, "adapter", None) not in (None, False):   # an adapter that is not there, before the model loads
         from arr_coc.qwen.adapter import adapter_folder
 
         adapter_folder(args.adapter)

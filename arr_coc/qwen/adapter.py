@@ -263,6 +263,37 @@ def weight_shapes(folder: str) -> dict[str, tuple[int, ...]]:
         raise AdapterError(f"{path} is not a complete safetensors file ({_first_line(exc)}); {RESAVE}") from None
 
 
+def layer_adapter(layer: Any, model: PreTrainedModel, model_name: str) -> str | None:
+    """The adapter a trained layer's folder holds (`layer/adapter/`, as `ARRCOCQwen.save_pretrained` and
+    train-adapter write it), when it was trained for this base model: its arr_coc_adapter.json names the same
+    base (family, widths, depths) and its card the same model (folder or hub id). -> the layer folder to load it
+    from (`load_adapter` finds adapter/ in it); None when there is none or it is for another model (the layer
+    then runs alone). A file there that cannot be read is AdapterError: a default is never silently dropped."""
+    if not isinstance(layer, (str, os.PathLike)):
+        return None
+    folder = os.path.join(os.fspath(layer), SUBFOLDER)
+    if not all(os.path.isfile(os.path.join(folder, f)) for f in (CONFIG_FILE, WEIGHTS_FILE, BASE_FILE)):
+        return None
+    saved = read_json(folder, BASE_FILE)
+    if _first_difference(saved.get("base", {}), base_identity(model)):
+        return None
+    from ..paths import shown_path
+
+    return shown_path(layer) if _same_model(str(saved.get("card", {}).get("vlm", "")), model_name) else None
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Two names of one model: the same folder (a card's relative folder is the repository's) or hub id."""
+    from ..paths import REPO_ROOT
+
+    def where(name: str) -> str:
+        for path in (name, os.path.join(REPO_ROOT, name)):
+            if name and os.path.isdir(path):
+                return os.path.realpath(path)
+        return name.rstrip("/")
+    return bool(a) and where(a) == where(b)
+
+
 def check_adapter(model: PreTrainedModel, folder: str) -> dict[str, Any]:
     """Refuse (AdapterError, one line) an adapter that does not fit `model`, before peft or the model runs.
     -> its adapter_config.json."""
@@ -354,5 +385,6 @@ def adapter_card(adapter: Adapter, card: AdapterCard) -> str:
 
 
 __all__ = ["ADAPTER_FILES", "Adapter", "AdapterCard", "AdapterError", "DEFAULT_TARGETS", "SUBFOLDER", "TARGET_GROUPS",
+           "layer_adapter",
            "adapter_card", "adapter_folder", "attach_adapter", "base_identity", "check_adapter", "load_adapter",
            "target_pattern"]

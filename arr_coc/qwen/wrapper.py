@@ -32,7 +32,7 @@ from ..pipeline.trace import PrefillOutput, Trace
 from ..runtime import Runtime
 from ..stopwatch import Stopwatch
 from ..persistence import LayerCard
-from .adapter import SUBFOLDER, Adapter, AdapterCard, adapter_folder, load_adapter
+from .adapter import SUBFOLDER, Adapter, AdapterCard, adapter_folder, layer_adapter, load_adapter
 from .backend import QwenBackend
 from .loading import LayerSpec, build_layer, load_vlm
 from .processing import QwenProcessor
@@ -93,7 +93,7 @@ class ARRCOCQwen:
         dtype: torch.dtype | str | None = "auto",
         attn_implementation: str | None = None,
         fast: bool | str | None = False,
-        adapter: str | os.PathLike | None = None,
+        adapter: str | os.PathLike | bool | None = None,
         **kwargs: Any,
     ) -> ARRCOCQwen:
         """Load any of the three families from a hub id or a local folder (see `loading.load_vlm`).
@@ -109,16 +109,19 @@ class ARRCOCQwen:
         fixed-shape compiled graphs (`arr_coc.execution`), "auto" on a GPU only, False / "off" (the default)
         eagerly. adapter: LoRA adapters in peft's format (a folder, a layer folder holding `adapter/`, or a hub
         id), run only for requests that prune tokens (`arr_coc.qwen.adapter`); refused before the model runs
-        when it does not fit the model.
+        when it does not fit the model. None (the default): the adapter the layer's folder holds when it was
+        trained for this model (`adapter.layer_adapter`); False: none.
         """
         if isinstance(arr_coc, (str, os.PathLike)):  # a layer that is not there, refused before the model loads
             arr_coc = check_layer_folder(arr_coc)
-        if adapter is not None:                      # so is an adapter that is not there
+        if adapter not in (None, False):             # so is an adapter that is not there
             adapter_folder(adapter)
         model, processor = load_vlm(model_id_or_path, device=device, dtype=dtype,
                                     attn_implementation=attn_implementation, **kwargs)
+        if adapter is None:                          # the layer's own, where it holds one for this model
+            adapter = layer_adapter(arr_coc, model, os.fspath(model_id_or_path))
         return cls(model, processor, arr_coc=arr_coc, name=os.fspath(model_id_or_path),
-                   execution=read_fast_flag(fast, model.device), adapter=adapter)
+                   execution=read_fast_flag(fast, model.device), adapter=adapter or None)
 
     def use(self, execution: Execution) -> ARRCOCQwen:
         """Run every later request as `execution` says (`Execution.fast(device)`: buckets, compiled layer, tower and
