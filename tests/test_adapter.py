@@ -232,7 +232,7 @@ def _snapshot(module) -> dict[str, torch.Tensor]:
 def _shipped():
     from arr_coc.paths import EMBEDDED_MODEL, SHIPPED_BEFORE_LAYER
 
-    return ARRCOCQwen.from_pretrained(EMBEDDED_MODEL, arr_coc=SHIPPED_BEFORE_LAYER), EMBEDDED_MODEL, \
+    return ARRCOCQwen.from_pretrained(EMBEDDED_MODEL, arr_coc=SHIPPED_BEFORE_LAYER, adapter=False), EMBEDDED_MODEL, \
         SHIPPED_BEFORE_LAYER
 
 

@@ -205,7 +205,7 @@ def _start(cfg: AdapterTrainConfig, model_path: str, layer: str | None, init_ada
     if wrapper is None:
         run_on = runtime or Runtime.resolve("cpu")
         wrapper = ARRCOCQwen.from_pretrained(model_path, arr_coc=layer, device=run_on.device, dtype=run_on.dtype,
-                                             attn_implementation=run_on.attn_implementation)
+                                             attn_implementation=run_on.attn_implementation, adapter=False)
     model = wrapper.model
     adapter = load_adapter(model, init_adapter, trainable=True) if init_adapter else attach_adapter(
         model, cfg.rank, cfg.alpha, cfg.targets, cfg.dropout, cfg.seed)
