@@ -55,10 +55,11 @@ class Execution:
         mode = "reduce-overhead" if gpu and compiler == "inductor" else None
         return cls(buckets or Buckets(), True, compiler, mode, "fast", fallback)
 
-    def compile(self, fn: Callable) -> Callable:
+    def compile(self, fn: Callable, stage: str = "") -> Callable:
         """`fn` through torch.compile: one whole graph (a graph break raises), static shapes (one graph per
         bucket; a new shape compiles anew rather than going dynamic). Under a dispatch mode (the FLOP and op
-        counters) `fn` runs eagerly instead, on the same shapes: a compiled graph hides its ops from them."""
+        counters) `fn` runs eagerly instead, on the same shapes: a compiled graph hides its ops from them.
+        Each new shape is announced before it compiles (`compile_note`: `stage` names what compiles)."""
         if not self.compiled:
             return fn
         import torch._dynamo
@@ -67,11 +68,17 @@ class Execution:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=self.compiler, mode=self.mode)
         failed: list[str] = []
+        seen: set[tuple] = set()
+        stage = stage or getattr(fn, "__qualname__", "a stage")
 
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
             if _get_current_dispatch_mode() is not None or failed:
                 return fn(*args, **kwargs)
+            shapes = _shapes(args, kwargs)
+            if shapes not in seen:
+                seen.add(shapes)
+                logger.warning("%s", compile_note(stage, shapes))
             try:
                 return compiled(*args, **kwargs)
             except (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit) as exc:
@@ -84,6 +91,24 @@ class Execution:
         return run
 
 
+def _shapes(args: tuple, kwargs: dict) -> tuple:
+    """The shapes a compiled graph is specialised on: every tensor's among the arguments (nested ones too)."""
+    from torch.utils._pytree import tree_leaves
+
+    return tuple(tuple(x.shape) for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor))
+
+
+def compile_note(stage: str, shapes: tuple) -> str:
+    """The line said before a stage compiles for a new shape (its bucket)."""
+    first = "x".join(map(str, shapes[0])) if shapes and shapes[0] else "scalars"
+    return (f"--fast: compiling {stage} for a new bucket (first input {first}); this happens once per shape, "
+            "and later requests of the same bucket reuse it")
+
+
+CPU_NOTE = ("--fast on: on the CPU the compiled path is slower than eager (docs/GPU.md, \"Fast path\"), and each "
+            "new bucket compiles for about 25-90 s per stage; --fast auto (the default) runs eagerly here")
+
+
 def default_execution(device: torch.device | str) -> Execution:
     """Fast on a GPU, eager on the CPU (module docstring)."""
     return Execution.fast(device) if torch.device(device).type == "cuda" else Execution.eager()
@@ -94,10 +119,12 @@ def read_fast_flag(value: bool | str | None, device: torch.device | str) -> Exec
     if value in (None, "auto"):
         return default_execution(device)
     if value in (True, "on", "true", "1"):
+        if torch.device(device).type == "cpu":
+            logger.warning("%s", CPU_NOTE)
         return Execution.fast(device)
     if value in (False, "off", "false", "0"):
         return Execution.eager()
     raise ValueError(f"fast must be on, off or auto, got {value!r}")
 
 
-__all__ = ["Execution", "default_execution", "read_fast_flag"]
+__all__ = ["CPU_NOTE", "Execution", "compile_note", "default_execution", "read_fast_flag"]

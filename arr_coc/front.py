@@ -30,7 +30,7 @@ from .execution import Execution, read_fast_flag
 from .layer import ARRCOCLayer, LayerSpec, build_layer
 from .paths import check_layer_folder
 from .pipeline.answer import Answered, Response, answer, respond
-from .pipeline.backend import Adapts, EncodesBefore, FixedShapes, VLMBackend, require
+from .pipeline.backend import Adapts, EncodesBefore, FixedShapes, VLMBackend, has, require
 from .pipeline.context import RequestContext
 from .pipeline.look import Prepared, prepare
 from .pipeline.pure import Chosen, choose
@@ -77,15 +77,19 @@ class ARRCOC:
         attn_implementation mean what they mean on every command (`arr_coc.runtime`); the device defaults to the
         CPU here. arr_coc: a trained layer's folder or hub id, an `ARRCOCLayer`, an `ARRCOCConfig`, or None (the
         untrained layer). fast: True / "on" runs requests as fixed-shape compiled graphs, "auto" on a GPU only.
-        adapter: LoRA adapters in peft's format, run only for requests that prune tokens.
+        adapter: LoRA adapters in peft's format (a folder, a layer folder holding `adapter/`, or a hub id), run only
+        for requests that prune tokens; None (the default): the adapter the layer's folder holds when it was trained
+        for this model (`Adapts.default_adapter`); False: none.
         """
         check_supported(Runtime.resolve(device, dtype, attn_implementation))   # wrong names: before anything is read
         if isinstance(arr_coc, (str, os.PathLike)):  # a layer that is not there, refused before the model loads
             arr_coc = check_layer_folder(arr_coc)
-        backend = load_backend(model_id_or_path, adapter=adapter, device=device, dtype=dtype,   # checks the adapter
-                               attn_implementation=attn_implementation, **kwargs)                # before loading
+        backend = load_backend(model_id_or_path, adapter=adapter or None, device=device, dtype=dtype,  # checks the
+                               attn_implementation=attn_implementation, **kwargs)          # adapter before loading
+        if adapter is None and has(backend, Adapts):     # the layer's own, where it holds one for this model
+            adapter = backend.default_adapter(arr_coc, os.fspath(model_id_or_path))
         return cls(backend, arr_coc=arr_coc, name=os.fspath(model_id_or_path),
-                   execution=read_fast_flag(fast, backend.device), adapter=adapter)
+                   execution=read_fast_flag(fast, backend.device), adapter=adapter or None)
 
     # -- state ----------------------------------------------------------------------------------------------
 
@@ -105,7 +109,7 @@ class ARRCOC:
         """`layer`'s device pass as this object's execution says (compiled, its questions on buckets): what a second
         layer run on this model (`arr_coc_trained`) needs too."""
         ex = self.execution
-        layer.compile_device_pass(ex.compile if ex.compiled else None,
+        layer.compile_device_pass((lambda fn: ex.compile(fn, "the ARR-COC layer's device pass")) if ex.compiled else None,
                                   ex.buckets.question_for if ex.buckets is not None else (lambda n: n))
 
     @property

@@ -36,8 +36,8 @@ def gauss_taps(sigma: float) -> tuple[float, ...]:
 
 def _taps(padded: torch.Tensor, weights: tuple[float, ...], n: int, dim: int) -> torch.Tensor:
     """sum_i weights[i] * padded.narrow(dim, i, n), accumulated tap after tap with a fused multiply-add per tap,
-    the order a convolution accumulates in: on this project's CPU bit for bit oneDNN's 1-D convolution
-    (tests/test_fast_path.py), and 10-20x faster for one channel (oneDNN's single-channel kernels are slow).
+    the order a convolution accumulates in: on this project's AVX-512 CPU bit for bit oneDNN's 1-D convolution,
+    within float32 rounding on any CPU (oneDNN's kernels differ by instruction set; tests/test_fast_path.py), and 10-20x faster for one channel (oneDNN's single-channel kernels are slow).
     On an accelerator a convolution is two launches where this is 2 x 11: `gaussian_blur` keeps it there."""
     out = padded.narrow(dim, 0, n) * weights[0]
     for i in range(1, len(weights)):

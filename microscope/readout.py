@@ -86,7 +86,7 @@ def execution_text(t: Any) -> str:
     """How a run executed: "eager", or "fast: 64 cells, 256-token prompt" (its fixed-shape bucket)."""
     if not t.bucket:
         return t.execution
-    cells = "+".join(str(c) for c in t.bucket["cells"])
+    cells = "+".join(str(c) for c in t.bucket["filled"])
     return f"{t.execution}: {cells} cells, {t.bucket['prompt']}-token prompt"
 
 

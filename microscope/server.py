@@ -255,6 +255,7 @@ def add_clip_model(scope: Microscope, path: str | None) -> None:
     if path is None:
         return
     from arr_coc import ARRCOCQwen
+    from arr_coc.paths import shown_path
 
     try:
         first = ARRCOCQwen.from_pretrained(path, arr_coc=scope.wrapper.arr_coc_layer, device=scope.wrapper.device,
@@ -264,7 +265,7 @@ def add_clip_model(scope: Microscope, path: str | None) -> None:
                                for name, w in scope.layers.items()}
     except (OSError, ValueError) as exc:
         raise LoadError(f"--video-model: {load_failure(path, exc)}") from exc
-    scope.clip_model_name = path
+    scope.clip_model_name = shown_path(path)           # as every other model and layer: no server path
     logger.info("clips are answered by %s", path)
 
 

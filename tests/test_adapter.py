@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from _pruned import forward_pruned, prepare_state  # noqa: F401
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -135,6 +136,54 @@ def test_a_missing_or_unfit_adapter_is_refused_in_one_line_before_the_model_runs
         ARRCOCQwen.from_pretrained("checkpoints/shapes-qwen2vl", adapter=str(tmp_path / "nowhere"))
 
 
+def _broken(folder: Path, how: str) -> str:
+    """Break a saved adapter folder one way; -> the file the refusal must name."""
+    weights, config, base = (folder / n for n in ("adapter_model.safetensors", "adapter_config.json",
+                                                  "arr_coc_adapter.json"))
+    if how == "truncated weights":
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) // 2])
+    elif how == "empty weights":
+        weights.write_bytes(b"")
+    elif how == "weights not safetensors":
+        weights.write_text("not a tensor file")
+    elif how == "corrupt config":
+        config.write_text('{"r": 4, "peft_type": "LORA", ')
+    elif how == "config a list":
+        config.write_text("[1, 2]")
+    elif how == "rank not a number":
+        config.write_text(json.dumps({**json.loads(config.read_text()), "r": "four"}))
+    elif how == "corrupt base file":
+        base.write_bytes(b"\xff\xfe{")
+    return {"config": "adapter_config.json", "rank": "adapter_config.json",
+            "base": "arr_coc_adapter.json"}.get(how.split()[1] if how.startswith("corrupt") else how.split()[0],
+                                                "adapter_model.safetensors")
+
+
+BROKEN = ("truncated weights", "empty weights", "weights not safetensors", "corrupt config", "config a list",
+          "rank not a number", "corrupt base file")
+
+
+@pytest.mark.parametrize("how", BROKEN)
+def test_a_broken_adapter_folder_is_refused_naming_the_file_api_and_cli(how, tmp_path, capsys):
+    """Issue 55: a truncated weights file ended in a raw SafetensorError, a corrupt config in a JSONDecodeError (API)
+    and "could not load a Qwen-VL model" (CLI: the wrong blame). Now: AdapterError naming the file; exit 2."""
+    from arr_coc.cli import main
+
+    vlm, _ = _adapted("qwen2_vl")
+    vlm.adapter.save_pretrained(tmp_path / "a")
+    name = _broken(tmp_path / "a", how)
+    _refused(*build_tiny_qwen("qwen2_vl"), str(tmp_path / "a"), name)
+    try:
+        rc = main(["ask", "--image", "assets/examples/shapes_letter.png", "--question", "What letter?",
+                   "--adapter", str(tmp_path / "a"), "--budget", "0.1"])
+    except SystemExit as exit_:
+        rc = exit_.code
+    err = capsys.readouterr().err
+    assert rc == 2 and name in err and "Traceback" not in err, err
+    assert "Qwen-VL model" not in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_the_adapters_flops_are_in_the_cost_when_it_ran_and_only_then(make_image):
     from arr_coc.evaluation.cost import item_flops
     from arr_coc.evaluation.flops import count_flops
@@ -184,7 +233,7 @@ def _snapshot(module) -> dict[str, torch.Tensor]:
 def _shipped():
     from arr_coc.paths import EMBEDDED_MODEL, SHIPPED_BEFORE_LAYER
 
-    return ARRCOCQwen.from_pretrained(EMBEDDED_MODEL, arr_coc=SHIPPED_BEFORE_LAYER), EMBEDDED_MODEL, \
+    return ARRCOCQwen.from_pretrained(EMBEDDED_MODEL, arr_coc=SHIPPED_BEFORE_LAYER, adapter=False), EMBEDDED_MODEL, \
         SHIPPED_BEFORE_LAYER
 
 
@@ -274,8 +323,62 @@ def test_train_adapter_runs_on_a_jsonl_split_and_refuses_a_missing_one(tmp_path,
     assert "train.jsonl" in card and "ShapesVQA items" not in card
     log = json.loads((out / "adapter" / "training_log_adapter.json").read_text())
     assert log["config"]["data"] == [str(split)]
-    with pytest.raises(SystemExit, match="--data .*nothing.jsonl: no such file"):
-        main(["train-adapter", "--data", str(tmp_path / "nothing.jsonl"), "--out", str(out)])
+    assert main(["train-adapter", "--data", str(tmp_path / "nothing.jsonl"), "--out", str(out)]) == 2
+    assert "--data" in capsys.readouterr().err
+
+
+def _train_adapter_refusal(argv: list[str], capsys) -> str:
+    """train-adapter's one line for argv (exit 2, no traceback), checked before any model loads."""
+    from arr_coc.__main__ import main
+    from arr_coc.qwen import loading
+
+    saved, loading.load_vlm = loading.load_vlm, lambda *a, **k: pytest.fail("the model loaded")
+    try:
+        rc = main(["train-adapter", *argv, "--quiet"])
+    finally:
+        loading.load_vlm = saved
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_train_adapter_refuses_bad_data_and_options_in_one_line_naming_the_cause(tmp_path, capsys):
+    """Issue 55: a malformed line, an empty split, a split smaller than --val-items, --rank 0/-1, an --out that
+    cannot be written and --steps 0 each ended in a traceback (or, --steps 0, wrote an untrained adapter)."""
+    from arr_coc.shapes import write_split
+
+    split = write_split(tmp_path / "data", "train", n=12, seed=4)
+    bad = tmp_path / "data" / "bad.jsonl"
+    bad.write_text(split.read_text().splitlines()[0] + "\n{not json\n")
+    empty = tmp_path / "data" / "empty.jsonl"
+    empty.write_text("")
+    (tmp_path / "a-file").write_text("x")
+    out = ["--out", str(tmp_path / "pair")]
+    cases = [
+        (["--data", str(bad), *out], "bad.jsonl.*line 2"),
+        (["--data", str(empty), *out], "no records"),
+        (["--data", str(split), *out], "12 records and --val-items 32 .* pass --val-items 3"),
+        (["--rank", "0", *out], "--rank 0"),
+        (["--rank", "-1", *out], "--rank -1"),
+        (["--steps", "0", *out], "--steps 0"),
+        (["--out", str(tmp_path / "a-file")], "--out .*a-file: cannot write there"),
+        (["--out", str(tmp_path / "a-file" / "under")], "cannot write there"),
+    ]
+    for argv, words in cases:
+        err = _train_adapter_refusal(argv, capsys)
+        assert __import__("re").search(words, err), (argv, err)
+    assert not (tmp_path / "pair" / "adapter").exists()
+
+
+def test_train_adapter_resume_without_a_state_says_it_starts_fresh(tmp_path, capsys):
+    from arr_coc.__main__ import main
+    from arr_coc.shapes import write_split
+
+    split = write_split(tmp_path / "data", "train", n=12, seed=4)
+    assert main(["train-adapter", "--data", str(split), "--steps", "1", "--batch-size", "2", "--val-items", "2",
+                 "--rank", "2", "--out", str(tmp_path / "pair"), "--quiet", "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "--resume: no saved state in" in err and "starting fresh" in err, err
 
 
 def test_eval_and_ask_take_an_adapter_and_pair_rows_with_and_without_it(tmp_path, capsys):
@@ -329,3 +432,34 @@ def test_the_page_offers_a_layer_with_and_without_its_shipped_adapter_side_by_si
                  compare_encode="before")
     row = dict((r[0], r[1:]) for r in result.stats)["adapter"]
     assert row[0] == "-" and row[1] == "-" and row[2].endswith("arr-coc-shapes-before")   # baseline, A, B
+
+
+def test_the_layer_folder_s_own_adapter_is_on_by_default_and_off_when_asked(tmp_path, capsys):
+    """Issue 55: the adapter beside the before-mode layer lifts accuracy at every budget, yet it ran only when asked.
+    Now `from_pretrained(arr_coc=folder)` and `ask` load the folder's adapter/ when it was trained for this model;
+    `adapter=False` / `--no-adapter` turn it off; a layer without one, or one for another model, runs alone."""
+    from arr_coc.__main__ import main
+    from arr_coc.paths import EMBEDDED_MODEL, SHIPPED_BEFORE_LAYER, SHIPPED_LAYER
+    from arr_coc.qwen.adapter import layer_adapter
+
+    if not os.path.isdir(os.path.join(SHIPPED_BEFORE_LAYER, "adapter")):
+        pytest.skip("this checkout ships no adapter")
+    on = ARRCOCQwen.from_pretrained(EMBEDDED_MODEL, arr_coc=SHIPPED_BEFORE_LAYER)
+    assert on.adapter is not None and on.adapter.name.endswith("arr-coc-shapes-before")
+    assert ARRCOCQwen.from_pretrained(EMBEDDED_MODEL, arr_coc=SHIPPED_BEFORE_LAYER, adapter=False).adapter is None
+    assert ARRCOCQwen.from_pretrained(EMBEDDED_MODEL, arr_coc=SHIPPED_LAYER).adapter is None      # it holds none
+    model = on.model
+    assert layer_adapter(SHIPPED_BEFORE_LAYER, build_tiny_qwen("qwen2_vl")[0], "tiny") is None   # another base
+    other = tmp_path / "layer"
+    shutil.copytree(SHIPPED_BEFORE_LAYER, other)
+    base = json.loads((other / "adapter" / "arr_coc_adapter.json").read_text())
+    base["card"]["vlm"] = "someone/another-finetune"                 # the same architecture, another model
+    (other / "adapter" / "arr_coc_adapter.json").write_text(json.dumps(base))
+    assert layer_adapter(str(other), model, EMBEDDED_MODEL) is None
+    argv = ["ask", "--image", "assets/examples/shapes_letter.png", "--question", "What letter is on the blue circle?",
+            "--budget", "0.05", "--encode", "before", "--max-new-tokens", "2", "--json"]
+    names = []
+    for extra in ([], ["--no-adapter"]):
+        assert main(argv + extra) == 0
+        names.append(json.loads(capsys.readouterr().out)["adapter"])
+    assert names[0].endswith("arr-coc-shapes-before") and names[1] == ""

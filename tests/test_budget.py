@@ -4,10 +4,12 @@ a caller chooses per call between an exact budget and one met on average."""
 
 from __future__ import annotations
 
+from _pruned import forward_pruned, prepare_state  # noqa: F401
 import argparse
 import json
 
 import pytest
+import torch
 
 from arr_coc.budget import BudgetError, check_mode, parse_budget, parse_budgets, resolve_count
 
@@ -133,3 +135,70 @@ def test_the_shipped_layer_keeps_exact_budgets_when_asked(tmp_path):
             kept[mode].append((traces[0].kept_tokens, resolve_count(0.05, traces[0].total_tokens)))
     assert all(k == want for k, want in kept["exact"])
     assert any(k != want for k, want in kept[None])   # the default follows the question
+
+
+# --------------------------------------------------------------- every token is every token (issue 55)
+def _calibrated_layer(hidden: int):
+    """An untrained layer whose "mean" budgets scale an image's count down (spread_min 0.6 at a far reference) and
+    whose adaptive count is at most half the tokens: a budget of 1.0 met as either would drop tokens."""
+    from arr_coc.config import ARRCOCConfig, AttendingConfig
+
+    att = AttendingConfig(spread_tau=0.05, spread_reference=1e6, void_threshold=0.0, max_ratio=0.5)
+    return ARRCOCConfig(attending=att).with_query_dim(hidden)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_a_budget_of_one_keeps_every_token_in_every_mode_and_method(family, make_image):
+    """Issue 55: before the tower in the default "mean" mode a budget of 1.0 kept 226 of 256 tokens and switched the
+    adapter on. Every token means every token: every encode mode, budget mode and method keeps them all, the
+    adapter stays off, and the logits are the stock model's (the same kernels both sides: exact)."""
+    from arr_coc.qwen import ARRCOCQwen
+    from arr_coc.qwen.adapter import attach_adapter
+    from arr_coc.qwen.tiny import build_tiny_qwen
+
+    model, processor = build_tiny_qwen(family, seed=0)
+    adapter = attach_adapter(model, rank=2, alpha=4.0)
+    with torch.no_grad():
+        for p in adapter.parameters():
+            p.copy_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    hidden = model.config.get_text_config().hidden_size
+    vlm = ARRCOCQwen(model, processor, arr_coc=_calibrated_layer(hidden), adapter=adapter)
+    inputs = vlm.build_inputs([[make_image(112, 140, 1)], [make_image(84, 112, 2)]], [Q, "How many shapes?"])
+    for encode in ("after", "before"):
+        stock = forward_pruned(vlm, method="none", encode=encode, **inputs).logits
+        runs = [("arr_coc", mode, budget) for mode in (None, "exact", "mean", "adaptive") for budget in (1.0, "100%", 10_000)]
+        runs += [(m, None, 1.0) for m in ("arr_coc_adaptive", "random", "grid", "divprune", "cdpruner", "visionzip")
+                 if encode == "after" or m in ("arr_coc_adaptive", "random", "grid")]
+        for method, mode, budget in runs:
+            kw = {"budget": parse_budget(budget), "budget_mode": mode, "method": method}
+            out = forward_pruned(vlm, encode=encode, **kw, **inputs)
+            where = (family, encode, method, mode, budget)
+            assert [t.kept_tokens for t in out.traces] == [t.total_tokens for t in out.traces], where
+            assert [t.adapter for t in out.traces] == ["", ""], where
+            assert torch.equal(out.logits, stock), where
+        # a batch of both: the row given every token keeps them all while the selector prunes the other; and the
+        # negative control, a budget under every token prunes and the adapter then runs
+        out = forward_pruned(vlm, encode=encode, budget=[1.0, 0.9], **inputs)
+        assert out.traces[0].kept_tokens == out.traces[0].total_tokens and out.traces[0].adapter == ""
+        assert out.traces[1].kept_tokens < out.traces[1].total_tokens and out.traces[1].adapter == "adapter"
+        assert torch.equal(out.logits[0], stock[0])
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_a_budget_of_one_keeps_every_token_of_a_clip(family):
+    from test_video import video_inputs
+
+    from arr_coc.qwen import ARRCOCQwen
+    from arr_coc.qwen.tiny import build_tiny_qwen
+
+    model, processor = build_tiny_qwen(family, seed=0)
+    vlm = ARRCOCQwen(model, processor, arr_coc=_calibrated_layer(model.config.get_text_config().hidden_size))
+    inputs = video_inputs(model, processor, t=3, image=False)
+    for encode in ("after", "before"):
+        stock = forward_pruned(vlm, method="none", encode=encode, **inputs).logits
+        for mode in (None, "mean", "adaptive", "exact"):
+            out = forward_pruned(vlm, budget=1.0, budget_mode=mode, encode=encode, **inputs)
+            assert out.traces[0].kept_tokens == out.traces[0].total_tokens, (encode, mode)
+            assert torch.equal(out.logits, stock), (encode, mode)
+        assert forward_pruned(vlm, budget=0.5, budget_mode="mean", encode=encode, **inputs).traces[0].kept_tokens \
+            < out.traces[0].total_tokens                                              # negative control

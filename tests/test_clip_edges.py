@@ -136,6 +136,52 @@ def test_a_gif_path_is_the_same_clip_through_generate_ask_and_the_app(wrapper, t
     assert len(lib.kept_per_group[0]) == 4         # 8 frames shown: 4 temporal groups, not the stored frames'
 
 
+def test_a_clip_given_as_a_picture_goes_to_the_clip_model_with_a_note_gif_and_mp4(wrapper, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """Issue 55: `ask --image clip.gif` was answered by the image model (the model was chosen before the file was
+    known to be a clip) and an mp4 given as --image got no note. One file, one reading, one model."""
+    from test_video import _write_mp4
+
+    from arr_coc.cli import main
+    from arr_coc.paths import default_model_path
+
+    if default_model_path(video=True) == default_model_path():
+        pytest.skip("this checkout ships no model for clips")
+    loaded = []
+    monkeypatch.setattr(ARRCOCQwen, "from_pretrained", classmethod(lambda cls, path, *a, **k: loaded.append(path)
+                                                                   or wrapper))
+    gif = _gif(tmp_path / "c.gif", _frames(4, 56))
+    mp4 = tmp_path / "c.mp4"
+    _write_mp4(mp4, np.stack(_frames(4, 64)))
+    for clip, note in ((gif, "The animated image (4 frames) is read as a clip"),
+                       (mp4, "The video file given as a picture is read as a clip")):
+        for flag in ("--video", "--image"):
+            assert main(["ask", flag, str(clip), "--question", Q, "--budget", "0.5", "--max-new-tokens", "1",
+                         "--json"]) == 0
+            out = json.loads(capsys.readouterr().out)
+            assert loaded[-1] == default_model_path(video=True), (clip, flag)     # the model made for clips
+            assert (note in " ".join(out["notes"])) == (flag == "--image"), (flag, out["notes"])
+            assert out["frames"] == 4
+
+
+def test_the_page_names_the_clip_model_relative_to_the_app_s_folder(tiny_dir, monkeypatch):
+    """Issue 55: the header showed the clip model's absolute server path; every other model and layer is shown
+    relative to the app's folder (`arr_coc.paths.shown_path`)."""
+    import os
+
+    from arr_coc.paths import default_model_path
+    from microscope import page, server
+
+    path = default_model_path(video=True)
+    if path is None or path == default_model_path():
+        pytest.skip("this checkout ships no model for clips")
+    scope = server.load(str(tiny_dir), device="cpu", max_new_tokens=1)
+    monkeypatch.setattr(ARRCOCQwen, "from_pretrained", classmethod(lambda cls, *a, **k: scope.wrapper))
+    server.add_clip_model(scope, os.path.abspath(path))
+    header = page._introduction(scope)
+    assert "(`checkpoints/shapes-qwen2vl-video`)" in header and os.getcwd() not in header, header
+
+
 def test_a_transparent_clip_reads_the_same_from_a_file_and_from_memory(tmp_path):
     frames = []
     for k in range(4):
@@ -200,6 +246,13 @@ def test_the_app_answers_a_clip_with_the_clip_model_and_an_image_with_the_image_
     assert f"answered by {clip_dir}" in got.error
     rows = {row[0]: row for row in got.stats}
     assert rows["model (answered)"][1] == str(clip_dir)
+    from test_video import _write_mp4
+
+    mp4 = tmp_path / "c.mp4"
+    _write_mp4(mp4, np.stack(_frames(4, 64)))
+    for path, note in ((clip, "The animated image"), (mp4, "The video file given as a picture")):   # issue 55
+        given = ask(scope, str(path), Q, True, 0.25, compare_layer="off")     # a clip sent as the picture
+        assert given.record["answered_by"] == str(clip_dir) and note in given.error, given.error
     picture = tmp_path / "p.png"
     Image.fromarray(_frames(1, 112)[0]).save(picture)
     image = ask(scope, str(picture), Q, True, 0.25, compare_layer="off")

@@ -37,9 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arr-coc", dest="arr_coc", default=None,
                         help="trained ARR-COC layer folder, or 'untrained' (default: the trained layer shipped "
                              "under checkpoints/ for the embedded model, else untrained)")
-    parser.add_argument("--adapter", default=None,
-                        help="LoRA adapters (a folder written by train-adapter, a layer folder holding adapter/, or a "
-                             "hub id), run when tokens are pruned (never with every token kept)")
+    adapters = parser.add_mutually_exclusive_group()
+    adapters.add_argument("--adapter", default=None,
+                          help="LoRA adapters (a folder written by train-adapter, a layer folder holding adapter/, or "
+                               "a hub id), run when tokens are pruned (never with every token kept); default: the "
+                               "layer folder's own adapter/, where it holds one trained for this model")
+    adapters.add_argument("--no-adapter", dest="adapter", action="store_false", default=None,
+                          help="no adapter, not even the layer folder's own")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     add_runtime(parser)
     add_fast(parser)
@@ -78,6 +82,10 @@ def _plan(args: argparse.Namespace) -> _Plan:
     from arr_coc.video.reading import is_clip_path
 
     run_on = runtime(args)  # a wrong device / dtype / attention name, or no GPU for cuda: said before anything loads
+    clip_notes = []
+    if args.video is None and is_clip_path(args.image):   # a clip wherever it is given (issues 49, 55): read as a
+        clip_notes = animated_notes(args.image)           # clip by the model for clips, as --video would be
+        args.video, args.image = args.image, None
     model_path = args.model or default_model_path(video=args.video is not None)
     if model_path is None:
         raise SystemExit(
@@ -88,8 +96,9 @@ def _plan(args: argparse.Namespace) -> _Plan:
     encode = check_encode(args.method, encode_options(args))
     max_new_tokens = check_max_new_tokens(args.max_new_tokens)
     question, notes = check_question(args.question)
+    notes += clip_notes
     layer = resolve_layer(model_path, args.arr_coc, encode)
-    if getattr(args, "adapter", None) is not None:     # an adapter that is not there, before the model loads
+    if getattr(args, "adapter", None) not in (None, False):   # an adapter that is not there, before the model loads
         from arr_coc.qwen.adapter import adapter_folder
 
         adapter_folder(args.adapter)
@@ -98,10 +107,6 @@ def _plan(args: argparse.Namespace) -> _Plan:
     if args.video is not None:       # issue 49: what a clip cannot be asked with, and its file, before the model loads
         check_for_video(args.method, encode)
         check_video_file(args.video, LIMITS, name=args.video, sampling=_sampling(args))
-    elif is_clip_path(args.image):   # an animated GIF / PNG is a clip wherever it is given (issue 49)
-        notes.extend(animated_notes(args.image))
-        args.video, args.image = args.image, None
-        check_for_video(args.method, encode)
     opened = open_image(args.image, name=args.image) if args.video is None else None
     none = args.method == "none"            # the budget was read by argparse (`budget_arg`): once
     pruning = Pruning.of(args.method, 1.0 if none else args.budget, args.budget_mode, None if none else encode,
@@ -162,6 +167,9 @@ def _print(args: argparse.Namespace, wrapper: Any, got: Any, visual: Any, questi
     if args.video is not None:
         result["kept_per_group"] = trace.kept_per_group[0]
         result["frames"] = visual.num_frames
+    if trace.bucket:                           # --fast: the cells chosen, then filled to the bucket's shape
+        result["bucket"] = {"chosen": sum(trace.bucket["chosen"]), "filled": sum(trace.bucket["filled"]),
+                            "prompt": trace.bucket["prompt"]}
     if trace.looks:                            # --passes 2+: each look's cells, uncertainty and decision
         result["looks"] = [look.to_dict() for look in trace.looks]
     result["notes"] = notes = notes + list(trace.notes) + answer_notes(answer, question, wrapper.tokenizer)
@@ -174,6 +182,9 @@ def _print(args: argparse.Namespace, wrapper: Any, got: Any, visual: Any, questi
     print(f"kept {trace.kept_tokens}/{trace.total_tokens} visual tokens ({100 * trace.kept_ratio:.0f}%), "
           f"{trace.total_s:.2f} s (prefill {trace.prefill_s:.2f} s), method {args.method}, budget {trace.budget}"
           + (f" [fallback: {trace.error}]" if trace.error else ""), file=sys.stderr)
+    if trace.bucket:
+        print(f"fast path: the method chose {sum(trace.bucket['chosen'])} cells, filled to "
+              f"{sum(trace.bucket['filled'])} (its bucket's fixed shape)", file=sys.stderr)
     if args.video is not None:
         print(f"{visual.num_frames} frames, tokens kept per temporal group: {trace.kept_per_group[0]}", file=sys.stderr)
     for n, look in enumerate(trace.looks, 1):

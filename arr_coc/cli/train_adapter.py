@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from .args import add_runtime, runtime
 
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from arr_coc.encode import EncodeConfig
     from arr_coc.paths import LayerNotFound, check_layer_folder, resolve_layer
     from arr_coc.qwen.adapter import AdapterError, adapter_folder
-    from arr_coc.training.adapter import AdapterTrainConfig, train_adapter
+    from arr_coc.training.adapter import AdapterTrainConfig, check_run, train_adapter
 
     try:   # every argument, the layer and the adapter to continue, before the model loads
         cfg = AdapterTrainConfig(out=args.out, stage=args.stage, steps=args.steps, batch_size=args.batch_size,
@@ -100,10 +101,13 @@ def run(args: argparse.Namespace) -> int:
         layer = check_layer_folder(layer) if layer is not None else None
         if args.init_adapter:
             adapter_folder(args.init_adapter)
+        notes = check_run(cfg, args.resume)   # the data read and sized, --out writable, --resume's state
     except (ValueError, LayerNotFound, AdapterError) as exc:
-        raise SystemExit(f"python -m arr_coc train-adapter: error: {exc}") from None
+        print(f"python -m arr_coc train-adapter: error: {exc}", file=sys.stderr)
+        return 2
+    for note in notes:
+        print(f"train-adapter: note: {note}", file=sys.stderr)
     run_on = runtime(args)
-    os.makedirs(cfg.out, exist_ok=True)
     state = train_adapter(cfg, args.model, layer, init_adapter=args.init_adapter, resume=args.resume,
                           progress=not args.quiet, runtime=run_on, stop_after=args.stop_after)
     print(f"train-adapter: {state['step']} steps; the pair is in {cfg.out} (the adapter in {cfg.out}/adapter)")

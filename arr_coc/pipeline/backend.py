@@ -203,6 +203,10 @@ class Adapts(Protocol):
         """Load adapters (a folder, a layer folder holding `adapter/`, a hub id, or an adapter object); the
         project's AdapterError when they do not fit the model."""
 
+    def default_adapter(self, layer: Any, model_name: str) -> Any | None:
+        """The adapter a trained layer's folder holds for this model (what `from_pretrained` loads unless told
+        `adapter=False`), or None."""
+
     def adapted(self, on: bool) -> AbstractContextManager[Any]:
         """Inside, the model runs with its adapter when `on` and it has one, the stock model otherwise."""
 

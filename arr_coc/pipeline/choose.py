@@ -168,6 +168,23 @@ def unit_counts(budgets: list[Budget], grid_hw: Sequence[tuple[int, int]], clips
     return counts
 
 
+def every_token_units(budgets: list[Budget], grid_hw: Sequence[tuple[int, int]],
+                      clips: Sequence[Sequence[int]] = ()) -> list[bool]:
+    """Per unit, whether its budget is every token (a share of 1.0, a count of at least its tokens; a clip's over
+    the clip). Such a unit keeps every token whatever the budget mode or method: "mean" would scale the count
+    down, "adaptive" would ignore it, and either would switch an adapter on for a request of the stock model
+    (docs/DESIGN.md, "Budgets")."""
+    return [k >= h * w for k, (h, w) in zip(unit_counts(budgets, grid_hw, clips), grid_hw)]
+
+
+def keep_every_token(choice: Choice, full: Sequence[bool], n_tokens: Sequence[int]) -> Choice:
+    """`choice` with every unit in `full` keeping all its cells, as chosen (no fallback, no replaced tokens)."""
+    for i, whole in enumerate(full):
+        if whole:
+            choice.kept[i], choice.replaced[i] = torch.arange(n_tokens[i]), None
+    return choice
+
+
 def padded_questions(per_unit: Sequence[Sequence[int]], pad: int, embed: Callable[[torch.Tensor], torch.Tensor],
                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Each unit's question-token embeddings, in one embedding call for the batch.
@@ -258,5 +275,6 @@ def run_selector(fn: Selector, ctx: SelectionContext, name: str, strict: bool = 
     return Choice(kept, arr_out, fallback, errors, replaced)
 
 
-__all__ = ["Choice", "PerImageOutputs", "SelectorFailed", "as_selection", "context", "padded_questions", "question_embeddings",
-           "replacement", "run_selector", "slice_output", "unit_counts", "validate_kept"]
+__all__ = ["Choice", "PerImageOutputs", "SelectorFailed", "as_selection", "context", "every_token_units",
+           "keep_every_token", "padded_questions", "question_embeddings", "replacement", "run_selector", "slice_output",
+           "unit_counts", "validate_kept"]

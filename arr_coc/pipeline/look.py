@@ -28,7 +28,7 @@ from ..stopwatch import Stopwatch
 from .backend import (EncodesBefore, FixedShapes, PrunedPrompt, TowerAttention, VLMBackend, adapter_name,
                       require)
 from ..buckets import fill, relevance_of
-from .choose import Choice, context, run_selector, validate_kept
+from .choose import Choice, context, every_token_units, keep_every_token, run_selector, validate_kept
 from .context import RequestContext
 from .fovea import Foveated, Gist, foveate, gist_or_zeros
 from .prompt import Prompt
@@ -71,6 +71,9 @@ def prepare(req: RequestContext, inputs: Mapping[str, Any]) -> Prepared:
     prompt = read(backend, inputs, before, reads_tower_attention(fn), clock)
     pruning.check_prompt(prompt)
     budgets, mode = pruning.unit_budgets(prompt, req.layer), pruning.unit_mode(req.layer)
+    full = every_token_units(budgets, prompt.grid_hw, prompt.clips)
+    if fn is not None and pruning.kept is None and all(full):
+        fn = None                          # every token asked for: nothing to choose, the stock model's request
     gist, gist_failed, gist_s = None, {}, 0.0
     if before and fn is not None and encoding.gist > 0:
         t0 = time.perf_counter()
@@ -81,11 +84,12 @@ def prepare(req: RequestContext, inputs: Mapping[str, Any]) -> Prepared:
         checkpoint("gist")
 
     t0 = time.perf_counter()
-    choice = _choose(req, prompt, gist, budgets, mode)
+    choice = _choose(req, prompt, gist, budgets, mode, fn, full)
     for i, why in gist_failed.items():   # no coarse view, no informed choice: this unit keeps every token
         choice.keep_all(i, prompt.n_tokens[i], f"gist failed: {why}")
     choice.kept, choice.fallback, choice.errors = validate_kept(choice.kept, prompt.n_tokens, choice.fallback,
                                                                 choice.errors)
+    chosen = [int(k.numel()) for k in choice.kept]       # what the method chose, before any filling
     if pruning.buckets is not None and fn is not None:   # fixed shapes: filled with the next most relevant cells
         choice.kept = fill(choice.kept, prompt.grid_hw, pruning.buckets, relevance_of(choice.arr_out, prompt.grid_hw))
     select_s = time.perf_counter() - t0
@@ -113,7 +117,9 @@ def prepare(req: RequestContext, inputs: Mapping[str, Any]) -> Prepared:
     for b, tr in enumerate(traces):
         tr.adapter = adapter_name(backend) if adapted is not None and adapted[b] else ""
         if pruning.buckets is not None:
-            tr.bucket = {"cells": [int(lm_cells[i].numel()) for i in prompt.units_of(b)], "prompt": int(pruned.width)}
+            units = prompt.units_of(b)   # per image: the cells chosen, the cells after filling, the padded prompt
+            tr.bucket = {"chosen": [chosen[i] for i in units], "filled": [int(lm_cells[i].numel()) for i in units],
+                         "prompt": int(pruned.width)}
     return Prepared(pruned, traces, prompt, choice, fovea, gist, encoding, budgets, mode, fn)
 
 
@@ -147,17 +153,19 @@ def adapter_rows(backend: VLMBackend, prompt: Prompt, kept: Sequence[torch.Tenso
     return [any(int(kept[i].numel()) < prompt.n_tokens[i] for i in prompt.units_of(b)) for b in range(prompt.rows)]
 
 
-def _choose(req: RequestContext, prompt: Prompt, gist: Gist | None, budgets: list[Budget], mode: BudgetMode | None
-            ) -> Choice:
-    """Every unit's kept cells: given, all of them (no selector), or the selector's on the whole batch."""
+def _choose(req: RequestContext, prompt: Prompt, gist: Gist | None, budgets: list[Budget], mode: BudgetMode | None,
+            selector: Selector | None, full: Sequence[bool]) -> Choice:
+    """Every unit's kept cells: given, all of them (no selector), or the selector's on the whole batch (a unit
+    whose budget is every token, `full`, keeps every token: `choose.every_token_units`)."""
     pruning, n = req.pruning, len(prompt.grid_hw)
     if pruning.kept is not None:
         return Choice.of([torch.as_tensor(k, dtype=torch.long) for k in pruning.kept], n)
-    if pruning.selector is None:
+    if selector is None:
         return Choice.of([torch.arange(k) for k in prompt.n_tokens], n)
     tokens = list(prompt.feats) if prompt.feats is not None else gist.on_full_grid if gist is not None else None
     ctx = context(req, prompt, tokens, budgets, mode)
-    return run_selector(pruning.selector, ctx, pruning.method, strict=pruning.strict)
+    choice = run_selector(selector, ctx, pruning.method, strict=pruning.strict)
+    return keep_every_token(choice, full, prompt.n_tokens)
 
 
 __all__ = ["Prepared", "adapter_rows", "prepare"]

@@ -90,7 +90,9 @@ class Trace:
     adapter: str = ""                            # the adapter that ran for this item (its folder or hub id); "": none
                                                  # (no adapter loaded, or every token kept: then the stock model ran)
     notes: list[str] = field(default_factory=list)   # what the user should know: a clip's minimum applied, ...
-    bucket: dict[str, Any] | None = None         # fixed shapes: the cells per image and the prompt length it ran at
+    bucket: dict[str, Any] | None = None         # fixed shapes, per image: "chosen" (the method's cells), "filled"
+                                                 # (after filling to the bucket: what the LM read), and "prompt",
+                                                 # the padded prompt length it ran at
     execution: str = "eager"                     # how it ran: "eager" or "fast" (fixed shapes, compiled)
 
     @property

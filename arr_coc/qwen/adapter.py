@@ -21,8 +21,10 @@ A saved adapter is a folder (or a hub repository, or the `adapter/` folder besid
     arr_coc_adapter.json        the base model it was trained on (family, widths, depths), its targets, its training
     README.md                   the model card
 
-Before peft reads a folder, `check_adapter` refuses (one line, `AdapterError`) a missing folder, an adapter for
-another base model (family, widths, depths) and weights whose shapes or rank do not fit this model.
+Before peft reads a folder, `check_adapter` refuses (one line, `AdapterError`) a missing folder, files that cannot
+be read (a JSON file that is not an object, a weights file cut short or not safetensors: `adapter_folder` reads
+them before any model loads), an adapter for another base model (family, widths, depths) and weights whose shapes
+or rank do not fit this model.
 """
 
 from __future__ import annotations
@@ -208,27 +210,102 @@ def adapter_folder(name_or_folder: str | os.PathLike, revision: str | None = Non
         raise AdapterError(f"no adapter at {name!r} ({'a file, not a folder' if os.path.exists(name) else 'no such folder'}); {how}")
     for folder in (name, os.path.join(name, SUBFOLDER)):
         if all(os.path.isfile(os.path.join(folder, f)) for f in (CONFIG_FILE, WEIGHTS_FILE)):
+            read_config(folder), weight_shapes(folder)      # unreadable files: said here, before any model loads
+            if os.path.isfile(os.path.join(folder, BASE_FILE)):
+                read_json(folder, BASE_FILE)
             return folder
     raise AdapterError(f"no adapter at {name!r} (no {CONFIG_FILE} + {WEIGHTS_FILE} in it or in {SUBFOLDER}/); {how}")
+
+
+RESAVE = "save it again (train-adapter or ARRCOCQwen.save_pretrained) or copy the folder again"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def read_json(folder: str, name: str) -> dict[str, Any]:
+    """One of the adapter's JSON files as an object; AdapterError naming the file otherwise."""
+    path = os.path.join(folder, name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise AdapterError(f"{path} is not readable JSON ({_first_line(exc)}); {RESAVE}") from None
+    if not isinstance(data, dict):
+        raise AdapterError(f"{path} holds a JSON {type(data).__name__}, not an object; {RESAVE}")
+    return data
+
+
+def read_config(folder: str) -> dict[str, Any]:
+    """adapter_config.json: a LoRA config with a rank >= 1; AdapterError naming the file otherwise."""
+    config = read_json(folder, CONFIG_FILE)
+    if config.get("peft_type", "LORA") != "LORA":
+        raise AdapterError(f"{folder} holds a {config.get('peft_type')} adapter; ARR-COC loads LoRA adapters only")
+    rank = config.get("r")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise AdapterError(f"{os.path.join(folder, CONFIG_FILE)}: the LoRA rank 'r' is {rank!r}, not a whole number "
+                           f">= 1; {RESAVE}")
+    return config
+
+
+def weight_shapes(folder: str) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in adapter_model.safetensors, read from its header (the file's length is checked
+    against it: a copy cut short is refused); AdapterError naming the file otherwise."""
+    from safetensors import safe_open
+
+    path = os.path.join(folder, WEIGHTS_FILE)
+    try:
+        with safe_open(path, "pt") as f:
+            return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    except Exception as exc:  # noqa: BLE001 - safetensors' SafetensorError, OSError: a file that is not whole
+        raise AdapterError(f"{path} is not a complete safetensors file ({_first_line(exc)}); {RESAVE}") from None
+
+
+def layer_adapter(layer: Any, model: PreTrainedModel, model_name: str) -> str | None:
+    """The adapter a trained layer's folder holds (`layer/adapter/`, as `ARRCOCQwen.save_pretrained` and
+    train-adapter write it), when it was trained for this base model: its arr_coc_adapter.json names the same
+    base (family, widths, depths) and its card the same model (folder or hub id). -> the layer folder to load it
+    from (`load_adapter` finds adapter/ in it); None when there is none or it is for another model (the layer
+    then runs alone). A file there that cannot be read is AdapterError: a default is never silently dropped."""
+    if not isinstance(layer, (str, os.PathLike)):
+        return None
+    folder = os.path.join(os.fspath(layer), SUBFOLDER)
+    if not all(os.path.isfile(os.path.join(folder, f)) for f in (CONFIG_FILE, WEIGHTS_FILE, BASE_FILE)):
+        return None
+    saved = read_json(folder, BASE_FILE)
+    if _first_difference(saved.get("base", {}), base_identity(model)):
+        return None
+    from ..paths import shown_path
+
+    return shown_path(layer) if _same_model(str(saved.get("card", {}).get("vlm", "")), model_name) else None
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Two names of one model: the same folder (a card's relative folder is the repository's) or hub id."""
+    from ..paths import REPO_ROOT
+
+    def where(name: str) -> str:
+        for path in (name, os.path.join(REPO_ROOT, name)):
+            if name and os.path.isdir(path):
+                return os.path.realpath(path)
+        return name.rstrip("/")
+    return bool(a) and where(a) == where(b)
 
 
 def check_adapter(model: PreTrainedModel, folder: str) -> dict[str, Any]:
     """Refuse (AdapterError, one line) an adapter that does not fit `model`, before peft or the model runs.
     -> its adapter_config.json."""
-    with open(os.path.join(folder, CONFIG_FILE)) as f:
-        config = json.load(f)
-    if config.get("peft_type", "LORA") != "LORA":
-        raise AdapterError(f"{folder} holds a {config.get('peft_type')} adapter; ARR-COC loads LoRA adapters only")
-    base_file = os.path.join(folder, BASE_FILE)
-    if os.path.isfile(base_file):
-        with open(base_file) as f:
-            saved = json.load(f).get("base", {})
+    config = read_config(folder)
+    if os.path.isfile(os.path.join(folder, BASE_FILE)):
+        saved = read_json(folder, BASE_FILE).get("base", {})
         mine = base_identity(model)
         diff = _first_difference(saved, mine)
         if diff:
             raise AdapterError(f"the adapter in {folder} was trained for another base model ({diff}); load it with the "
                                f"model it was trained on ({config.get('base_model_name_or_path') or 'see its README'})")
-    _check_shapes(model, folder, int(config.get("r", 0)))
+    _check_shapes(model, folder, config["r"])
     return config
 
 
@@ -246,25 +323,21 @@ def _first_difference(saved: dict[str, Any], mine: dict[str, Any], at: str = "")
 
 def _check_shapes(model: PreTrainedModel, folder: str, rank: int) -> None:
     """Every LoRA matrix names a linear of this model and has its shape at the config's rank."""
-    from safetensors import safe_open
-
     modules = dict(model.named_modules())
-    with safe_open(os.path.join(folder, WEIGHTS_FILE), "pt") as f:
-        for key in f.keys():
-            match = re.match(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$", key)
-            if match is None:
-                raise AdapterError(f"{folder}: weight {key!r} is not a LoRA matrix; ARR-COC loads LoRA adapters only")
-            name, which = match.groups()
-            module = modules.get(name)
-            base = getattr(module, "base_layer", module)
-            if base is None or not hasattr(base, "in_features"):
-                raise AdapterError(f"{folder}: the adapter adapts {name!r}, which this model does not have as a linear "
-                                   "layer: it was trained for another base model")
-            shape = tuple(f.get_slice(key).get_shape())
-            want = (rank, base.in_features) if which == "A" else (base.out_features, rank)
-            if shape != want:
-                raise AdapterError(f"{folder}: {key} has shape {list(shape)} where this model at rank {rank} needs "
-                                   f"{list(want)} (another rank or another base model); retrain it for this model")
+    for key, shape in weight_shapes(folder).items():
+        match = re.match(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$", key)
+        if match is None:
+            raise AdapterError(f"{folder}: weight {key!r} is not a LoRA matrix; ARR-COC loads LoRA adapters only")
+        name, which = match.groups()
+        module = modules.get(name)
+        base = getattr(module, "base_layer", module)
+        if base is None or not hasattr(base, "in_features"):
+            raise AdapterError(f"{folder}: the adapter adapts {name!r}, which this model does not have as a linear "
+                               "layer: it was trained for another base model")
+        want = (rank, base.in_features) if which == "A" else (base.out_features, rank)
+        if shape != want:
+            raise AdapterError(f"{folder}: {key} has shape {list(shape)} where this model at rank {rank} needs "
+                               f"{list(want)} (another rank or another base model); retrain it for this model")
 
 
 def load_adapter(model: PreTrainedModel, name_or_folder: str | os.PathLike, trainable: bool = False) -> Adapter:
@@ -275,11 +348,14 @@ def load_adapter(model: PreTrainedModel, name_or_folder: str | os.PathLike, trai
     check_adapter(model, folder)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning)
-        peft_model = PeftModel.from_pretrained(model, folder, adapter_name=NAME, is_trainable=trainable)
+        try:
+            peft_model = PeftModel.from_pretrained(model, folder, adapter_name=NAME, is_trainable=trainable)
+        except (TypeError, ValueError, KeyError, OSError, RuntimeError) as exc:   # e.g. a config peft cannot read
+            raise AdapterError(f"peft could not load the adapter in {folder} ({type(exc).__name__}: "
+                               f"{_first_line(exc)}); {RESAVE}") from None
     targets, card = DEFAULT_TARGETS, AdapterCard()
     if os.path.isfile(os.path.join(folder, BASE_FILE)):
-        with open(os.path.join(folder, BASE_FILE)) as f:
-            saved = json.load(f)
+        saved = read_json(folder, BASE_FILE)
         targets = tuple(saved.get("targets", targets))
         card = AdapterCard(**{k: v for k, v in saved.get("card", {}).items() if k in AdapterCard.__dataclass_fields__})
     return Adapter(peft_model, os.fspath(name_or_folder), targets, card, trainable=trainable)
@@ -309,5 +385,6 @@ def adapter_card(adapter: Adapter, card: AdapterCard) -> str:
 
 
 __all__ = ["ADAPTER_FILES", "Adapter", "AdapterCard", "AdapterError", "DEFAULT_TARGETS", "SUBFOLDER", "TARGET_GROUPS",
+           "layer_adapter",
            "adapter_card", "adapter_folder", "attach_adapter", "base_identity", "check_adapter", "load_adapter",
            "target_pattern"]

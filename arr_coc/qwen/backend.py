@@ -161,6 +161,12 @@ class QwenBackend:
 
         self.set_adapter(adapter if isinstance(adapter, Adapter) else load_adapter(self.model, adapter))
 
+    def default_adapter(self, layer: Any, model_name: str) -> str | None:
+        """The layer folder whose `adapter/` was trained for this base model (`adapter.layer_adapter`), or None."""
+        from .adapter import layer_adapter
+
+        return layer_adapter(layer, self.model, model_name)
+
     def adapted(self, on: bool) -> AbstractContextManager:
         """Inside, the adapter runs when `on` (and there is one); the stock model otherwise."""
         return self.adapter.active(on) if self.adapter is not None else nullcontext()

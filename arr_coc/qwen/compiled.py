@@ -46,8 +46,8 @@ class CompiledQwen:
         self.model = model
         self.execution = execution
         visual = model.model.visual
-        self._tower = execution.compile(type(visual).forward.__get__(visual))
-        self._forward = execution.compile(type(model).forward.__get__(model))
+        self._tower = execution.compile(type(visual).forward.__get__(visual), "the vision tower")
+        self._forward = execution.compile(type(model).forward.__get__(model), "the language model")
 
     @contextmanager
     def tower(self) -> Iterator[None]:

@@ -102,8 +102,50 @@ class AdapterTrainConfig:
         unknown = [] if self.data else [t for t in self.hard_types if t not in QUESTION_TYPES]
         if unknown:
             raise ValueError(f"hard types {unknown}: choose from {', '.join(QUESTION_TYPES)}")
-        if self.steps < 0 or self.batch_size < 1 or self.hard_weight < 1:
-            raise ValueError("steps >= 0, batch size >= 1 and hard weight >= 1, please")
+        if self.steps < 1:
+            raise ValueError(f"--steps {self.steps}: train at least one step (0 would write an untrained adapter)")
+        if self.rank < 1 or self.alpha <= 0:
+            raise ValueError(f"--rank {self.rank} --alpha {self.alpha:g}: the LoRA rank is a whole number >= 1 and "
+                             "alpha > 0 (the defaults: 16 and 32)")
+        for name, value, least in (("--batch-size", self.batch_size, 1), ("--val-items", self.val_items, 1),
+                                   ("--eval-every", self.eval_every, 1), ("--workers", self.workers, 0)):
+            if value < least:
+                raise ValueError(f"{name} {value}: must be >= {least}")
+        if self.hard_weight < 1:
+            raise ValueError(f"--hard-weight {self.hard_weight:g}: must be >= 1")
+
+
+def check_run(cfg: AdapterTrainConfig, resume: bool = False) -> list[str]:
+    """What a run is refused for before any model loads (ValueError, one line naming the cause): a JSONL split
+    that does not read or is too small to hold out --val-items and train on the rest, an --out that cannot be
+    written. -> notes to print (--resume with no saved state: it starts fresh)."""
+    from ..data import read_jsonl
+
+    if cfg.data:
+        n = sum(len(read_jsonl(p)) for p in cfg.data)        # a malformed line: JSONLFormatError, its own words
+        if n == 0:
+            raise ValueError(f"--data {', '.join(cfg.data)}: no records (an empty split); give a JSONL split with "
+                             "records (docs/DATA.md)")
+        if n <= cfg.val_items:
+            raise ValueError(f"--data has {n} records and --val-items {cfg.val_items} holds out that many for "
+                             f"validation, leaving none to train on; pass --val-items {max(1, n // 4)}")
+    writable_folder(cfg.out)
+    state = os.path.join(cfg.out, STATE_FILE)
+    return [f"--resume: no saved state in {shown_path(state)}; starting fresh"] if resume and not os.path.isfile(state) \
+        else []
+
+
+def writable_folder(path: str, option: str = "--out") -> None:
+    """Make `path` a folder and write into it once (ValueError, one line, when it cannot be)."""
+    import tempfile
+
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{option} {path}: cannot write there ({exc.strerror or type(exc).__name__}); "
+                         "pass a folder you can write") from None
 
 
 def _collate(batch: list) -> list:
@@ -163,7 +205,7 @@ def _start(cfg: AdapterTrainConfig, model_path: str, layer: str | None, init_ada
     if wrapper is None:
         run_on = runtime or Runtime.resolve("cpu")
         wrapper = ARRCOCQwen.from_pretrained(model_path, arr_coc=layer, device=run_on.device, dtype=run_on.dtype,
-                                             attn_implementation=run_on.attn_implementation)
+                                             attn_implementation=run_on.attn_implementation, adapter=False)
     model = wrapper.model
     adapter = load_adapter(model, init_adapter, trainable=True) if init_adapter else attach_adapter(
         model, cfg.rank, cfg.alpha, cfg.targets, cfg.dropout, cfg.seed)
@@ -185,6 +227,8 @@ def _start(cfg: AdapterTrainConfig, model_path: str, layer: str | None, init_ada
                [])
     if resume and os.path.isfile(os.path.join(cfg.out, STATE_FILE)):
         _resume(run)
+    elif resume:
+        logger.warning("--resume: no saved state in %s; starting fresh", shown_path(os.path.join(cfg.out, STATE_FILE)))
     data, val = training_items(cfg)
     run.loader = data_loader(cfg, run.state["step"], data)
     run.val = val

@@ -114,13 +114,18 @@ def load_animation(path: str, shown: str, frame_rate: float | None, sampling: di
 
 
 def animated_notes(path: str | os.PathLike) -> list[str]:
-    """What is said when a picture's path turns out to be an animation, read as a clip: one note for an animated
-    GIF / APNG, none for anything else (a video file given as a picture is a clip without surprise)."""
+    """What is said when a path given as a picture is a clip, read as one (by the model for clips, as if given as
+    a video): one note for an animated GIF / APNG and for a video file (issue 55: an mp4 too), none otherwise."""
+    from .decode import VIDEO_EXTENSIONS
+
     frames = animation_frames(path)
-    if not frames:
-        return []
-    return [f"The animated image ({frames} frames) is read as a clip, its frames over time; save one frame as a "
-            "picture to ask about it alone."]
+    if frames:
+        return [f"The animated image ({frames} frames) is read as a clip, its frames over time; save one frame as "
+                "a picture to ask about it alone."]
+    if os.path.splitext(os.fspath(path))[1].lower() in VIDEO_EXTENSIONS:
+        return ["The video file given as a picture is read as a clip, its frames over time (as a video is); "
+                "save one frame as a picture to ask about it alone."]
+    return []
 
 
 __all__ = ["ANIMATION_EXTENSIONS", "animated_notes", "animation_frames", "is_animation", "load_animation", "read_animation"]
