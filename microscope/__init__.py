@@ -11,7 +11,6 @@
     page      the Gradio Blocks layout, its CSS and examples (`build_demo`)
     memory    glibc malloc tuning that keeps the server's resident memory flat
     server    command-line arguments, loading the model (`load` -> `Microscope`), `serve`, `main`
-    video     deprecated: `ask_video`, now `handler.ask(..., video=clip)`
 
 `app.py` at the repository root is the entry point (`python app.py`, `make run`, a Hugging Face
 Space). Importing any of these modules loads neither torch, transformers nor gradio.

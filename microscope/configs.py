@@ -188,7 +188,3 @@ def layer_for_mode(scope: Microscope, layer: str, mode: str, gist: Any = 0.0) ->
     if (mode == "after" or gist_share > 0.0) and layer == before:
         return main
     return layer
-
-
-def wrapper_of(scope: Microscope, config: RunConfig) -> ARRCOCQwen:
-    return scope.layers[config.layer]

@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING, Any
 from arr_coc.inputs import FORMATS, LIMITS, ImageInfo, InputError, InputLimits, OpenedImage  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
-    from PIL.Image import Image
-
     from arr_coc.budget import Budget
 
 MAX_QUESTION_CHARS = LIMITS.max_question_chars
@@ -69,13 +67,6 @@ def open_upload(value: Any, limits: InputLimits = LIMITS) -> OpenedImage:
     if isinstance(value, Unreadable):
         raise InputError(f"Could not read the file as an image ({value}). Give a {FORMATS} file.", "image_unreadable")
     return open_image(value, limits)
-
-
-def read_image(value: Any, limits: InputLimits = LIMITS) -> tuple[Image, ImageInfo]:
-    """An upload (path, PIL image or array) -> (8-bit RGB PIL image the model can take, ImageInfo)."""
-    from arr_coc.inputs import finish_image
-
-    return finish_image(open_upload(value, limits), limits)
 
 
 def read_flag(value: Any, name: str, default: bool) -> bool:
