@@ -10,6 +10,7 @@ that do not fall with the budget.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 
@@ -21,7 +22,7 @@ from arr_coc.budget import parse_budgets, resolve_count
 from arr_coc.layer import ARRCOCLayer
 from arr_coc.evaluation.flops import count_flops
 from arr_coc.evaluation.loop import REQUIRED_KEYS, resolve_methods
-from arr_coc.evaluation.report import paired_difference
+from arr_coc.evaluation.report import paired_difference, paired_stats
 
 EMBEDDED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "shapes-qwen2vl")
 
@@ -168,6 +169,21 @@ def test_paired_difference_counts_items_each_method_alone_got_right():
     assert p["low"] < p["diff"] < p["high"] and p["low"] < 0   # 3 wins to 1 loss in 8 items is not significant
     assert paired_difference({"results": rows}, "a", "none", 0.1)["diff"] == pytest.approx(-2 / 8)  # none: its 100% row
     assert paired_difference({"results": rows}, "a", "missing", 0.1) is None
+
+
+def test_one_paired_interval_for_the_tables_the_scripts_and_eval_vs_full():
+    """d = a - b = [1,0,0,1,-1,0,1,0]: mean 0.25, sd sqrt(3.5 / 7), half 1.96 * sd / sqrt(8) = 0.49, by hand."""
+    from arr_coc.evaluation.loop import _Rows, compare_with_full
+
+    a, b = [1, 1, 0, 1, 0, 1, 1, 0], [0, 1, 0, 0, 1, 1, 0, 0]
+    p = paired_stats(a, b)
+    assert (p["diff"], p["n"], p["wins"], p["losses"]) == (0.25, 8, 3, 1)
+    assert p["low"] == pytest.approx(-0.24) and p["high"] == pytest.approx(0.74)
+    row = {"status": "ok", "correct": a, "answers": ["x"] * 8}
+    compare_with_full(row, _Rows(correct=b, answers=["x"] * 8, prefill_flops=[None] * 8, vision_flops=[0] * 8))
+    assert row["vs_full"] == [-0.24, 0.74]                       # eval's row: the same interval, rounded
+    one = paired_stats([1], [0])
+    assert one["diff"] == 1.0 and math.isnan(one["low"]) and math.isnan(one["high"])   # one item: no interval
 
 
 def test_the_table_says_when_a_row_kept_another_share_than_its_budget():

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import re
 import statistics
@@ -43,6 +42,7 @@ from ..encode import EncodeConfig
 from ..pipeline.selection import method_info, methods_where
 from .items import Item, as_items
 from .plans import BatchRun, MethodPlan, split_spec
+from .report import paired_stats
 
 if TYPE_CHECKING:
     from ..qwen import ARRCOCQwen
@@ -334,11 +334,8 @@ def compare_with_full(row: dict[str, Any], full: _Rows | None) -> None:
     if full_e2e and row.get("e2e_flops_mean") is not None:
         row["cost"] = round(row["e2e_flops_mean"] / full_e2e, 4)
     row["agree"] = round(_mean([float(a == f) for a, f in zip(row["answers"], full.answers)]) or 0.0, 4)
-    diff = [a - b for a, b in zip(row["correct"], full.correct)]
-    mean = sum(diff) / len(diff) if diff else 0.0
-    sd = math.sqrt(sum((x - mean) ** 2 for x in diff) / max(1, len(diff) - 1))
-    half = 1.96 * sd / math.sqrt(len(diff)) if len(diff) > 1 else float("nan")
-    row["vs_full"] = [round(mean - half, 4), round(mean + half, 4)]
+    paired = paired_stats(row["correct"], full.correct)
+    row["vs_full"] = [round(paired["low"], 4), round(paired["high"], 4)]
 
 
 def run_one(run: _Run, plan: MethodPlan, batch: _Batch, budget: Budget) -> _Rows:
