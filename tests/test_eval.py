@@ -115,6 +115,26 @@ def test_eval_end_to_end_writes_results_table_and_plot(split, model_dir, tmp_pat
     print(f"eval of 20 items took {seconds:.1f} s")
 
 
+def test_eval_fast_buckets_fills_each_choice_to_its_bucket_eagerly(split, model_dir, tmp_path, capsys):
+    """`eval --fast buckets`: the fast path's fixed shapes without compiling (what scripts/eval_buckets.py did by
+    monkeypatching the loader): every kept count is a bucket (or the whole grid), never below the eager run's."""
+    from arr_coc.buckets import CELL_BUCKETS
+
+    rows = {}
+    for fast in ("off", "buckets"):
+        out = tmp_path / f"{fast}.json"
+        assert main(["eval", "--model", model_dir, "--data", split, "--methods", "grid", "--budgets", "0.05",
+                     "--limit", "3", "--batch-size", "3", "--fast", fast, "--out", str(out), "--quiet"]) == 0
+        rows[fast] = next(r for r in json.loads(out.read_text())["results"] if r["method"] == "grid")
+    off, filled = rows["off"], rows["buckets"]
+    assert all(k in CELL_BUCKETS or k == n for k, n in zip(filled["item_kept"], filled["item_total"]))
+    assert all(f >= o for f, o in zip(filled["item_kept"], off["item_kept"]))
+    assert any(f > o for f, o in zip(filled["item_kept"], off["item_kept"]))     # the fill added cells
+    with pytest.raises(SystemExit):
+        main(["ask", "--fast", "buckets", "--help"])                            # an eval option only
+    assert "invalid choice: 'buckets'" in capsys.readouterr().err
+
+
 def test_eval_is_seeded(split, model_dir, tmp_path):
     reports = []
     for i in range(2):

@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="report a method that failed on some items with those items' keep-all fallback "
                              "(default: strict, such a row is reported as failed)")
     add_runtime(parser)
-    add_fast(parser)
+    add_fast(parser, buckets=True)
     parser.add_argument("--out", required=True, help="results JSON path")
     parser.add_argument("--plot", default=None, help="accuracy vs. kept-token share plot (PNG)")
     parser.add_argument("--markdown", default=None, help="Markdown table path")

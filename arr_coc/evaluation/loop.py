@@ -96,7 +96,9 @@ def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int =
     arr_coc: the ARR-COC layer the wrapper builds (a folder, a hub id; None: the untrained layer). adapter: LoRA
     adapters for its pruned requests (`ARRCOCQwen.from_pretrained(adapter=...)`; an unfit one is never retried).
     device / dtype / attn_implementation: `arr_coc.runtime`'s names (a wrong one raises RuntimeChoiceError
-    at once, before anything loads; it is never retried). fast: `ARRCOCQwen.from_pretrained`'s.
+    at once, before anything loads; it is never retried). fast: `ARRCOCQwen.from_pretrained`'s, or "buckets":
+    the fast path's fixed shapes (each choice filled to its bucket, `arr_coc.buckets`) run eagerly, without
+    compiling, so a report shows what the fill alone changes against `fast="off"`.
     """
     from ..qwen import ARRCOCQwen, HubUnreachable
     from ..qwen.adapter import AdapterError
@@ -111,8 +113,8 @@ def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int =
     for attempt in range(attempts):
         try:
             wrapper = ARRCOCQwen.from_pretrained(model, arr_coc=arr_coc, device=run.device, dtype=run.dtype,
-                                                 attn_implementation=run.attn_implementation, fast=fast,
-                                                 adapter=adapter)
+                                                 attn_implementation=run.attn_implementation,
+                                                 fast=False if fast == "buckets" else fast, adapter=adapter)
             break
         except (HubUnreachable, RuntimeChoiceError, AdapterError):   # retrying changes none of them
             raise
@@ -121,6 +123,11 @@ def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int =
                 raise
             logger.warning("loading %s failed (%s); retrying in 5 s", model, exc)
             time.sleep(5)
+    if fast == "buckets":
+        from ..buckets import Buckets
+        from ..execution import Execution
+
+        wrapper.use(Execution(buckets=Buckets(), label="buckets (eager)"))
     wrapper.seed = seed
     return wrapper
 
