@@ -1,8 +1,10 @@
 """The house's rules, checked from the code itself (docs/DESIGN.md, "Layout" and "Dependencies"):
 
 - no import cycle of any kind: between files, counting imports at the top, inside functions and under
-  `if TYPE_CHECKING:` (a type-only or lazy import that closes a circle still ties the two files together), and
-  between packages (a subpackage or a top-level module of `arr_coc` is one node; `microscope` is one);
+  `if TYPE_CHECKING:` (a type-only or lazy import that closes a circle still ties the two files together),
+  between packages (a subpackage or a top-level module of `arr_coc` is one node; `microscope` is one), and
+  between a package and its own subpackages (`arr_coc.shapes` <-> `arr_coc.shapes.video`: each folder's own
+  modules are one node, each subfolder another);
 - the layering DESIGN.md states, read off the imports: the core knows nothing of the pipeline, a backend or the
   methods; the pipeline knows no backend and no method; selectors know no backend; the app and the library never
   import the command line; Hugging Face model internals are reached from the Qwen backend (and the embedded
@@ -84,6 +86,23 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     return out
 
 
+def folder_of(module: str, root: Path = ROOT) -> str:
+    """The folder-level node: a module below a subpackage of `arr_coc` belongs to the folder that holds it (a
+    package's own modules are one node, each of its subpackages another); above that, `package_of`."""
+    parts = module.split(".")
+    if parts[0] != "arr_coc" or len(parts) <= 2:
+        return package_of(module)
+    return module if root.joinpath(*parts).is_dir() else ".".join(parts[:-1])
+
+
+def folder_graph(graph: dict[str, set[str]], root: Path = ROOT) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        node = folder_of(module, root)
+        out.setdefault(node, set()).update(folder_of(d, root) for d in deps if folder_of(d, root) != node)
+    return out
+
+
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one node (Tarjan), each sorted."""
     index: dict[str, int] = {}
@@ -160,6 +179,23 @@ def test_the_cycle_finder_finds_cycles_of_every_kind(tmp_path):
     assert not any("pkg.e" in c for c in find_cycles(graph))                  # one way is no circle
 
 
+def test_the_folder_check_finds_a_circle_between_a_package_and_its_subpackage(tmp_path):
+    """Negative control: the parent's own module imports the child inside a function, the child imports the
+    parent's module: no file circle and no circle between top-level packages, yet parent <-> child."""
+    _write(tmp_path, {
+        "arr_coc/__init__.py": "", "arr_coc/shapes/__init__.py": "",
+        "arr_coc/shapes/words.py": "WORDS = ()\n",
+        "arr_coc/shapes/tuning.py": "def run():\n    from .video.spec import video_words  # lazy\n    return video_words\n",
+        "arr_coc/shapes/video/__init__.py": "", "arr_coc/shapes/video/spec.py": "from ..words import WORDS\n",
+        "arr_coc/shapes/video/items.py": "from .spec import WORDS\n",
+    })
+    graph = import_graph(tmp_path, ("arr_coc",))
+    assert find_cycles(graph) == [] and find_cycles(package_graph(graph)) == []
+    assert find_cycles(folder_graph(graph, tmp_path)) == [["arr_coc.shapes", "arr_coc.shapes.video"]]
+    del graph["arr_coc.shapes.tuning"]                                        # the parent no longer looks down
+    assert find_cycles(folder_graph(graph, tmp_path)) == []
+
+
 def test_the_function_length_check_catches_a_long_function(tmp_path, monkeypatch):
     long = tmp_path / "long.py"
     long.write_text("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES + "    return x\n")
@@ -178,6 +214,13 @@ def test_no_import_cycles_between_files():
 
 def test_no_import_cycles_between_packages():
     assert find_cycles(package_graph(import_graph())) == []
+
+
+def test_no_import_cycles_between_a_package_and_its_subpackages():
+    """Function-local imports count: `shapes/video_tuning.py` once closed shapes -> shapes.video -> shapes."""
+    graph = folder_graph(import_graph())
+    assert {"arr_coc.shapes", "arr_coc.shapes.video", "arr_coc.data.convert"} <= set(graph)   # the walk sees folders
+    assert find_cycles(graph) == []
 
 
 def test_the_layers_import_only_downwards():
