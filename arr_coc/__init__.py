@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 # public name -> module that owns it
 _EXPORTS = {
-    "ARRCOCConfig": "arr_coc.config",
-    "ARRCOCLayer": "arr_coc.layer",
-    "ARRCOCOutput": "arr_coc.layer",
-    "channel_names": "arr_coc.texture",
-    "generate_texture_array": "arr_coc.texture",
+    "ARRCOCConfig": "arr_coc.core.config",
+    "ARRCOCLayer": "arr_coc.core.layer",
+    "ARRCOCOutput": "arr_coc.core.output",
+    "channel_names": "arr_coc.core.texture",
+    "generate_texture_array": "arr_coc.core.texture",
     "ARRCOCQwen": "arr_coc.qwen",
     "Trace": "arr_coc.qwen",
     "Pruning": "arr_coc.pipeline",
@@ -47,12 +47,13 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from .budget import DEFAULT_BUDGET, Budget, BudgetError, parse_budget
-    from .config import ARRCOCConfig
+    from .core.config import ARRCOCConfig
     from .inputs import LIMITS, InputError, InputLimits
-    from .layer import ARRCOCLayer, ARRCOCOutput
+    from .core.layer import ARRCOCLayer
+    from .core.output import ARRCOCOutput
     from .pipeline import Pruning, register_selector
     from .qwen import ARRCOCQwen, Trace
-    from .texture import channel_names, generate_texture_array
+    from .core.texture import channel_names, generate_texture_array
     from .video.clip import Clip
     from .video.reading import load_clip
 

@@ -74,7 +74,7 @@ def test_the_check_catches_the_old_fallback(wrapper, monkeypatch):
     cells, which the pipeline then fills with every token: the ceiling check fails."""
     import torch
 
-    import arr_coc.temporal as temporal
+    import arr_coc.core.temporal as temporal
 
     def old_allocate(score, k, min_per_group=1):
         t = score.shape[0]

@@ -19,7 +19,7 @@ import torch
 
 from arr_coc.__main__ import main
 from arr_coc.budget import parse_budgets, resolve_count
-from arr_coc.layer import ARRCOCLayer
+from arr_coc.core.layer import ARRCOCLayer
 from arr_coc.evaluation.flops import count_flops
 from arr_coc.evaluation.loop import REQUIRED_KEYS, resolve_methods
 from arr_coc.evaluation.report import paired_difference, paired_stats

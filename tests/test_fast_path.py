@@ -15,7 +15,7 @@ from torch._dynamo.testing import CompileCounter
 
 from arr_coc.buckets import Buckets, fill
 from arr_coc.execution import Execution, read_fast_flag
-from arr_coc.layer import ARRCOCLayer
+from arr_coc.core.layer import ARRCOCLayer
 from arr_coc.pipeline.request import Pruning
 from arr_coc.qwen.wrapper import ARRCOCQwen
 from arr_coc.video import load_clip
@@ -165,7 +165,7 @@ def test_both_maps_gradients_are_one_grouped_convolution_bit_for_bit():
     import torch.nn.functional as F
 
     from arr_coc.evaluation.opcount import OpCounter
-    from arr_coc.texture import sobel_bank
+    from arr_coc.core.texture import sobel_bank
 
     x = torch.rand(2, 2, 40, 56, generator=torch.Generator().manual_seed(0))
     with OpCounter() as ops:
@@ -182,8 +182,8 @@ def test_the_luminance_blur_on_the_cpu_is_the_convolutions_sums_bit_for_bit():
     """The texture's full-resolution blur (shifted fused multiply-adds on the CPU) equals the two convolutions it
     replaced, on images as the texture sees them (widths of 16 px cells); negative control: the same taps summed
     as separate multiplies and adds round differently."""
-    from arr_coc.spectral import gaussian_blur
-    from arr_coc.texture import BLUR_SIGMA, BLUR_TAPS
+    from arr_coc.core.spectral import gaussian_blur
+    from arr_coc.core.texture import BLUR_SIGMA, BLUR_TAPS
 
     g = torch.Generator().manual_seed(3)
     for h, w in ((256, 256), (512, 496), (112, 1024)):

@@ -17,13 +17,13 @@ import torch
 
 from arr_coc.budget import count_of
 from arr_coc.encode import EncodeConfig
-from arr_coc.grid import GridBatch
+from arr_coc.core.grid import GridBatch
 from arr_coc.inputs import LIMITS
-from arr_coc.layer import build_layer
+from arr_coc.core.layer import build_layer
 from arr_coc.pipeline import IMAGE, VIDEO, Prompt, Pruning, answer
 from arr_coc.pipeline.fovea import dilate
 from arr_coc.pipeline.tokens import VisualRows
-from arr_coc.texture import work_images
+from arr_coc.core.texture import work_images
 
 CELL, WIDTH, VOCAB = 16, 32, 50
 

@@ -27,11 +27,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("arr_coc", "microscope")   # the library and the app package
 MAX_FUNCTION_LINES = 80
 
-# The core: the layer and what it is made of. It imports nothing above it.
-CORE = {f"arr_coc.{m}" for m in (
-    "config", "texture", "spectral", "kmeans", "components", "extent", "knowing", "balancing", "attending", "layer",
-    "persistence", "output", "batch", "grid", "viz", "temporal", "saccade", "resolution", "budget", "stopwatch",
-    "errors", "geometry", "cancel", "schedule")}
+# The core (`arr_coc/core/`: the layer and what it is made of) and the small owners beside it. They import
+# nothing above them.
+CORE_MODULES = ("config", "texture", "spectral", "kmeans", "components", "extent", "knowing", "balancing", "attending",
+                "layer", "persistence", "output", "batch", "grid", "temporal")
+CORE = {f"arr_coc.core.{m}" for m in CORE_MODULES} | {"arr_coc.core"} | {f"arr_coc.{m}" for m in (
+    "viz", "saccade", "resolution", "budget", "stopwatch", "errors", "geometry", "cancel", "schedule", "lazy")}
 ABOVE_THE_CORE = ("arr_coc.pipeline", "arr_coc.qwen", "arr_coc.methods", "arr_coc.evaluation", "arr_coc.training",
                   "arr_coc.harness", "arr_coc.cli", "arr_coc.shapes", "arr_coc.data", "microscope")
 # Where a Hugging Face Qwen-VL model's internals may be reached: the backend, the embedded model's builder and
@@ -246,10 +247,22 @@ def test_the_layers_import_only_downwards():
     assert {m: d for m, d in bad.items() if d} == {}
 
 
+def test_the_core_folder_holds_the_layer_and_what_only_it_uses():
+    """`arr_coc/core/` is the four stages, the layer and what only they use: a top-level module that only the core
+    imports belongs in it, and a stage's helpers (spectral, kmeans, components) serve the texture alone."""
+    graph = import_graph()
+    assert {p.stem for p in (ROOT / "arr_coc" / "core").glob("*.py")} - {"__init__"} == set(CORE_MODULES)
+    users = {m: {k for k, deps in graph.items() if m in deps} for m in graph}
+    flat = [m for m in graph if m.count(".") == 1 and (ROOT / "arr_coc" / f"{m.split('.')[1]}.py").exists()]
+    assert [m for m in flat if users[m] and all(u.startswith("arr_coc.core.") for u in users[m])] == []
+    for helper in ("spectral", "kmeans", "components"):
+        assert users[f"arr_coc.core.{helper}"] == {"arr_coc.core.texture"}
+
+
 def test_the_layer_check_sees_an_upward_import(tmp_path):
     """Negative control: a core module that imports the pipeline is reported."""
-    graph = {"arr_coc.texture": {"arr_coc.pipeline.prompt"}}
-    assert [d for d in graph["arr_coc.texture"] if d.startswith(ABOVE_THE_CORE)] == ["arr_coc.pipeline.prompt"]
+    graph = {"arr_coc.core.texture": {"arr_coc.pipeline.prompt"}}
+    assert [d for d in graph["arr_coc.core.texture"] if d.startswith(ABOVE_THE_CORE)] == ["arr_coc.pipeline.prompt"]
 
 
 def test_model_internals_are_reached_from_the_backend_only():

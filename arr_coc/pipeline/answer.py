@@ -25,7 +25,7 @@ from .request import Pruning
 from .trace import Trace
 
 if TYPE_CHECKING:
-    from ..layer import ARRCOCLayer
+    from ..core.layer import ARRCOCLayer
 
 
 @dataclass

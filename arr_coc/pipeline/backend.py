@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from ..encode import EncodeConfig
     from ..inputs import InputLimits
     from ..stopwatch import Stopwatch
-    from ..texture import WorkImages
-    from ..grid import GridBatch
+    from ..core.texture import WorkImages
+    from ..core.grid import GridBatch
 
 
 @runtime_checkable

@@ -19,15 +19,15 @@ import numpy as np
 import torch
 
 from ..budget import Budget, BudgetError, BudgetMode, count_of
-from ..grid import upload
+from ..core.grid import upload
 from ..stopwatch import Stopwatch, lap
-from ..temporal import minimum_count
+from ..core.temporal import minimum_count
 from .backend import VLMBackend
 from .prompt import Prompt
 from .selection import Selection, SelectionContext, Selector
 
 if TYPE_CHECKING:
-    from ..layer import ARRCOCLayer
+    from ..core.layer import ARRCOCLayer
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from .tokens import VisualRows
 from .trace import Trace, item_traces
 
 if TYPE_CHECKING:
-    from ..layer import ARRCOCLayer
+    from ..core.layer import ARRCOCLayer
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 import torch
 
-from ..output import ARRCOCOutput
+from ..core.output import ARRCOCOutput
 from ..saccade import SaccadeConfig, decide, grown, saccade_cells, strength, uncertainty
 from ..stopwatch import Stopwatch, lap
 from .backend import PrunedPrompt, VLMBackend
@@ -41,7 +41,7 @@ from .request import LOOKS_REFUSAL, Pruning
 from .trace import Look, Trace
 
 if TYPE_CHECKING:
-    from ..layer import ARRCOCLayer
+    from ..core.layer import ARRCOCLayer
 
 
 @dataclass

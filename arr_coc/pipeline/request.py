@@ -32,7 +32,7 @@ from .selection import (Selector, available_methods, get_selector, method_info, 
                         selects_before_encoding, selects_video, unknown_method_message, video_methods)
 
 if TYPE_CHECKING:
-    from ..layer import ARRCOCLayer
+    from ..core.layer import ARRCOCLayer
     from .prompt import Prompt
 
 ADAPTIVE = "adaptive"

@@ -24,8 +24,8 @@ from ..budget import Budget, BudgetMode
 from .prompt import Prompt, clip_members
 
 if TYPE_CHECKING:
-    from ..layer import ARRCOCLayer
-    from ..output import ARRCOCOutput
+    from ..core.layer import ARRCOCLayer
+    from ..core.output import ARRCOCOutput
     from ..stopwatch import Stopwatch
     from .backend import UnitPixels, VLMBackend
 

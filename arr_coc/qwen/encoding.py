@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..encode import EncodeConfig
-from ..grid import upload
+from ..core.grid import upload
 from ..pipeline.fovea import dilate
 from ..stopwatch import Stopwatch, lap
 from .families import Family, family_of

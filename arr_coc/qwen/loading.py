@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..layer import LayerSpec, build_layer  # noqa: F401 - where the wrapper and older callers find them
+from ..core.layer import LayerSpec, build_layer  # noqa: F401 - where the wrapper and older callers find them
 from ..runtime import Runtime, RuntimeChoiceError
 from .families import FAMILIES
 from .processing import load_processor

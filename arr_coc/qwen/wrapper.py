@@ -22,7 +22,7 @@ import torch
 from ..budget import BudgetMode, BudgetSpec
 from ..encode import EncodeConfig, EncodeMode
 from ..execution import Execution, read_fast_flag
-from ..layer import ARRCOCLayer
+from ..core.layer import ARRCOCLayer
 from ..paths import check_layer_folder
 from ..pipeline.answer import Answered, Response, answer, respond
 from ..pipeline.look import Prepared, prepare
@@ -31,7 +31,7 @@ from ..pipeline.selection import Selector
 from ..pipeline.trace import PrefillOutput, Trace
 from ..runtime import Runtime
 from ..stopwatch import Stopwatch
-from ..persistence import LayerCard
+from ..core.persistence import LayerCard
 from .adapter import SUBFOLDER, Adapter, AdapterCard, adapter_folder, load_adapter
 from .backend import QwenBackend
 from .loading import LayerSpec, build_layer, load_vlm
