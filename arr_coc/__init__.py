@@ -36,9 +36,9 @@ _EXPORTS = {
     "BudgetError": "arr_coc.budget",
     "DEFAULT_BUDGET": "arr_coc.budget",
     "parse_budget": "arr_coc.budget",
-    "InputError": "arr_coc.inputs",
-    "InputLimits": "arr_coc.inputs",
-    "LIMITS": "arr_coc.inputs",
+    "InputError": "arr_coc.errors",
+    "InputLimits": "arr_coc.validation.limits",
+    "LIMITS": "arr_coc.validation.limits",
     "Clip": "arr_coc.video.clip",
     "load_clip": "arr_coc.video.reading",
 }
@@ -48,7 +48,8 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from .budget import DEFAULT_BUDGET, Budget, BudgetError, parse_budget
     from .core.config import ARRCOCConfig
-    from .inputs import LIMITS, InputError, InputLimits
+    from .errors import InputError
+    from .validation.limits import LIMITS, InputLimits
     from .core.layer import ARRCOCLayer
     from .core.output import ARRCOCOutput
     from .pipeline import Pruning, register_selector

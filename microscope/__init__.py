@@ -1,6 +1,6 @@
 """The ARR-COC microscope: a Gradio app that runs the baseline VLM and two pruned configurations side by side.
 
-    inputs    the library's input validator (arr_coc.inputs) plus the app's own upload cases, InputError
+    inputs    the library's input validator (arr_coc.validation) plus the app's own upload cases, InputError
     configs   configs A and B of a request (method, layer, encode after|before) and the layers offered
     asked     what a request asks about: an image or a clip, opened and checked, one picture per unit
     handler   one request (`ask`), image or clip: the baseline and each config's run, the files it writes

@@ -19,7 +19,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from arr_coc.inputs import InputError
+from arr_coc.errors import InputError
 
 from microscope.scope import Microscope, RunConfig, encode_text  # noqa: F401 - RunConfig, encode_text re-exported
 

@@ -1,4 +1,4 @@
-"""What the user sends, checked by the library's one validator (`arr_coc.inputs`), so the page, the API,
+"""What the user sends, checked by the library's one validator (`arr_coc.validation`), so the page, the API,
 the command line and `ARRCOCQwen.generate` give the same verdict in the same words. This module only adds
 what is the app's own: uploads the Image component could not hand over (`Unreadable`), None meaning the
 default budget, and the names the handler uses. Every refusal is an `InputError` whose message the page
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from arr_coc.inputs import FORMATS, LIMITS, ImageInfo, InputError, InputLimits, OpenedImage  # noqa: F401 (re-exported)
+from arr_coc.errors import InputError  # noqa: F401 (re-exported)
+from arr_coc.validation.images import ImageInfo, OpenedImage  # noqa: F401 (re-exported)
+from arr_coc.validation.limits import FORMATS, LIMITS, InputLimits  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from arr_coc.budget import Budget
@@ -36,7 +38,7 @@ def reason(exc: BaseException) -> str:
 
 
 def check_question(question: Any, limits: InputLimits = LIMITS) -> tuple[str, list[str]]:
-    from arr_coc.inputs import check_question as check
+    from arr_coc.validation.requests import check_question as check
 
     return check(question, limits)
 
@@ -47,7 +49,7 @@ def read_budget(value: Any) -> Budget:
     whole number means what it means on the command line: 64 a count, 1 ambiguous (the page's slider sends
     its maximum as "1.0")."""
     from arr_coc.budget import DEFAULT_BUDGET
-    from arr_coc.pipeline.request import read_budget as read
+    from arr_coc.validation.requests import read_budget as read
 
     return read(value, DEFAULT_BUDGET, wire=True)
 
@@ -60,7 +62,7 @@ def check_method(method: Any) -> str:
 
 def open_upload(value: Any, limits: InputLimits = LIMITS) -> OpenedImage:
     """The upload opened and its header checked (not decoded: the handler admits it by its pixels first)."""
-    from arr_coc.inputs import open_image
+    from arr_coc.validation.images import open_image
 
     if isinstance(value, Refused):
         raise InputError(str(value), "image_refused")

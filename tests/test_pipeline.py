@@ -18,7 +18,7 @@ import torch
 from arr_coc.budget import count_of
 from arr_coc.encode import EncodeConfig
 from arr_coc.core.grid import GridBatch
-from arr_coc.inputs import LIMITS
+from arr_coc.validation.limits import LIMITS
 from arr_coc.core.layer import build_layer
 from arr_coc.pipeline import IMAGE, VIDEO, Prompt, Pruning, answer
 from arr_coc.pipeline.fovea import dilate

@@ -6,9 +6,9 @@
   between a package and its own subpackages (`arr_coc.shapes` <-> `arr_coc.shapes.video`: each folder's own
   modules are one node, each subfolder another);
 - the layering DESIGN.md states, read off the imports: the core knows nothing of the pipeline, a backend or the
-  methods; the pipeline knows no backend and no method; selectors know no backend; the app and the library never
-  import the command line; Hugging Face model internals are reached from the Qwen backend (and the embedded
-  model's own builder) only;
+  methods; the pipeline knows no backend and no method; the validator knows no pipeline; selectors know no backend;
+  the app and the library never import the command line; Hugging Face model internals are reached from the Qwen
+  backend (and the embedded model's own builder) only;
 - no function over 80 lines; the command line loads only what a command needs; one budget parser.
 Each rule has a negative control that proves the check can fail.
 """
@@ -237,6 +237,9 @@ def test_the_layers_import_only_downwards():
             bad[module] = reaches(module, ABOVE_THE_CORE)
         elif module.startswith("arr_coc.pipeline"):   # backend-agnostic: no backend, no method, nothing above it
             bad[module] = reaches(module, ("arr_coc.qwen", "arr_coc.methods", "arr_coc.evaluation",
+                                           "arr_coc.training", "arr_coc.harness", "arr_coc.cli", "microscope"))
+        elif module.startswith("arr_coc.validation"):  # the pipeline runs the validator: it knows no pipeline
+            bad[module] = reaches(module, ("arr_coc.pipeline", "arr_coc.qwen", "arr_coc.methods", "arr_coc.evaluation",
                                            "arr_coc.training", "arr_coc.harness", "arr_coc.cli", "microscope"))
         elif module.startswith("arr_coc.methods"):     # selectors read a typed context, never a backend
             bad[module] = reaches(module, ("arr_coc.qwen", "arr_coc.evaluation", "arr_coc.cli", "microscope"))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 
-from ..inputs import check_items, check_max_new_tokens
+from ..validation.requests import check_items, check_max_new_tokens
 from ..stopwatch import Stopwatch, lap
 from .backend import VLMBackend
 from .look import Prepared, prepare

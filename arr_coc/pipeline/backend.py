@@ -26,7 +26,7 @@ from .tokens import VisualRows
 
 if TYPE_CHECKING:
     from ..encode import EncodeConfig
-    from ..inputs import InputLimits
+    from ..validation.limits import InputLimits
     from ..stopwatch import Stopwatch
     from ..core.texture import WorkImages
     from ..core.grid import GridBatch

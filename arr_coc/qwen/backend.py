@@ -27,7 +27,7 @@ import torch
 from ..cancel import stopping_kwargs
 from ..encode import EncodeConfig
 from ..execution import Execution
-from ..inputs import InputLimits, limits_for
+from ..validation.limits import InputLimits, limits_for
 from ..pipeline.prompt import Prompt
 from ..pipeline.tokens import VisualRows
 from ..stopwatch import Stopwatch
