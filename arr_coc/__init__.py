@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING
 
 # public name -> module that owns it
 _EXPORTS = {
-    "ARRCOCConfig": "arr_coc.config",
-    "ARRCOCLayer": "arr_coc.layer",
-    "ARRCOCOutput": "arr_coc.layer",
-    "channel_names": "arr_coc.texture",
-    "generate_texture_array": "arr_coc.texture",
+    "ARRCOCConfig": "arr_coc.core.config",
+    "ARRCOCLayer": "arr_coc.core.layer",
+    "ARRCOCOutput": "arr_coc.core.output",
+    "channel_names": "arr_coc.core.texture",
+    "generate_texture_array": "arr_coc.core.texture",
     "ARRCOC": "arr_coc.front",
     "ARRCOCQwen": "arr_coc.qwen",
     "choose": "arr_coc.pipeline.pure",
@@ -45,9 +45,9 @@ _EXPORTS = {
     "BudgetError": "arr_coc.budget",
     "DEFAULT_BUDGET": "arr_coc.budget",
     "parse_budget": "arr_coc.budget",
-    "InputError": "arr_coc.inputs",
-    "InputLimits": "arr_coc.inputs",
-    "LIMITS": "arr_coc.inputs",
+    "InputError": "arr_coc.errors",
+    "InputLimits": "arr_coc.validation.limits",
+    "LIMITS": "arr_coc.validation.limits",
     "Clip": "arr_coc.video.clip",
     "load_clip": "arr_coc.video.reading",
 }
@@ -56,15 +56,17 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from .budget import DEFAULT_BUDGET, Budget, BudgetError, parse_budget
-    from .config import ARRCOCConfig
-    from .inputs import LIMITS, InputError, InputLimits
+    from .core.config import ARRCOCConfig
+    from .errors import InputError
+    from .validation.limits import LIMITS, InputLimits
     from .front import ARRCOC
-    from .layer import ARRCOCLayer, ARRCOCOutput
+    from .core.layer import ARRCOCLayer
+    from .core.output import ARRCOCOutput
     from .pipeline import Pruning, register_selector
     from .pipeline.pure import Chosen, choose
     from .pipeline.registry import BackendEntry, register_backend
     from .qwen import ARRCOCQwen, Trace
-    from .texture import channel_names, generate_texture_array
+    from .core.texture import channel_names, generate_texture_array
     from .video.clip import Clip
     from .video.reading import load_clip
 

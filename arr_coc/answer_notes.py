@@ -1,5 +1,5 @@
 """Notes for an answer a user may not expect (an empty one) and why it may be empty: what the CLI and the app say
-after the model answered. The inputs themselves are checked by `arr_coc.inputs`."""
+after the model answered. The inputs themselves are checked by `arr_coc.validation`."""
 
 from __future__ import annotations
 

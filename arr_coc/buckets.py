@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .attending import grid_indices
+from .core.attending import grid_indices
 
 def ladder(first: int, last: int) -> tuple[int, ...]:
     """Sizes from `first` to at least `last` in steps of sqrt(2), rounded: 4, 6, 8, 11, 16, 23, 32, 45, 64, ..."""

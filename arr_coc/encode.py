@@ -3,7 +3,7 @@ select, then only the chosen cells), and the saccade settings that ride on it (`
 
 A setting, not a computation: the pipeline (`arr_coc.pipeline`) reads it, a backend says which settings its
 model can run (`VLMBackend.check_encode`: whole windows need a tower with window attention), and the one
-validator (`arr_coc.inputs.check_encode`) turns what a user typed into one.
+validator (`arr_coc.pipeline.request.check_encode`, beside the method registry) turns what a user typed into one.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""`InputError`: what every validator raises (arr_coc.inputs for images and questions, arr_coc.video.decode for
-clips); its own module so that both can raise it without importing each other."""
+"""`InputError`: what every validator raises (arr_coc.validation for images, clips and questions,
+arr_coc.video.decode for clips); its own module so that both can raise it without importing each other."""
 
 from __future__ import annotations
 

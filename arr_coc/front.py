@@ -27,7 +27,7 @@ import torch
 from .budget import BudgetMode, BudgetSpec
 from .encode import EncodeConfig, EncodeMode, as_encode_config
 from .execution import Execution, read_fast_flag
-from .layer import ARRCOCLayer, LayerSpec, build_layer
+from .core.layer import ARRCOCLayer, LayerSpec, build_layer
 from .paths import check_layer_folder
 from .pipeline.answer import Answered, Response, answer, respond
 from .pipeline.backend import Adapts, EncodesBefore, FixedShapes, VLMBackend, has, require

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .persistence import LAYER_FILES, looks_like_hub_id, resolve_layer_folder   # light: no torch
+from .core.persistence import LAYER_FILES, looks_like_hub_id, resolve_layer_folder   # light: no torch
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINTS = os.path.join(REPO_ROOT, "checkpoints")
@@ -42,7 +42,7 @@ def shown_path(path: str | os.PathLike | None) -> str:
 def check_layer_folder(folder: str | os.PathLike) -> str:
     """The local folder of a trained ARR-COC layer that can be read, else LayerNotFound: `folder` itself, or,
     for a hub id ("owner/name") that is no local path, its snapshot in the Hugging Face cache (fetched
-    there when online; `arr_coc.persistence`).
+    there when online; `arr_coc.core.persistence`).
 
     Every caller that is given a layer checks it here before any model loads: `ask`, `eval`, the
     app at start and `ARRCOCQwen` itself. A folder that is not there used to be found only at the first

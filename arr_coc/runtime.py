@@ -145,12 +145,15 @@ def add_arguments(parser: Any) -> None:
                         help="the VLM's attention kernels (default: transformers' own, sdpa)")
 
 
-def add_fast_argument(parser: Any) -> None:
+def add_fast_argument(parser: Any, buckets: bool = False) -> None:
     """--fast auto|on|off (`arr_coc.execution.read_fast_flag`): the commands' and the app's one flag for
-    fixed-shape compiled execution. Here, beside --device, because `--help` must load no torch."""
-    parser.add_argument("--fast", choices=("auto", "on", "off"), default="auto",
+    fixed-shape compiled execution. Here, beside --device, because `--help` must load no torch. buckets: also
+    offer `--fast buckets`, the buckets' fixed shapes run eagerly (eval: what the fill alone changes)."""
+    parser.add_argument("--fast", choices=("auto", "on", "off") + (("buckets",) if buckets else ()), default="auto",
                         help="run requests as fixed-shape compiled graphs (buckets, torch.compile, static KV cache): "
-                             "auto = on a GPU, off on the CPU where it measured no faster (default auto)")
+                             "auto = on a GPU, off on the CPU where it measured no faster" +
+                             ("; buckets = the fixed shapes (each choice filled to its bucket) run eagerly, without "
+                              "compiling" if buckets else "") + " (default auto)")
 
 
 def check_supported(run: Runtime) -> None:

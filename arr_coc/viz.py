@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from .output import ARRCOCOutput
+from .core.output import ARRCOCOutput
 
 MAP_NAMES = ("information", "perspectival", "participatory", "relevance")
 

@@ -14,7 +14,8 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-from arr_coc.inputs import LIMITS, InputError
+from arr_coc.errors import InputError
+from arr_coc.validation.limits import LIMITS
 
 
 class Admission:

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-    from arr_coc.inputs import ImageInfo, InputLimits, OpenedImage
+    from arr_coc.validation.images import ImageInfo, OpenedImage
+    from arr_coc.validation.limits import InputLimits
     from arr_coc.video.clip import Clip
 
 
@@ -32,7 +33,7 @@ class AskedImage:
 
     def finish(self, limits: InputLimits) -> list[str]:
         """Decode and normalise (EXIF rotation, modes, size): the validator's notes."""
-        from arr_coc.inputs import finish_image
+        from arr_coc.validation.images import finish_image
 
         self.picture, self.info = finish_image(self.opened, limits)
         return list(self.info.notes)
@@ -57,7 +58,7 @@ class AskedImage:
 
 @dataclass
 class AskedClip:
-    """An uploaded clip, read by the one clip reader (`arr_coc.inputs.check_clip`), sampled by the model's rule."""
+    """An uploaded clip, read by the one clip reader (`arr_coc.validation.clips.check_clip`), sampled by the model's rule."""
 
     clip: Clip
     notes: list[str] = field(default_factory=list)
@@ -98,7 +99,8 @@ def open_asked(image: Any, video: Any, limits: InputLimits, sampling: dict[str, 
     """The request's visual: the clip or the image, whichever was sent (opened, not decoded yet); both, or an upload
     the app did not receive, is refused with what to do. An animated GIF / PNG is a clip wherever it is sent (as
     `generate` reads its path)."""
-    from arr_coc.inputs import InputError, check_clip
+    from arr_coc.errors import InputError
+    from arr_coc.validation.clips import check_clip
     from arr_coc.video.reading import is_clip_path
     from microscope.inputs import Refused, Unreadable, open_upload
 

@@ -19,7 +19,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from arr_coc.inputs import InputError
+from arr_coc.errors import InputError
 
 from microscope.scope import Microscope, RunConfig, encode_text  # noqa: F401 - RunConfig, encode_text re-exported
 
@@ -188,7 +188,3 @@ def layer_for_mode(scope: Microscope, layer: str, mode: str, gist: Any = 0.0) ->
     if (mode == "after" or gist_share > 0.0) and layer == before:
         return main
     return layer
-
-
-def wrapper_of(scope: Microscope, config: RunConfig) -> ARRCOCQwen:
-    return scope.layers[config.layer]

@@ -1,4 +1,4 @@
-"""What the user sends, checked by the library's one validator (`arr_coc.inputs`), so the page, the API,
+"""What the user sends, checked by the library's one validator (`arr_coc.validation`), so the page, the API,
 the command line and `ARRCOCQwen.generate` give the same verdict in the same words. This module only adds
 what is the app's own: uploads the Image component could not hand over (`Unreadable`), None meaning the
 default budget, and the names the handler uses. Every refusal is an `InputError` whose message the page
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from arr_coc.inputs import FORMATS, LIMITS, ImageInfo, InputError, InputLimits, OpenedImage  # noqa: F401 (re-exported)
+from arr_coc.errors import InputError  # noqa: F401 (re-exported)
+from arr_coc.validation.images import ImageInfo, OpenedImage  # noqa: F401 (re-exported)
+from arr_coc.validation.limits import FORMATS, LIMITS, InputLimits  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
-    from PIL.Image import Image
-
     from arr_coc.budget import Budget
 
 MAX_QUESTION_CHARS = LIMITS.max_question_chars
@@ -38,7 +38,7 @@ def reason(exc: BaseException) -> str:
 
 
 def check_question(question: Any, limits: InputLimits = LIMITS) -> tuple[str, list[str]]:
-    from arr_coc.inputs import check_question as check
+    from arr_coc.validation.requests import check_question as check
 
     return check(question, limits)
 
@@ -49,7 +49,7 @@ def read_budget(value: Any) -> Budget:
     whole number means what it means on the command line: 64 a count, 1 ambiguous (the page's slider sends
     its maximum as "1.0")."""
     from arr_coc.budget import DEFAULT_BUDGET
-    from arr_coc.pipeline.request import read_budget as read
+    from arr_coc.validation.requests import read_budget as read
 
     return read(value, DEFAULT_BUDGET, wire=True)
 
@@ -62,20 +62,13 @@ def check_method(method: Any) -> str:
 
 def open_upload(value: Any, limits: InputLimits = LIMITS) -> OpenedImage:
     """The upload opened and its header checked (not decoded: the handler admits it by its pixels first)."""
-    from arr_coc.inputs import open_image
+    from arr_coc.validation.images import open_image
 
     if isinstance(value, Refused):
         raise InputError(str(value), "image_refused")
     if isinstance(value, Unreadable):
         raise InputError(f"Could not read the file as an image ({value}). Give a {FORMATS} file.", "image_unreadable")
     return open_image(value, limits)
-
-
-def read_image(value: Any, limits: InputLimits = LIMITS) -> tuple[Image, ImageInfo]:
-    """An upload (path, PIL image or array) -> (8-bit RGB PIL image the model can take, ImageInfo)."""
-    from arr_coc.inputs import finish_image
-
-    return finish_image(open_upload(value, limits), limits)
 
 
 def read_flag(value: Any, name: str, default: bool) -> bool:

@@ -253,8 +253,7 @@ def run_record(p: Pruned, base: Run) -> dict[str, Any]:
 def trace_record(scope: Microscope, question: str, asked: Asked, method: str, budget: Budget, adaptive: bool,
                  arr_on: bool, base: Run, pruned: list[Pruned], notes: list[str]) -> dict:
     """The downloadable trace: request, what was asked about (`image` or `video`), the baseline, config A
-    (`arr_coc`) and B (`compare`); a clip's record also names them `config_A` / `config_B`, as the clip handler
-    of the previous release did (deprecated: one release)."""
+    (`arr_coc`) and B (`compare`)."""
     record: dict[str, Any] = {
         "model": scope.model_name,
         "answered_by": base.trace.model or scope.model_name,
@@ -269,8 +268,4 @@ def trace_record(scope: Microscope, question: str, asked: Asked, method: str, bu
         "arr_coc": run_record(pruned[0], base) if pruned else None,
         "compare": run_record(pruned[1], base) if len(pruned) > 1 else None,
     }
-    if asked.kind == "clip":
-        for label, key in (("config_A", "arr_coc"), ("config_B", "compare")):
-            if record[key] is not None:
-                record[label] = record[key]
     return record

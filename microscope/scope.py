@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from arr_coc.inputs import LIMITS, InputLimits
+from arr_coc.validation.limits import LIMITS, InputLimits
 from microscope.admission import Admission
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ class Microscope:
     max_new_tokens: int = 32
     layer_name: str = "untrained"    # which ARR-COC scorer weights: "trained (<folder>)" or "untrained"
     lock: threading.Lock = field(default_factory=threading.Lock)
-    limits: InputLimits = LIMITS     # arr_coc.inputs.limits_for(this model's processor)
+    limits: InputLimits = LIMITS     # arr_coc.validation.limits.limits_for(this model's processor)
     admission: Admission = field(default_factory=Admission)
     more_layers: dict[str, ARRCOCQwen] = field(default_factory=dict)   # --compare-arr-coc, by name (configs.py)
     count_flops: bool = True         # count each run's FLOPs off the clock (arr_coc.evaluation.cost); --no-flops: off

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from arr_coc.runtime import add_arguments as add_runtime
 from arr_coc.runtime import add_fast_argument as add_fast
-from arr_coc.inputs import LIMITS
+from arr_coc.validation.limits import LIMITS
 from microscope.admission import Admission
 from microscope.configs import add_layers
 from microscope.handler import Microscope
@@ -186,7 +186,9 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     path = model_path(model)
     set_environment(path)
     from arr_coc import ARRCOCQwen
-    from arr_coc.inputs import InputError, check_max_new_tokens, limits_for
+    from arr_coc.errors import InputError
+    from arr_coc.validation.limits import limits_for
+    from arr_coc.validation.requests import check_max_new_tokens
     from arr_coc.paths import LayerNotFound, resolve_layer
     from arr_coc.qwen.adapter import AdapterError
     from arr_coc.runtime import check_supported

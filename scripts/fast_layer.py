@@ -39,7 +39,7 @@ def main() -> None:
     from arr_coc.buckets import Buckets
     from arr_coc.evaluation.opcount import OpCounter
     from arr_coc.execution import Execution
-    from arr_coc.layer import ARRCOCLayer
+    from arr_coc.core.layer import ARRCOCLayer
     from arr_coc.paths import default_layer_path
     from arr_coc.shapes import make_item
 

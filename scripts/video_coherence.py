@@ -22,9 +22,9 @@ import json
 import torch
 from tqdm.auto import tqdm
 
-from arr_coc.config import TemporalConfig
+from arr_coc.core.config import TemporalConfig
 from arr_coc.evaluation.coherence import clip_coherence, named_object, summary, without_carry
-from arr_coc.layer import ARRCOCLayer
+from arr_coc.core.layer import ARRCOCLayer
 from arr_coc.paths import SHIPPED_BEFORE_LAYER, default_model_path
 from arr_coc.shapes.video import make_clip_item
 

@@ -507,7 +507,7 @@ def test_a_video_clip_is_answered_side_by_side(scope, tmp_path):
     assert kept == round(0.25 * total) and sum(int(x) for x in groups[2].split()) == kept
     strip = PILImage.open(result.heatmap)
     assert strip.size[0] > 3 * strip.size[1]                                    # the groups side by side
-    assert result.record["config_A"]["kept_per_group"] == [[int(x) for x in groups[2].split()]]
+    assert result.record["arr_coc"]["kept_per_group"] == [[int(x) for x in groups[2].split()]]
     broken = tmp_path / "broken.mp4"
     broken.write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 64)
     refused = handler.ask(scope, None, "What moves?", True, 0.25, video=str(broken))

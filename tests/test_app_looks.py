@@ -182,16 +182,13 @@ def test_the_page_sends_the_looks_to_the_wrapper(scope, image, tmp_path):
 def test_a_clip_is_answered_with_one_look_and_says_so(scope, tmp_path):
     from PIL import Image as PILImage
 
-    from microscope.video import ask_video
-
     pictures = [PILImage.new("RGB", (140, 112), (40 * k, 210, 210)) for k in range(4)]
     path = tmp_path / "clip.gif"
     pictures[0].save(path, save_all=True, append_images=pictures[1:], duration=500)
-    # the choices as the page sends them: encode, layer, compare_layer, compare_encode, gist, margin, periphery,
-    # looks, threshold
-    r = ask_video(scope, str(path), "What changes?", True, 0.25, "arr_coc",
-                  ("before", None, "off", None, None, None, None, 2, -1))
+    r = handler.ask(scope, None, "What changes?", True, 0.25, False, "arr_coc", encode="before",
+                    compare_layer="off", looks=2, threshold=-1, video=str(path))
     assert not r.error.startswith("**Error"), r.error
-    assert "answered with one look" in r.error and r.record["config_A"]["looks"] == []
-    bad = ask_video(scope, str(path), "What changes?", True, 0.25, "arr_coc", ("before",) + (None,) * 6 + (9,))
+    assert "answered with one look" in r.error and r.record["arr_coc"]["looks"] == []
+    bad = handler.ask(scope, None, "What changes?", True, 0.25, False, "arr_coc", encode="before", looks=9,
+                      video=str(path))
     assert bad.error == "**Error:** looks must be a whole number from 1 to 3, not '9'."

@@ -141,7 +141,7 @@ def test_the_shipped_layer_keeps_exact_budgets_when_asked(tmp_path):
 def _calibrated_layer(hidden: int):
     """An untrained layer whose "mean" budgets scale an image's count down (spread_min 0.6 at a far reference) and
     whose adaptive count is at most half the tokens: a budget of 1.0 met as either would drop tokens."""
-    from arr_coc.config import ARRCOCConfig, AttendingConfig
+    from arr_coc.core.config import ARRCOCConfig, AttendingConfig
 
     att = AttendingConfig(spread_tau=0.05, spread_reference=1e6, void_threshold=0.0, max_ratio=0.5)
     return ARRCOCConfig(attending=att).with_query_dim(hidden)

@@ -147,7 +147,7 @@ def test_decoding_a_huge_image_stops_between_reads(tmp_path):
     """The validator reads files through a checkpoint: a cancelled request stops decoding."""
     from PIL import Image
 
-    from arr_coc.inputs import check_image
+    from arr_coc.validation.images import check_image
 
     path = tmp_path / "big.png"
     Image.new("RGB", (3000, 3000), (10, 200, 30)).save(path)

@@ -74,7 +74,7 @@ def test_the_check_catches_the_old_fallback(wrapper, monkeypatch):
     cells, which the pipeline then fills with every token: the ceiling check fails."""
     import torch
 
-    import arr_coc.temporal as temporal
+    import arr_coc.core.temporal as temporal
 
     def old_allocate(score, k, min_per_group=1):
         t = score.shape[0]
@@ -199,7 +199,8 @@ def test_a_transparent_clip_reads_the_same_from_a_file_and_from_memory(tmp_path)
 def test_a_clip_with_no_frame_rate_is_refused_with_what_to_do(tmp_path):
     """A header that states no rate (0 fps) is not read at FFmpeg's guess of 25 fps: sampling by fps needs the
     file's rate, so the clip is refused with what to pass (and with it, read)."""
-    from arr_coc.inputs import InputError, check_clip
+    from arr_coc.errors import InputError
+    from arr_coc.validation.clips import check_clip
 
     path = _zero_fps_avi(tmp_path / "zero.avi")
     with pytest.raises(InputError, match="frame rate is unknown.*frame_rate="):

@@ -367,7 +367,7 @@ def test_a_converted_gqa_file_trains_stage_one(tmp_path, tiny_vlm):
     """The converter's output is training data as it stands: stage 1 reads its boxes and trains the layer."""
     import torch
 
-    from arr_coc.layer import ARRCOCLayer
+    from arr_coc.core.layer import ARRCOCLayer
     from arr_coc.qwen import ARRCOCQwen
     from arr_coc.training.config import TrainConfig
     from arr_coc.training.loop import train

@@ -10,7 +10,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from arr_coc import ARRCOCConfig, ARRCOCLayer, ARRCOCOutput, channel_names, generate_texture_array
-from arr_coc.attending import (TokenAllocator, adaptive_budget, calibrate_spread, grid_indices, relevant_cells,
+from arr_coc.core.attending import (TokenAllocator, adaptive_budget, calibrate_spread, grid_indices, relevant_cells,
                                spread_count, spread_scale, topk_indices)
 from arr_coc.budget import resolve_count
 
@@ -395,7 +395,7 @@ def test_weights_survive_save_and_load_bit_exactly(tmp_path):
 def test_layers_saved_before_the_later_participatory_weights_load_and_score_as_before(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from arr_coc.persistence import OPTIONAL_PREFIXES
+    from arr_coc.core.persistence import OPTIONAL_PREFIXES
 
     torch.manual_seed(0)
     layer = ARRCOCLayer(ARRCOCConfig().with_query_dim(16)).eval()

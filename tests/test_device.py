@@ -58,7 +58,7 @@ def test_one_forward_is_batched_and_reads_nothing_back(before_vlm):
     one, eight = _count(layer, _layer_batch(before_vlm, 1)), _count(layer, _layer_batch(before_vlm, 8))
     for ops in (one, eight):
         assert ops.syncs == 0, ops.sync_sites            # nothing waits for the device before the result
-        assert ops.host_tensors == 0                     # host data only through arr_coc.grid.upload
+        assert ops.host_tensors == 0                     # host data only through arr_coc.core.grid.upload
     assert eight.uploads <= 4                            # one per kind of host fact, not per image
     assert eight.total <= 1.25 * one.total, (one.summary(), eight.summary())   # batched, not looped
     assert eight.kernels <= 1.25 * one.kernels
@@ -66,7 +66,7 @@ def test_one_forward_is_batched_and_reads_nothing_back(before_vlm):
 
 def test_the_counter_catches_a_host_read_and_a_loop_over_images(before_vlm, monkeypatch):
     """Negative controls: the same checks fail when a stage reads a value back or loops over the images."""
-    import arr_coc.layer as layer_module
+    import arr_coc.core.layer as layer_module
 
     layer = before_vlm.arr_coc_layer
     batch1, batch8 = _layer_batch(before_vlm, 1), _layer_batch(before_vlm, 8)
@@ -81,7 +81,7 @@ def test_the_counter_catches_a_host_read_and_a_loop_over_images(before_vlm, monk
     assert _count(layer, batch1).syncs == 1
 
     def per_image(work, config, converge=False):        # one texture pass per frame, then stacked
-        from arr_coc.texture import WorkImages
+        from arr_coc.core.texture import WorkImages
 
         parts = []
         for f in range(work.pixels.shape[0]):
@@ -95,8 +95,8 @@ def test_the_counter_catches_a_host_read_and_a_loop_over_images(before_vlm, monk
 
 
 def test_the_forward_runs_on_the_meta_device_where_any_host_read_raises(before_vlm):
-    from arr_coc.batch import LayerBatch
-    from arr_coc.layer import ARRCOCLayer
+    from arr_coc.core.batch import LayerBatch
+    from arr_coc.core.layer import ARRCOCLayer
 
     batch = _layer_batch(before_vlm, 3)
     layer = ARRCOCLayer.from_pretrained(BEFORE_LAYER).eval()

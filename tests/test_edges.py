@@ -21,7 +21,8 @@ from PIL import Image
 
 from _app_server import save_tiny_model, scene
 
-from arr_coc.inputs import InputError, check_image, upright
+from arr_coc.errors import InputError
+from arr_coc.validation.images import check_image, upright
 from arr_coc.qwen import ARRCOCQwen
 
 Q = "What color is the circle?"
@@ -331,7 +332,7 @@ def test_the_app_names_the_run_whose_answer_was_empty(scope, monkeypatch, blank,
 
 @pytest.mark.parametrize("question", [["What color is the circle?"], {"q": "What color?"}, 5, b"What color?"])
 def test_a_question_that_is_not_text_is_refused_by_the_validator_and_the_handler(question, scope):
-    from arr_coc.inputs import check_question
+    from arr_coc.validation.requests import check_question
     from microscope import handler
 
     with pytest.raises(InputError, match="The question must be text, not a") as info:
@@ -389,7 +390,7 @@ def test_the_page_sends_the_sliders_maximum_as_text(tmp_path):
 def test_a_device_or_a_pipe_is_not_a_regular_image_file(kind, tmp_path, tiny_dir, capsys, wrapper):
     import os
 
-    from arr_coc.inputs import open_image
+    from arr_coc.validation.images import open_image
 
     if kind == "fifo":
         path = str(tmp_path / "pipe.png")

@@ -162,10 +162,10 @@ def test_the_shipped_before_layer_finds_the_named_shape():
     finds fewer of them."""
     import torch
 
-    from arr_coc.config import EXTRA_GROUPS
-    from arr_coc.components import OBJECT_CHANNELS
+    from arr_coc.core.config import EXTRA_GROUPS
+    from arr_coc.core.components import OBJECT_CHANNELS
     from arr_coc.geometry import boxes_to_cell_shares
-    from arr_coc.layer import ARRCOCLayer
+    from arr_coc.core.layer import ARRCOCLayer
     from arr_coc.paths import SHIPPED_BEFORE_LAYER
     from arr_coc.qwen import ARRCOCQwen
     from arr_coc.encode import EncodeConfig
@@ -200,7 +200,7 @@ def test_the_shipped_before_layer_spends_its_budget_where_the_question_needs_it(
     (docs/TRAINING.md, run 4) gives count questions well over twice the tokens of colour questions at the same
     budget, and the trace reports what it predicted. Negative control: run 3's rule (the relevance map's
     perplexity, scale in [0.6, 2], its reference from its training log) gives count questions far fewer."""
-    from arr_coc.layer import ARRCOCLayer
+    from arr_coc.core.layer import ARRCOCLayer
     from arr_coc.paths import SHIPPED_BEFORE_LAYER
     from arr_coc.qwen import ARRCOCQwen
     from arr_coc.encode import EncodeConfig

@@ -10,6 +10,7 @@ that do not fall with the budget.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 
@@ -18,10 +19,10 @@ import torch
 
 from arr_coc.__main__ import main
 from arr_coc.budget import parse_budgets, resolve_count
-from arr_coc.layer import ARRCOCLayer
+from arr_coc.core.layer import ARRCOCLayer
 from arr_coc.evaluation.flops import count_flops
 from arr_coc.evaluation.loop import REQUIRED_KEYS, resolve_methods
-from arr_coc.evaluation.report import paired_difference
+from arr_coc.evaluation.report import paired_difference, paired_stats
 
 EMBEDDED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "shapes-qwen2vl")
 
@@ -114,6 +115,26 @@ def test_eval_end_to_end_writes_results_table_and_plot(split, model_dir, tmp_pat
     print(f"eval of 20 items took {seconds:.1f} s")
 
 
+def test_eval_fast_buckets_fills_each_choice_to_its_bucket_eagerly(split, model_dir, tmp_path, capsys):
+    """`eval --fast buckets`: the fast path's fixed shapes without compiling (what scripts/eval_buckets.py did by
+    monkeypatching the loader): every kept count is a bucket (or the whole grid), never below the eager run's."""
+    from arr_coc.buckets import CELL_BUCKETS
+
+    rows = {}
+    for fast in ("off", "buckets"):
+        out = tmp_path / f"{fast}.json"
+        assert main(["eval", "--model", model_dir, "--data", split, "--methods", "grid", "--budgets", "0.05",
+                     "--limit", "3", "--batch-size", "3", "--fast", fast, "--out", str(out), "--quiet"]) == 0
+        rows[fast] = next(r for r in json.loads(out.read_text())["results"] if r["method"] == "grid")
+    off, filled = rows["off"], rows["buckets"]
+    assert all(k in CELL_BUCKETS or k == n for k, n in zip(filled["item_kept"], filled["item_total"]))
+    assert all(f >= o for f, o in zip(filled["item_kept"], off["item_kept"]))
+    assert any(f > o for f, o in zip(filled["item_kept"], off["item_kept"]))     # the fill added cells
+    with pytest.raises(SystemExit):
+        main(["ask", "--fast", "buckets", "--help"])                            # an eval option only
+    assert "invalid choice: 'buckets'" in capsys.readouterr().err
+
+
 def test_eval_is_seeded(split, model_dir, tmp_path):
     reports = []
     for i in range(2):
@@ -168,6 +189,21 @@ def test_paired_difference_counts_items_each_method_alone_got_right():
     assert p["low"] < p["diff"] < p["high"] and p["low"] < 0   # 3 wins to 1 loss in 8 items is not significant
     assert paired_difference({"results": rows}, "a", "none", 0.1)["diff"] == pytest.approx(-2 / 8)  # none: its 100% row
     assert paired_difference({"results": rows}, "a", "missing", 0.1) is None
+
+
+def test_one_paired_interval_for_the_tables_the_scripts_and_eval_vs_full():
+    """d = a - b = [1,0,0,1,-1,0,1,0]: mean 0.25, sd sqrt(3.5 / 7), half 1.96 * sd / sqrt(8) = 0.49, by hand."""
+    from arr_coc.evaluation.loop import _Rows, compare_with_full
+
+    a, b = [1, 1, 0, 1, 0, 1, 1, 0], [0, 1, 0, 0, 1, 1, 0, 0]
+    p = paired_stats(a, b)
+    assert (p["diff"], p["n"], p["wins"], p["losses"]) == (0.25, 8, 3, 1)
+    assert p["low"] == pytest.approx(-0.24) and p["high"] == pytest.approx(0.74)
+    row = {"status": "ok", "correct": a, "answers": ["x"] * 8}
+    compare_with_full(row, _Rows(correct=b, answers=["x"] * 8, prefill_flops=[None] * 8, vision_flops=[0] * 8))
+    assert row["vs_full"] == [-0.24, 0.74]                       # eval's row: the same interval, rounded
+    one = paired_stats([1], [0])
+    assert one["diff"] == 1.0 and math.isnan(one["low"]) and math.isnan(one["high"])   # one item: no interval
 
 
 def test_the_table_says_when_a_row_kept_another_share_than_its_budget():

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from arr_coc import ARRCOCConfig, ARRCOCLayer
-from arr_coc.attending import TokenAllocator
-from arr_coc.extent import N_MAP_FEATURES, ExtentHead, fit_extent_head, map_features
+from arr_coc.core.attending import TokenAllocator
+from arr_coc.core.extent import N_MAP_FEATURES, ExtentHead, fit_extent_head, map_features
 
 QUERY_DIM = 8
 

@@ -16,7 +16,7 @@ from torch._dynamo.testing import CompileCounter
 
 from arr_coc.buckets import Buckets, fill
 from arr_coc.execution import Execution, read_fast_flag
-from arr_coc.layer import ARRCOCLayer
+from arr_coc.core.layer import ARRCOCLayer
 from arr_coc.pipeline.request import Pruning
 from arr_coc.qwen.wrapper import ARRCOCQwen
 from arr_coc.video import load_clip
@@ -183,7 +183,7 @@ def _sobel_per_map(x):
 
 def test_both_maps_gradients_are_one_grouped_convolution():
     from arr_coc.evaluation.opcount import OpCounter
-    from arr_coc.texture import sobel_bank
+    from arr_coc.core.texture import sobel_bank
 
     x = torch.rand(2, 2, 40, 56, generator=torch.Generator().manual_seed(0))
     with OpCounter() as ops:
@@ -198,8 +198,8 @@ def test_the_luminance_blur_on_the_cpu_is_the_convolutions_sums():
     """The texture's full-resolution blur (shifted fused multiply-adds on the CPU) equals the two convolutions it
     replaced within float32 rounding, on images as the texture sees them (widths of 16 px cells); negative
     control: one tap moved by 1e-5 is outside that tolerance."""
-    from arr_coc.spectral import gaussian_blur
-    from arr_coc.texture import BLUR_SIGMA, BLUR_TAPS
+    from arr_coc.core.spectral import gaussian_blur
+    from arr_coc.core.texture import BLUR_SIGMA, BLUR_TAPS
 
     g = torch.Generator().manual_seed(3)
     for h, w in ((256, 256), (512, 496), (112, 1024)):
@@ -214,9 +214,9 @@ def test_the_texture_s_two_kernel_paths_keep_the_same_cells(monkeypatch):
     """The decisions are exact: a layer keeps the same cells with the texture's CPU kernels (the grouped Sobel,
     the blur's shifted multiply-adds) and with the convolutions they replaced, at several budgets; relevance
     within float32 rounding."""
-    import arr_coc.texture as texture
-    from arr_coc.config import ARRCOCConfig
-    from arr_coc.layer import ARRCOCLayer
+    import arr_coc.core.texture as texture
+    from arr_coc.core.config import ARRCOCConfig
+    from arr_coc.core.layer import ARRCOCLayer
     from conftest import shapes_image
 
     torch.manual_seed(0)

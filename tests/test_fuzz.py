@@ -5,7 +5,7 @@ forge the prompt.
 Each case is written once (`CASES`) with its expected verdict and a piece of its message; the test runs it
 through `python -m arr_coc ask` (in process), `ARRCOCQwen.generate` and gradio_client against a live app,
 all on one tiny random Qwen2-VL, and checks that the three messages are the library's one message
-(`arr_coc.inputs`): the CLI prints it as an argparse error, the app as `**Error:** ...`. A file name only
+(`arr_coc.validation`): the CLI prints it as an argparse error, the app as `**Error:** ...`. A file name only
 appears where the caller named the file (the CLI and the library); the app never shows a server path.
 """
 
@@ -27,10 +27,12 @@ from PIL import Image
 from _app_server import free_port, save_tiny_model, scene
 
 from arr_coc.budget import BudgetError
-from arr_coc.inputs import LIMITS, InputError, check_question, open_image
+from arr_coc.errors import InputError
+from arr_coc.validation.images import open_image
+from arr_coc.validation.limits import LIMITS
+from arr_coc.validation.requests import check_question, read_budget
 from arr_coc.video import Clip
 from arr_coc.pipeline.request import check_method, validate
-from arr_coc.pipeline.request import read_budget
 from arr_coc.qwen import ARRCOCQwen
 from arr_coc.qwen.processing import (ENDOFTEXT, IM_END, IM_START, IMAGE_TOKEN, VISION_END, VISION_START,
                                      encode_prompts, render_prompt)
@@ -440,7 +442,7 @@ def test_a_blank_answer_to_a_foreign_question_gets_a_note(wrapper):
 def test_the_downscale_cap_follows_the_model():
     from types import SimpleNamespace
 
-    from arr_coc.inputs import limits_for
+    from arr_coc.validation.limits import limits_for
 
     assert limits_for(None) == LIMITS
     small = SimpleNamespace(image_processor=SimpleNamespace(size={"longest_edge": 802816}))

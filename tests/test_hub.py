@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from arr_coc import ARRCOCConfig, ARRCOCLayer
-from arr_coc.persistence import LayerCard
+from arr_coc.core.persistence import LayerCard
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 REPO = "someone/arr-coc-test"

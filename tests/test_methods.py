@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from arr_coc.attending import topk_indices
+from arr_coc.core.attending import topk_indices
 from arr_coc.budget import resolve_count
 from arr_coc.geometry import box_cells
 from arr_coc.methods import cdpruner, divprune, downscale, fastv, oracle, random_sampling, visionzip

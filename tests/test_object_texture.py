@@ -1,6 +1,6 @@
 """The texture array's `object` group: every cell of an object knows the shape of the whole object.
 
-Built on 4-connected components of the foreground (arr_coc/components.py); a layer that reads no visual
+Built on 4-connected components of the foreground (arr_coc/core/components.py); a layer that reads no visual
 token (encode="before") can only tell "the triangle" from "the square" through channels like these.
 """
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from arr_coc.components import OBJECT_CHANNELS, label_components
-from arr_coc.config import TextureConfig
-from arr_coc.texture import channel_names, generate_texture_array
+from arr_coc.core.components import OBJECT_CHANNELS, label_components
+from arr_coc.core.config import TextureConfig
+from arr_coc.core.texture import channel_names, generate_texture_array
 
 OBJECT_CFG = TextureConfig(groups=("object",))
 BACKGROUND = (70, 70, 80)

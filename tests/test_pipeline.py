@@ -15,15 +15,15 @@ import torch
 
 from arr_coc.budget import count_of
 from arr_coc.encode import EncodeConfig
-from arr_coc.grid import GridBatch
-from arr_coc.layer import build_layer
+from arr_coc.core.grid import GridBatch
+from arr_coc.core.layer import build_layer
 from arr_coc import ARRCOC
 from arr_coc.execution import Execution
 from arr_coc.pipeline import IMAGE, VIDEO, Prompt, Pruning
 from arr_coc.pipeline.backend import MissingCapability
 from arr_coc.geometry import dilate
 from arr_coc.pipeline.tokens import VisualRows
-from arr_coc.texture import work_images
+from arr_coc.core.texture import work_images
 
 CELL, WIDTH, VOCAB = 16, 32, 50
 

@@ -84,6 +84,23 @@ def test_a_clip_is_chosen_over_space_and_time_as_the_pipeline_chooses(tiny_vlm):
     assert sum(len(k) for k in chosen.kept) == done.traces[0].kept_tokens
 
 
+def test_a_budget_of_every_token_keeps_every_token_in_the_pure_choice(tiny_vlm, make_image):
+    """As in the pipeline (issue 55): 1.0, "100%" or a count of every cell keeps every cell in every budget mode, and
+    a batch mixing it with a smaller budget prunes only the other unit (negative control)."""
+    vlm = ARRCOCQwen(*tiny_vlm("qwen2_vl"))
+    image = make_image(84, 112, seed=2)
+    for budget in (1.0, "100%", 10_000):
+        for mode in (None, "exact", "mean", "adaptive"):
+            chosen = vlm.choose(image, QUESTION, budget, budget_mode=mode)
+            assert chosen.kept[0].tolist() == list(range(12)), (budget, mode)
+    inputs = vlm.backend.build_inputs([[image, image]], [QUESTION])
+    prompt = vlm.backend.read_prompt(inputs, encode_all=True)
+    ids = vlm.backend.question_tokens(prompt)[0]
+    mixed = choose(vlm.backend.pixels(prompt), prompt.grid_hw, [ids, ids], vlm.backend.embed_tokens,
+                   layer=vlm.layer, budget=[1.0, 0.25], visual_tokens=list(prompt.feats))
+    assert mixed.kept[0].tolist() == list(range(12)) and len(mixed.kept[1]) == 3
+
+
 def test_methods_that_read_the_vlm_are_refused(tiny_vlm, make_image):
     vlm = ARRCOCQwen(*tiny_vlm("qwen2_vl"))
     for method, reads in (("fastv", "the language model's attention"), ("visionzip", "the tower's attention")):

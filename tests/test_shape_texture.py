@@ -10,9 +10,9 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from arr_coc.config import SHAPE_GROUPS, TEXTURE_GROUPS, ARRCOCConfig, TextureConfig
-from arr_coc.layer import ARRCOCLayer
-from arr_coc.texture import channel_names, generate_texture_array
+from arr_coc.core.config import SHAPE_GROUPS, TEXTURE_GROUPS, ARRCOCConfig, TextureConfig
+from arr_coc.core.layer import ARRCOCLayer
+from arr_coc.core.texture import channel_names, generate_texture_array
 from arr_coc.training.losses import ranking_loss
 from arr_coc.training.widen import CHANNEL_INPUTS, widen_texture
 

@@ -1,12 +1,14 @@
 """The house's rules, checked from the code itself (docs/DESIGN.md, "Layout" and "Dependencies"):
 
 - no import cycle of any kind: between files, counting imports at the top, inside functions and under
-  `if TYPE_CHECKING:` (a type-only or lazy import that closes a circle still ties the two files together), and
-  between packages (a subpackage or a top-level module of `arr_coc` is one node; `microscope` is one);
+  `if TYPE_CHECKING:` (a type-only or lazy import that closes a circle still ties the two files together),
+  between packages (a subpackage or a top-level module of `arr_coc` is one node; `microscope` is one), and
+  between a package and its own subpackages (`arr_coc.shapes` <-> `arr_coc.shapes.video`: each folder's own
+  modules are one node, each subfolder another);
 - the layering DESIGN.md states, read off the imports: the core knows nothing of the pipeline, a backend or the
-  methods; the pipeline knows no backend and no method; selectors know no backend; the app and the library never
-  import the command line; Hugging Face model internals are reached from the Qwen backend (and the embedded
-  model's own builder) only;
+  methods; the pipeline knows no backend and no method; the validator knows no pipeline; selectors know no backend;
+  the app and the library never import the command line; Hugging Face model internals are reached from the Qwen
+  backend (and the embedded model's own builder) only;
 - no function over 80 lines; the command line loads only what a command needs; one budget parser.
 Each rule has a negative control that proves the check can fail.
 """
@@ -25,11 +27,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("arr_coc", "microscope")   # the library and the app package
 MAX_FUNCTION_LINES = 80
 
-# The core: the layer and what it is made of. It imports nothing above it.
-CORE = {f"arr_coc.{m}" for m in (
-    "config", "texture", "spectral", "kmeans", "components", "extent", "knowing", "balancing", "attending", "layer",
-    "persistence", "output", "batch", "grid", "viz", "temporal", "saccade", "resolution", "budget", "stopwatch",
-    "errors", "geometry", "cancel", "schedule")}
+# The core (`arr_coc/core/`: the layer and what it is made of) and the small owners beside it. They import
+# nothing above them.
+CORE_MODULES = ("config", "texture", "spectral", "kmeans", "components", "extent", "knowing", "balancing", "attending",
+                "layer", "persistence", "output", "batch", "grid", "temporal")
+CORE = {f"arr_coc.core.{m}" for m in CORE_MODULES} | {"arr_coc.core"} | {f"arr_coc.{m}" for m in (
+    "viz", "saccade", "resolution", "budget", "stopwatch", "errors", "geometry", "cancel", "schedule", "lazy")}
 ABOVE_THE_CORE = ("arr_coc.pipeline", "arr_coc.qwen", "arr_coc.methods", "arr_coc.evaluation", "arr_coc.training",
                   "arr_coc.harness", "arr_coc.cli", "arr_coc.shapes", "arr_coc.data", "microscope")
 # Where a Hugging Face Qwen-VL model's internals may be reached: the backend, the embedded model's builder and
@@ -81,6 +84,23 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     for module, deps in graph.items():
         node = package_of(module)
         out.setdefault(node, set()).update(package_of(d) for d in deps if package_of(d) != node)
+    return out
+
+
+def folder_of(module: str, root: Path = ROOT) -> str:
+    """The folder-level node: a module below a subpackage of `arr_coc` belongs to the folder that holds it (a
+    package's own modules are one node, each of its subpackages another); above that, `package_of`."""
+    parts = module.split(".")
+    if parts[0] != "arr_coc" or len(parts) <= 2:
+        return package_of(module)
+    return module if root.joinpath(*parts).is_dir() else ".".join(parts[:-1])
+
+
+def folder_graph(graph: dict[str, set[str]], root: Path = ROOT) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        node = folder_of(module, root)
+        out.setdefault(node, set()).update(folder_of(d, root) for d in deps if folder_of(d, root) != node)
     return out
 
 
@@ -160,6 +180,23 @@ def test_the_cycle_finder_finds_cycles_of_every_kind(tmp_path):
     assert not any("pkg.e" in c for c in find_cycles(graph))                  # one way is no circle
 
 
+def test_the_folder_check_finds_a_circle_between_a_package_and_its_subpackage(tmp_path):
+    """Negative control: the parent's own module imports the child inside a function, the child imports the
+    parent's module: no file circle and no circle between top-level packages, yet parent <-> child."""
+    _write(tmp_path, {
+        "arr_coc/__init__.py": "", "arr_coc/shapes/__init__.py": "",
+        "arr_coc/shapes/words.py": "WORDS = ()\n",
+        "arr_coc/shapes/tuning.py": "def run():\n    from .video.spec import video_words  # lazy\n    return video_words\n",
+        "arr_coc/shapes/video/__init__.py": "", "arr_coc/shapes/video/spec.py": "from ..words import WORDS\n",
+        "arr_coc/shapes/video/items.py": "from .spec import WORDS\n",
+    })
+    graph = import_graph(tmp_path, ("arr_coc",))
+    assert find_cycles(graph) == [] and find_cycles(package_graph(graph)) == []
+    assert find_cycles(folder_graph(graph, tmp_path)) == [["arr_coc.shapes", "arr_coc.shapes.video"]]
+    del graph["arr_coc.shapes.tuning"]                                        # the parent no longer looks down
+    assert find_cycles(folder_graph(graph, tmp_path)) == []
+
+
 def test_the_function_length_check_catches_a_long_function(tmp_path, monkeypatch):
     long = tmp_path / "long.py"
     long.write_text("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES + "    return x\n")
@@ -180,6 +217,13 @@ def test_no_import_cycles_between_packages():
     assert find_cycles(package_graph(import_graph())) == []
 
 
+def test_no_import_cycles_between_a_package_and_its_subpackages():
+    """Function-local imports count: `shapes/video_tuning.py` once closed shapes -> shapes.video -> shapes."""
+    graph = folder_graph(import_graph())
+    assert {"arr_coc.shapes", "arr_coc.shapes.video", "arr_coc.data.convert"} <= set(graph)   # the walk sees folders
+    assert find_cycles(graph) == []
+
+
 def test_the_layers_import_only_downwards():
     """DESIGN.md's layering, from the imports (type-only and function-local ones included)."""
     graph = import_graph()
@@ -194,6 +238,9 @@ def test_the_layers_import_only_downwards():
         elif module.startswith("arr_coc.pipeline"):   # backend-agnostic: no backend, no method, nothing above it
             bad[module] = reaches(module, ("arr_coc.qwen", "arr_coc.methods", "arr_coc.evaluation",
                                            "arr_coc.training", "arr_coc.harness", "arr_coc.cli", "microscope"))
+        elif module.startswith("arr_coc.validation"):  # the pipeline runs the validator: it knows no pipeline
+            bad[module] = reaches(module, ("arr_coc.pipeline", "arr_coc.qwen", "arr_coc.methods", "arr_coc.evaluation",
+                                           "arr_coc.training", "arr_coc.harness", "arr_coc.cli", "microscope"))
         elif module.startswith("arr_coc.methods"):     # selectors read a typed context, never a backend
             bad[module] = reaches(module, ("arr_coc.qwen", "arr_coc.evaluation", "arr_coc.cli", "microscope"))
         elif module.startswith("arr_coc") and not module.startswith(("arr_coc.cli", "arr_coc.__main__")):
@@ -203,10 +250,22 @@ def test_the_layers_import_only_downwards():
     assert {m: d for m, d in bad.items() if d} == {}
 
 
+def test_the_core_folder_holds_the_layer_and_what_only_it_uses():
+    """`arr_coc/core/` is the four stages, the layer and what only they use: a top-level module that only the core
+    imports belongs in it, and a stage's helpers (spectral, kmeans, components) serve the texture alone."""
+    graph = import_graph()
+    assert {p.stem for p in (ROOT / "arr_coc" / "core").glob("*.py")} - {"__init__"} == set(CORE_MODULES)
+    users = {m: {k for k, deps in graph.items() if m in deps} for m in graph}
+    flat = [m for m in graph if m.count(".") == 1 and (ROOT / "arr_coc" / f"{m.split('.')[1]}.py").exists()]
+    assert [m for m in flat if users[m] and all(u.startswith("arr_coc.core.") for u in users[m])] == []
+    for helper in ("spectral", "kmeans", "components"):
+        assert users[f"arr_coc.core.{helper}"] == {"arr_coc.core.texture"}
+
+
 def test_the_layer_check_sees_an_upward_import(tmp_path):
     """Negative control: a core module that imports the pipeline is reported."""
-    graph = {"arr_coc.texture": {"arr_coc.pipeline.prompt"}}
-    assert [d for d in graph["arr_coc.texture"] if d.startswith(ABOVE_THE_CORE)] == ["arr_coc.pipeline.prompt"]
+    graph = {"arr_coc.core.texture": {"arr_coc.pipeline.prompt"}}
+    assert [d for d in graph["arr_coc.core.texture"] if d.startswith(ABOVE_THE_CORE)] == ["arr_coc.pipeline.prompt"]
 
 
 def test_model_internals_are_reached_from_the_backend_only():

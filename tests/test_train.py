@@ -9,7 +9,7 @@ import torch
 
 from arr_coc.shapes import write_split
 from arr_coc.budget import resolve_count
-from arr_coc.layer import ARRCOCLayer
+from arr_coc.core.layer import ARRCOCLayer
 from arr_coc.qwen import ARRCOCQwen
 from arr_coc.training.config import TrainConfig
 from arr_coc.training.features import extract_features

@@ -152,7 +152,7 @@ def test_uneven_shares_weigh_to_the_whole_batch_gradient(data):
     averaging gradients as DDP does would give, is not)."""
     from arr_coc import ARRCOCConfig
     from arr_coc.data import read_jsonl
-    from arr_coc.layer import ARRCOCLayer
+    from arr_coc.core.layer import ARRCOCLayer
     from arr_coc.qwen import ARRCOCQwen
     from arr_coc.training.features import extract_features
     from arr_coc.training.losses import batch_scores, ranking_loss

@@ -1,5 +1,5 @@
 """Video in the pruning path: a clip's temporal groups as units, exact with every token kept, one budget
-over space and time (arr_coc/qwen/units.py, arr_coc/temporal.py, arr_coc/methods/over_time.py).
+over space and time (arr_coc/qwen/units.py, arr_coc/core/temporal.py, arr_coc/methods/over_time.py).
 
 The inputs here are built by hand the way each family's stock processor lays them out (pads per video for
 Qwen2-VL / Qwen2.5-VL, per temporal group after a timestamp for Qwen3-VL), so these tests do not depend on
@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from arr_coc.config import TemporalConfig
+from arr_coc.core.config import TemporalConfig
 from arr_coc.qwen.prompt import visual_units
 from arr_coc.qwen.wrapper import ARRCOCQwen
-from arr_coc.temporal import allocate, carry, carry_matrix, clip_signals, scene_cuts, spread_clip, time_weights
+from arr_coc.core.temporal import allocate, carry, carry_matrix, clip_signals, scene_cuts, spread_clip, time_weights
 
 from conftest import FAMILIES
 
@@ -256,7 +256,7 @@ def shipped():
     """The embedded model's question embeddings and the shipped before-mode layer."""
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-    from arr_coc.layer import ARRCOCLayer
+    from arr_coc.core.layer import ARRCOCLayer
     from arr_coc.paths import default_layer_path, default_model_path
 
     path = default_model_path()
@@ -413,7 +413,7 @@ def test_the_time_stage_reads_nothing_back(tiny_vlm):
     its indices on the host, is caught)."""
     import torch.nn.functional as F
 
-    import arr_coc.temporal as temporal
+    import arr_coc.core.temporal as temporal
     from arr_coc.evaluation.opcount import OpCounter
     from arr_coc.methods.arrcoc import decide_over_time, layer_batch_of
     from arr_coc.pipeline import Pruning

@@ -1,5 +1,5 @@
 """Video input: decoding with PyAV, Qwen's sampling rules, the torch-only video processor, prompt expansion per
-family, and the validator's refusals (arr_coc/video/, arr_coc/qwen/processing.py, arr_coc/inputs.py).
+family, and the validator's refusals (arr_coc/video/, arr_coc/qwen/processing.py, arr_coc/validation/).
 
 Where transformers' own code runs without torchvision (Qwen3-VL's sampling, timestamps, smart_resize and
 patchify; VideoMetadata.sampled_fps; the PIL image processor) the tests compare with it directly; the
@@ -15,7 +15,10 @@ import pytest
 import torch
 from PIL import Image
 
-from arr_coc.inputs import InputError, InputLimits, check_clip, check_items
+from arr_coc.errors import InputError
+from arr_coc.validation.clips import check_clip
+from arr_coc.validation.limits import InputLimits
+from arr_coc.validation.requests import check_items
 from arr_coc.qwen.processing import (IMAGE_TOKEN, VIDEO_TOKEN, VISION_END, VISION_START, encode_prompts,
                                      render_prompt, video_inputs, video_sampling)
 from arr_coc.qwen.tiny import build_tiny_image_processor, build_tiny_video_processor

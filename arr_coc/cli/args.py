@@ -94,7 +94,7 @@ def encode_options(args: argparse.Namespace) -> dict:
 def encode_config(args: argparse.Namespace, method: str | None = None):
     """The EncodeConfig the --encode options describe, checked by the library's validator for `method`
     (`arr_coc.pipeline.request.check_encode`); a bad combination exits 2 with one line, like argparse's errors."""
-    from arr_coc.inputs import InputError
+    from arr_coc.errors import InputError
     from arr_coc.pipeline.request import check_encode
 
     try:

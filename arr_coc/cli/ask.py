@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from arr_coc.inputs import InputError
+    from arr_coc.errors import InputError
     from arr_coc.paths import LayerNotFound
 
     try:
@@ -75,7 +75,11 @@ class _Plan:
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
-    from arr_coc.inputs import LIMITS, InputError, check_max_new_tokens, check_question, check_video_file, open_image
+    from arr_coc.errors import InputError
+    from arr_coc.validation.clips import check_video_file
+    from arr_coc.validation.images import open_image
+    from arr_coc.validation.limits import LIMITS
+    from arr_coc.validation.requests import check_max_new_tokens, check_question
     from arr_coc.paths import CHECKPOINTS, default_model_path, resolve_layer
     from arr_coc.pipeline.request import Pruning, check_encode, check_for_video, check_method
     from arr_coc.video.animation import animated_notes
@@ -143,7 +147,8 @@ def _load(args: argparse.Namespace, plan: _Plan) -> Any:
 
 def _visual(args: argparse.Namespace, plan: _Plan, wrapper: Any) -> tuple[Any, list[str]]:
     """The image decoded and normalised with this model's limits, or the clip sampled by the model's rule."""
-    from arr_coc.inputs import finish_image, limits_for
+    from arr_coc.validation.images import finish_image
+    from arr_coc.validation.limits import limits_for
 
     if args.video is not None:
         return load_video(args, wrapper.processor), []
@@ -207,7 +212,8 @@ def _sampling(args: argparse.Namespace, processor: Any = None) -> dict[str, Any]
 
 def load_video(args: argparse.Namespace, processor: Any) -> Any:
     """The --video clip, checked by the one validator and sampled by the model's rule (--fps / --num-frames)."""
-    from arr_coc.inputs import check_clip, limits_for
+    from arr_coc.validation.clips import check_clip
+    from arr_coc.validation.limits import limits_for
 
     return check_clip(args.video, limits_for(processor), name=args.video, sampling=_sampling(args, processor))
 

@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="report a method that failed on some items with those items' keep-all fallback "
                              "(default: strict, such a row is reported as failed)")
     add_runtime(parser)
-    add_fast(parser)
+    add_fast(parser, buckets=True)
     parser.add_argument("--out", required=True, help="results JSON path")
     parser.add_argument("--plot", default=None, help="accuracy vs. kept-token share plot (PNG)")
     parser.add_argument("--markdown", default=None, help="Markdown table path")
@@ -68,7 +68,8 @@ def _plan(args: argparse.Namespace) -> tuple[Any, str, list, list[str], dict[str
     """Everything read before the model loads: (runtime, model, items, methods, skipped); exits 2 on a bad one."""
     from arr_coc.evaluation.items import is_video_split, read_items
     from arr_coc.evaluation.loop import resolve_methods
-    from arr_coc.inputs import InputError, check_max_new_tokens
+    from arr_coc.errors import InputError
+    from arr_coc.validation.requests import check_max_new_tokens
     from arr_coc.pipeline.request import LOOKS_REFUSAL
     from arr_coc.paths import (EMBEDDED_MODEL, UNTRAINED, LayerNotFound, check_layer_folder, default_model_path,
                                resolve_layer)

@@ -22,7 +22,7 @@ from .args import add_runtime, budgets_arg, runtime
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from arr_coc.config import SPREAD_SOURCES
+    from arr_coc.core.config import SPREAD_SOURCES
     from arr_coc.paths import EMBEDDED_MODEL
     from arr_coc.training.config import TrainConfig
 
@@ -87,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _texture_groups(text: str) -> tuple[str, ...]:
     """'silhouette,orientation' -> the groups, each one the texture array knows."""
-    from arr_coc.config import EXTRA_GROUPS, TEXTURE_GROUPS
+    from arr_coc.core.config import EXTRA_GROUPS, TEXTURE_GROUPS
 
     groups = tuple(g.strip() for g in text.split(",") if g.strip())
     unknown = [g for g in groups if g not in TEXTURE_GROUPS + EXTRA_GROUPS]

@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reweight count answers to a uniform 0-9 prior, each weight at most CAP (0 = off; default: %(default)s)")
     parser.add_argument("--vision-crop", type=int, default=d.vision_crop, help="vision-stage crop in cells (0 = whole images)")
     video = parser.add_argument_group("--video: fine-tune a trained embedded model on ShapesVQA-video clips "
-                                      "(arr_coc/shapes/video_tuning.py; any device)")
+                                      "(arr_coc/shapes/video/tuning.py; any device)")
     video.add_argument("--video", action="store_true",
                        help="grow the vocabulary by the video questions' words, then train on clips + images from "
                             "--init (default checkpoints/shapes-qwen2vl) into --out")
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.video:
         from arr_coc.paths import EMBEDDED_MODEL
-        from arr_coc.shapes.video_tuning import run as tune
+        from arr_coc.shapes.video.tuning import run as tune
 
         init = args.init or EMBEDDED_MODEL
         if os.path.abspath(init) == os.path.abspath(args.out):

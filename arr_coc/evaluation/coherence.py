@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from ..budget import Budget, resolve_count
-from ..config import TemporalConfig
+from ..core.config import TemporalConfig
 from ..geometry import box_cell_set
-from ..temporal import cell_colours, spread_clip
+from ..core.temporal import cell_colours, spread_clip
 
 
 @dataclass

@@ -70,9 +70,9 @@ class ClipItem:
 
     def load(self, sampling: dict[str, Any] | None = None) -> Any:
         """The clip read by the one clip reader and validator, as `generate` and `ask --video` read its file
-        (`arr_coc.inputs.check_clip`: an animation by its frames' durations, a video file by PyAV), sampled by the
+        (`arr_coc.validation.clips.check_clip`: an animation by its frames' durations, a video file by PyAV), sampled by the
         model's rule (`sampling`, `VLMBackend.video_sampling`)."""
-        from ..inputs import check_clip
+        from ..validation.clips import check_clip
 
         return check_clip(self.record["clip_path"], sampling=sampling)
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import re
 import statistics
@@ -43,6 +42,7 @@ from ..encode import EncodeConfig
 from ..pipeline.selection import method_info, methods_where
 from .items import Item, as_items
 from .plans import MethodPlan, split_spec
+from .report import paired_stats
 
 if TYPE_CHECKING:
     from ..qwen import ARRCOCQwen
@@ -96,7 +96,9 @@ def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int =
     arr_coc: the ARR-COC layer the wrapper builds (a folder, a hub id; None: the untrained layer). adapter: LoRA
     adapters for its pruned requests (`ARRCOCQwen.from_pretrained(adapter=...)`; an unfit one is never retried).
     device / dtype / attn_implementation: `arr_coc.runtime`'s names (a wrong one raises RuntimeChoiceError
-    at once, before anything loads; it is never retried). fast: `ARRCOCQwen.from_pretrained`'s.
+    at once, before anything loads; it is never retried). fast: `ARRCOCQwen.from_pretrained`'s, or "buckets":
+    the fast path's fixed shapes (each choice filled to its bucket, `arr_coc.buckets`) run eagerly, without
+    compiling, so a report shows what the fill alone changes against `fast="off"`.
     """
     from ..qwen import ARRCOCQwen, HubUnreachable
     from ..qwen.adapter import AdapterError
@@ -111,8 +113,8 @@ def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int =
     for attempt in range(attempts):
         try:
             wrapper = ARRCOCQwen.from_pretrained(model, arr_coc=arr_coc, device=run.device, dtype=run.dtype,
-                                                 attn_implementation=run.attn_implementation, fast=fast,
-                                                 adapter=adapter)
+                                                 attn_implementation=run.attn_implementation,
+                                                 fast=False if fast == "buckets" else fast, adapter=adapter)
             break
         except (HubUnreachable, RuntimeChoiceError, AdapterError):   # retrying changes none of them
             raise
@@ -121,6 +123,11 @@ def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int =
                 raise
             logger.warning("loading %s failed (%s); retrying in 5 s", model, exc)
             time.sleep(5)
+    if fast == "buckets":
+        from ..buckets import Buckets
+        from ..execution import Execution
+
+        wrapper.use(Execution(buckets=Buckets(), label="buckets (eager)"))
     wrapper.seed = seed
     return wrapper
 
@@ -334,11 +341,8 @@ def compare_with_full(row: dict[str, Any], full: _Rows | None) -> None:
     if full_e2e and row.get("e2e_flops_mean") is not None:
         row["cost"] = round(row["e2e_flops_mean"] / full_e2e, 4)
     row["agree"] = round(_mean([float(a == f) for a, f in zip(row["answers"], full.answers)]) or 0.0, 4)
-    diff = [a - b for a, b in zip(row["correct"], full.correct)]
-    mean = sum(diff) / len(diff) if diff else 0.0
-    sd = math.sqrt(sum((x - mean) ** 2 for x in diff) / max(1, len(diff) - 1))
-    half = 1.96 * sd / math.sqrt(len(diff)) if len(diff) > 1 else float("nan")
-    row["vs_full"] = [round(mean - half, 4), round(mean + half, 4)]
+    paired = paired_stats(row["correct"], full.correct)
+    row["vs_full"] = [round(paired["low"], 4), round(paired["high"], 4)]
 
 
 def run_one(run: _Run, plan: MethodPlan, batch: _Batch, budget: Budget) -> _Rows:

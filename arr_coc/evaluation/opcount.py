@@ -18,7 +18,7 @@ An op counts as a synchronisation when, on a GPU, it makes the host wait for the
 
 A tensor made from host data inside the block (`torch.tensor([...])`, `aten.lift_fresh`) is host work, but
 becomes a stall when it is then copied to a GPU from pageable memory; the core sends host data on purpose
-through `arr_coc.grid.upload` (pinned, asynchronous on a GPU), counted as `uploads`, and any other is counted
+through `arr_coc.core.grid.upload` (pinned, asynchronous on a GPU), counted as `uploads`, and any other is counted
 as `host_tensors` (the layer's forward has none).
 
 What it cannot see on the CPU: `.tolist()` and `.numpy()` of a CPU tensor read memory without an aten op.
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..grid import UPLOAD_WATCHERS
+from ..core.grid import UPLOAD_WATCHERS
 
 # Ops that read a value on the host or whose output shape depends on tensor values.
 SYNC_OPS = frozenset({
@@ -85,7 +85,7 @@ class OpCounter(TorchDispatchMode):
         self.ops: Counter[str] = Counter()
         self.sync_sites: list[tuple[str, str]] = []
         self.record_stacks = record_stacks
-        self.uploads = 0  # host data sent to the device through `arr_coc.grid.upload` (asynchronous on a GPU)
+        self.uploads = 0  # host data sent to the device through `arr_coc.core.grid.upload` (asynchronous on a GPU)
         self.host_tensors = 0  # tensors made from host data anywhere else (`torch.tensor([...])` inside the block)
         self._in_upload = False
 

@@ -87,13 +87,17 @@ def paired_difference(report: dict[str, Any], a: str, b: str, budget: Budget) ->
     return paired_stats(ra["correct"], rb["correct"])
 
 
-def paired_stats(correct_a: list[int], correct_b: list[int]) -> dict[str, float]:
-    """Mean of d_i = correct_a - correct_b over the same items, its 95% interval, wins, losses, n."""
+def paired_stats(correct_a: list[float], correct_b: list[float]) -> dict[str, float]:
+    """Mean of d_i = correct_a - correct_b over the same items, its 95% interval, wins, losses, n.
+
+    The one paired interval of the project (eval's `vs_full`, the paired tables, the scripts): the normal
+    approximation, diff +- 1.96 * sd(d_i) / sqrt(n). Fewer than two items have no interval (nan); none, no
+    difference either (0.0)."""
     d = [x - y for x, y in zip(correct_a, correct_b)]
     n = len(d)
-    mean = sum(d) / n
+    mean = sum(d) / n if n else 0.0
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / max(1, n - 1))
-    half = 1.96 * sd / math.sqrt(n)
+    half = 1.96 * sd / math.sqrt(n) if n > 1 else float("nan")
     return {"diff": mean, "low": mean - half, "high": mean + half, "wins": sum(x > 0 for x in d),
             "losses": sum(x < 0 for x in d), "n": n}
 

@@ -43,7 +43,7 @@ from loguru import logger
 from tqdm import tqdm
 
 from ..budget import DEFAULT_BUDGET, BudgetError
-from ..inputs import InputError
+from ..errors import InputError
 from ..paths import default_model_path, resolve_layer
 from ..runtime import Runtime, check_attn_implementation, resolve_dtype
 from . import requests as rq

@@ -1,4 +1,4 @@
-"""Every selector, one module each, all in the same allocation interface (`arr_coc.selection`).
+"""Every selector, one module each, all in the same allocation interface (`arr_coc.pipeline.selection`).
 
 Every method returns, per image, the raster indices of the merged visual tokens the LM keeps
 (ascending, exactly the budgeted count unless it says otherwise), so all of them run on the
@@ -20,7 +20,7 @@ function over tensors plus a thin selector, and cites its paper:
 | arr_coc_adaptive | arrcoc          | ARR-COC with adaptive budgets                               |
 | arr_coc_trained  | arrcoc          | ARR-COC with trained weights (needs a folder)               |
 
-Modules register their selectors when imported, and `arr_coc.selection.get_selector(name)`
+Modules register their selectors when imported, and `arr_coc.pipeline.get_selector(name)`
 imports the owning module on first use, so `wrapper.generate(..., method="fastv")` just works.
 `downscale`, `oracle` and `arr_coc_trained` need more than a SelectionContext (a new input
 image, the answer's boxes, a weights folder); `arr_coc.evaluation.plans` is the one place that

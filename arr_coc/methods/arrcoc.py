@@ -1,6 +1,6 @@
 """`arr_coc`, `arr_coc_adaptive` and `arr_coc_trained`: the project's own allocator as methods.
 
-ARR-COC (arr_coc/layer.py, docs/DESIGN.md): texture of the resized image -> three scorers
+ARR-COC (arr_coc/core/layer.py, docs/DESIGN.md): texture of the resized image -> three scorers
 (information, perspectival, participatory = the question) -> tension balancing -> top-K
 relevance, with a grid fallback for low-structure images.
 
@@ -25,17 +25,17 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import torch
 
-from ..batch import LayerBatch
+from ..core.batch import LayerBatch
 from ..budget import BudgetMode, count_of
-from ..grid import GridBatch, upload
+from ..core.grid import GridBatch, upload
 from ..stopwatch import lap
-from ..layer import build_layer
+from ..core.layer import build_layer
 from ..pipeline.selection import Selection, SelectionContext, Selector, register_selector
-from ..temporal import cell_colours, spread_clip
+from ..core.temporal import cell_colours, spread_clip
 
 if TYPE_CHECKING:
-    from ..layer import ARRCOCLayer
-    from ..output import ARRCOCOutput
+    from ..core.layer import ARRCOCLayer
+    from ..core.output import ARRCOCOutput
     from ..pipeline.backend import VLMBackend
 
 
@@ -71,7 +71,7 @@ def run_layer(ctx: SelectionContext, budget_mode: BudgetMode | None) -> Selectio
 
 
 def spread_over_time(ctx: SelectionContext, layer: ARRCOCLayer, batch: LayerBatch, out: ARRCOCOutput) -> ARRCOCOutput:
-    """Each clip's kept cells from one budget over its t * h * w cells (`arr_coc.temporal`): the groups' relevance
+    """Each clip's kept cells from one budget over its t * h * w cells (`arr_coc.core.temporal`): the groups' relevance
     carried over time, unchanged cells paid once, the question's place in time; one transfer for all clips. A clip
     any of whose groups fell back (non-finite scores) keeps the per-group result."""
     clips, masks, signals = decide_over_time(ctx, layer, batch, out)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attending import topk_indices
+from ..core.attending import topk_indices
 from ..pipeline.backend import TextAttention, require
 from ..pipeline.selection import Selection, SelectionContext, register_selector
 from ._common import check_count

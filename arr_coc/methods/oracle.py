@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from ..attending import grid_indices
+from ..core.attending import grid_indices
 from ..geometry import Box, box_cells
 from ..pipeline.selection import Selection, SelectionContext, choose_before_encoding
 from ._common import check_count

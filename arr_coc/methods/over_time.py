@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ..budget import count_of
 from ..pipeline.selection import Selection, SelectionContext, register_selector
-from ..temporal import allocate
+from ..core.temporal import allocate
 from .grid import select as grid_select
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..attending import topk_indices
+from ..core.attending import topk_indices
 from ..pipeline.backend import TowerAttention, require
 from ..pipeline.selection import Selection, SelectionContext, register_selector
 from ._common import check_count

@@ -1,7 +1,7 @@
 """The one pruning pipeline: every entry point of the project runs a request through it, over a VLM backend.
 
     request      Pruning.of(method, budget, budget_mode, encode): read once, typed      request.py
-      │          the one validator on the visuals and the question                   arr_coc.inputs
+      │          the one validator on the visuals and the question               arr_coc.validation
       ▼
     prompt       backend.read_prompt: visual units (images, a clip's temporal groups),  prompt.py, backend.py
       │          their grids and rows; encode="after": the tower on every cell

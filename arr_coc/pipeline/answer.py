@@ -16,7 +16,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from ..inputs import LIMITS, check_items, check_max_new_tokens
+from ..validation.limits import LIMITS
+from ..validation.requests import check_items, check_max_new_tokens
 from ..stopwatch import lap
 from .backend import AnswersText, ChecksInputs, has, require
 from .context import RequestContext

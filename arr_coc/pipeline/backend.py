@@ -37,10 +37,10 @@ from .tokens import VisualRows
 if TYPE_CHECKING:
     from ..encode import EncodeConfig
     from ..execution import Execution
-    from ..inputs import InputLimits
+    from ..validation.limits import InputLimits
     from ..stopwatch import Stopwatch
-    from ..texture import WorkImages
-    from ..grid import GridBatch
+    from ..core.texture import WorkImages
+    from ..core.grid import GridBatch
 
 
 @runtime_checkable
@@ -134,7 +134,7 @@ class VLMBackend(Protocol):
 
 @runtime_checkable
 class ChecksInputs(Protocol):
-    """The validator's limits and a video's sampling for this model (without it: `arr_coc.inputs.LIMITS`, the
+    """The validator's limits and a video's sampling for this model (without it: `validation.limits.LIMITS`, the
     clip reader's defaults)."""
 
     def input_limits(self) -> InputLimits: ...

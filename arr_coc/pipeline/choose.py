@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from ..budget import Budget, BudgetError, BudgetMode, count_of
-from ..grid import upload
+from ..core.grid import upload
 from ..stopwatch import lap
-from ..temporal import minimum_count
+from ..core.temporal import minimum_count
 from .backend import MissingCapability, VLMBackend
 from .prompt import Prompt
 from .selection import Selection, SelectionContext, Selector

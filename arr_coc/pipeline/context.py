@@ -21,7 +21,7 @@ from .backend import VLMBackend
 from .request import Pruning
 
 if TYPE_CHECKING:
-    from ..layer import ARRCOCLayer
+    from ..core.layer import ARRCOCLayer
 
 
 @dataclass(frozen=True)

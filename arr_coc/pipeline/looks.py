@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from ..output import ARRCOCOutput
+from ..core.output import ARRCOCOutput
 from ..saccade import SaccadeConfig, decide, grown, saccade_cells, strength, uncertainty
 from ..stopwatch import lap
 from .backend import PrunedPrompt, RemembersTower, adapted as adapted_on, has

@@ -23,17 +23,18 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from ..budget import Budget, BudgetMode, BudgetSpec
-from ..grid import GridBatch
-from ..texture import WorkImages, work_images
+from ..core.grid import GridBatch
+from ..core.texture import WorkImages, work_images
 from .backend import UnitPixels
-from .choose import padded_questions, run_selector, unit_counts, validate_kept
+from .choose import (every_token_units, keep_every_token, padded_questions, run_selector, unit_counts,
+                     validate_kept)
 from .prompt import clip_members
 from .request import Pruning, read_budgets, uses_layer
 from .selection import SelectionContext, Selector, method_info, selects_before_encoding
 
 if TYPE_CHECKING:
-    from ..layer import ARRCOCLayer
-    from ..output import ARRCOCOutput
+    from ..core.layer import ARRCOCLayer
+    from ..core.output import ARRCOCOutput
 
 
 @dataclass
@@ -106,14 +107,20 @@ def choose(pictures: Sequence[torch.Tensor] | UnitPixels, grid_hw: Sequence[tupl
     query, mask, lengths = padded_questions(ids, pad_token_id, embed, device)
     clip_of = list(clips) if clips is not None else [-1] * n
     group_of = list(groups) if groups is not None else [0] * n
+    clip_units = clip_members(clip_of, group_of)
+    full = every_token_units(budgets, grid_hw, clip_units)     # a budget of every token keeps every token
+    if all(full):
+        every = [torch.arange(h * w) for h, w in grid_hw]
+        return Chosen(every, [h * w for h, w in grid_hw], budgets, mode, None, [None] * n, [None] * n)
     ctx = SelectionContext(
         backend=None, prompt=None, layer=layer_fn, pixels=pixels, grid_hw=[tuple(g) for g in grid_hw],
         visual_tokens=None if visual_tokens is None else list(visual_tokens), query=query, query_mask=mask,
-        query_lengths=lengths, budgets=budgets, counts=unit_counts(budgets, grid_hw, clip_members(clip_of, group_of)),
+        query_lengths=lengths, budgets=budgets, counts=unit_counts(budgets, grid_hw, clip_units),
         item_of_image=_rows_of(ids), budget_mode=mode, image_ids=list(range(n)), seed=seed,
         clips=clip_of if clips is not None else [], groups=group_of if clips is not None else [],
         questions=list(questions) if questions is not None else [])
-    choice = run_selector(pruning.selector, ctx, pruning.method, strict=strict)
+    choice = keep_every_token(run_selector(pruning.selector, ctx, pruning.method, strict=strict), full,
+                              [h * w for h, w in grid_hw])
     kept, fallback, errors = validate_kept(choice.kept, [h * w for h, w in grid_hw], choice.fallback, choice.errors)
     return Chosen(kept, list(ctx.counts), budgets, mode, choice.arr_out, fallback, errors)
 
@@ -161,7 +168,7 @@ def _layer_of(layer: Any, selector: Selector, embed: Callable[[torch.Tensor], to
 
     def default() -> ARRCOCLayer:
         if not built:
-            from ..layer import build_layer
+            from ..core.layer import build_layer
 
             probe = torch.as_tensor([ids[0][:1] or [0]])
             built.append(build_layer(None, int(embed(probe).shape[-1])))

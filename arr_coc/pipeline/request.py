@@ -6,9 +6,10 @@ place where a caller's values become typed settings: the budget(s) through the o
 encoding through `as_encode_config`, the method through the registry. Nothing after it parses again: the
 pipeline, the selectors and the allocator count with `budget.count_of`, which trusts a read budget.
 
-The validator's words for what a user typed (the app, `ask`, the lmms-eval plugin) are here too, since they
-need the method registry: `read_budget`, `check_method`, `check_encode`, and `validate` for a whole request
-(budget, method, question, image, in that order; the images and questions themselves are `arr_coc.inputs`').
+The validator's words for a method and the encoding (the app, `ask`, the lmms-eval plugin) are here too, since
+they need the method registry: `check_method`, `check_encode`, `check_for_video`, and `validate` for a whole
+request (budget, method, question, image, in that order; the budget, the images, the clips and the questions
+themselves are `arr_coc.validation`'s, which the pipeline runs and so which cannot import it).
 
 **A missing budget** has one meaning: the method's default, resolved here per unit (`unit_budgets`): the ARR-COC
 layer's configured budget (`attending.budget`, 0.25 for every shipped layer) for the ARR-COC methods, and
@@ -23,16 +24,18 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from ..budget import DEFAULT_BUDGET, Budget, BudgetError, BudgetMode, BudgetSpec, check_mode, parse_budget
+from ..budget import DEFAULT_BUDGET, Budget, BudgetMode, BudgetSpec, check_mode, parse_budget
 from ..encode import EncodeConfig, EncodeMode, as_encode_config
 from ..errors import InputError
-from ..inputs import LIMITS, ImageInfo, InputLimits, check_image, check_question
+from ..validation.images import ImageInfo, check_image
+from ..validation.limits import LIMITS, InputLimits
+from ..validation.requests import check_question, read_budget
 from ..buckets import Buckets
 from .selection import (Selector, available_methods, runs_layer, get_selector, method_info, methods_where, selector_name,
                         selects_before_encoding, selects_video, unknown_method_message, video_methods)
 
 if TYPE_CHECKING:
-    from ..layer import ARRCOCLayer
+    from ..core.layer import ARRCOCLayer
     from .prompt import Prompt
 
 ADAPTIVE = "adaptive"
@@ -186,25 +189,6 @@ def expand_budgets(budget: BudgetSpec, item_of_image: list[int], batch: int,
 # ----------------------------------------------------------------------------- what a user typed
 
 
-def read_budget(value: Any, default: Budget | None = None, limits: InputLimits = LIMITS,
-                wire: bool = False) -> Budget | None:
-    """A budget as a user typed it (0.25, "10%", 64, "64tok"), read by `arr_coc.budget.parse_budget`;
-    None (not given) is `default`. A refusal carries the budget parser's own message ("" is not a budget,
-    as on the command line and in `generate`). wire=True: it came over JSON (the app's API), where a whole
-    number is read as the text it was, so 1 is as ambiguous as "1" on the command line (`parse_budget`)."""
-    if value is None:
-        return default
-    try:
-        budget = parse_budget(value, wire=wire)
-    except BudgetError as exc:
-        raise InputError(str(exc), "budget") from None
-    if isinstance(budget, int) and budget > limits.max_budget_count:
-        raise InputError(f"budget={budget} as a token count is more than any image has (limit "
-                         f"{limits.max_budget_count:,}); write a share like 0.1, 1.0 or 10%, or a smaller count",
-                         "budget")
-    return budget
-
-
 def check_method(method: Any, default: str = "arr_coc") -> str:
     """A selector name that `get_selector` resolves (None, not given, is `default`)."""
     if method is None:
@@ -251,7 +235,7 @@ def validate(image: Any, question: Any, budget: Any = None, method: Any = None, 
     """Check a whole request in one fixed order (budget, method, question, visual), so a request with
     several problems gets the same first verdict everywhere. An animated GIF / PNG path is a clip, as everywhere
     (`image` is then the checked `Clip`, `info` None). Raises InputError."""
-    from ..inputs import check_clip
+    from ..validation.clips import check_clip
     from ..video.animation import animated_notes
     from ..video.reading import is_clip_path
 
@@ -266,6 +250,6 @@ def validate(image: Any, question: Any, budget: Any = None, method: Any = None, 
 
 
 __all__ = ["CheckedRequest", "LOOKS_REFUSAL", "Pruning", "check_encode", "check_for_video", "check_method",
-           "expand_budgets", "read_budget", "video_refusal",
+           "expand_budgets", "video_refusal",
            "read_budgets", "uses_layer", "validate"]
 

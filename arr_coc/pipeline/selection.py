@@ -16,7 +16,7 @@ import dataclasses
 import importlib
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Sequence, Union
 
 import torch
 
@@ -24,8 +24,8 @@ from ..budget import Budget, BudgetMode
 from .prompt import Prompt, clip_members
 
 if TYPE_CHECKING:
-    from ..layer import ARRCOCLayer
-    from ..output import ARRCOCOutput
+    from ..core.layer import ARRCOCLayer
+    from ..core.output import ARRCOCOutput
     from ..stopwatch import Stopwatch
     from .backend import UnitPixels, VLMBackend
 
@@ -45,14 +45,6 @@ class Selection:
     fallback: list[str | None] | None = None
     errors: list[str | None] | None = None
     visual_tokens: list[torch.Tensor | None] | None = None
-
-
-@dataclass(frozen=True)
-class VLMHandles:
-    """Deprecated (one release): `ctx.vlm`. Read `ctx.backend` and call `ctx.layer()` instead."""
-
-    model: Any
-    layer: Callable[[], ARRCOCLayer]
 
 
 @dataclass
@@ -101,15 +93,6 @@ class SelectionContext:
     clips: list[int] = field(default_factory=list)
     groups: list[int] = field(default_factory=list)
     questions: list[str] = field(default_factory=list)
-
-    @property
-    def vlm(self) -> VLMHandles:
-        """Deprecated: the model and the layer; selectors read `backend` and call `layer()`."""
-        import warnings
-
-        warnings.warn("SelectionContext.vlm is deprecated: use ctx.backend and ctx.layer()", DeprecationWarning,
-                      stacklevel=2)
-        return VLMHandles(getattr(self.backend, "model", None), self.layer)
 
     @property
     def has_video(self) -> bool:
@@ -339,7 +322,7 @@ def selector_name(method: str | Selector) -> str:
     return method if isinstance(method, str) else getattr(method, "__name__", "custom")
 
 
-__all__ = ["MARKS", "METHODS", "Method", "SELECTORS", "Selection", "SelectionContext", "Selector", "VLMHandles",
+__all__ = ["MARKS", "METHODS", "Method", "SELECTORS", "Selection", "SelectionContext", "Selector",
            "available_methods", "choose_before_encoding", "clip_members", "get_selector", "handles_video",
            "method_info", "methods_where", "reads_tower_attention", "register_selector", "runs_arr_coc_layer", "runs_layer", "selector_name", "selects_before_encoding",
            "selects_video", "unknown_method_message", "video_methods"]

@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..grid import upload
+from ..core.grid import upload
 
 
 @dataclass

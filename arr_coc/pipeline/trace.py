@@ -10,12 +10,12 @@ import torch
 from ..budget import Budget, BudgetMode, budget_label, count_of
 from ..resolution import (FOVEAL, GIST_ONLY, NOT_ENCODED, PERIPHERY, RESOLUTION_LEVELS,  # noqa: F401 - re-exported
                           UNREAD)
-from ..temporal import minimum_count
+from ..core.temporal import minimum_count
 from .choose import Choice, slice_output
 from .fovea import nearest_cells
 
 if TYPE_CHECKING:
-    from ..output import ARRCOCOutput
+    from ..core.output import ARRCOCOutput
     from .backend import PrunedPrompt
     from .fovea import Foveated, Gist
     from .prompt import Prompt

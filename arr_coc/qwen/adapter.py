@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from ..persistence import hub_snapshot, looks_like_hub_id
+from ..core.persistence import hub_snapshot, looks_like_hub_id
 from .families import family_of
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ import torch
 from ..cancel import stopping_kwargs
 from ..encode import EncodeConfig
 from ..execution import Execution
-from ..inputs import InputLimits, limits_for
+from ..validation.limits import InputLimits, limits_for
 from ..pipeline.backend import by_flag
 from ..pipeline.prompt import Prompt
 from ..pipeline.tokens import VisualRows
@@ -414,7 +414,7 @@ class QwenBackend:
     @torch.no_grad()
     def tower_attention(self, prompt: Prompt, units: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """VisionZip's (received, keys) per unit, from the pipeline's own tower pass when it was recorded
-        (`read_prompt(record_attention=True)`), else from a second pass under a recorder."""
+        (`read_prompt_recording`), else from a second pass under a recorder."""
         native = prompt.native
         record = getattr(native, "tower_record", None)
         if record is None:

@@ -22,7 +22,6 @@ Patches are laid out by the processor in merge-block order, so merged cell c of 
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -30,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..encode import EncodeConfig
-from ..grid import upload
+from ..core.grid import upload
 from ..geometry import dilate
 from ..stopwatch import Stopwatch, lap
 from .families import Family, family_of
@@ -230,16 +229,3 @@ def gist_tokens(model: PreTrainedModel, processor: Any, images: Sequence[torch.T
     tokens = list(feats)
     return tokens, ([[layer[i] for layer in deep] for i in range(len(tokens))] if deep is not None else None)
 
-
-_MOVED = {"EncodeConfig": "arr_coc.encode", "EncodeMode": "arr_coc.encode", "ENCODE_MODES": "arr_coc.encode",
-          "as_encode_config": "arr_coc.encode"}
-
-
-def __getattr__(name: str) -> Any:
-    """Deprecated names (one release): the encoding settings moved to `arr_coc.encode`."""
-    if name in _MOVED:
-        import importlib
-
-        warnings.warn(f"arr_coc.qwen.encoding.{name} moved to {_MOVED[name]}.{name}", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..layer import LayerSpec, build_layer  # noqa: F401 - where the wrapper and older callers find them
+from ..core.layer import LayerSpec, build_layer  # noqa: F401 - where the wrapper and older callers find them
 from ..pipeline.registry import BackendEntry, HubUnreachable, hub_error, model_type_of  # noqa: F401 - HubUnreachable
 from ..runtime import Runtime, check_supported
 from .families import FAMILIES

@@ -25,8 +25,8 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..grid import GridBatch, constant, fill_edges
-from ..texture import WorkImages, work_images
+from ..core.grid import GridBatch, constant, fill_edges
+from ..core.texture import WorkImages, work_images
 from .processing import image_processor_of, unpatchify_images
 
 

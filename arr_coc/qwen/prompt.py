@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..cancel import checkpoint
-from ..grid import upload
+from ..core.grid import upload
 from ..pipeline.prompt import IMAGE, VIDEO, Prompt
 from ..pipeline.tokens import VisualRows
 from ..stopwatch import Stopwatch, lap

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from ..grid import upload
+from ..core.grid import upload
 from ..pipeline.tokens import VisualRows
 
 INPUT_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids",

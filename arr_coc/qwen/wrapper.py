@@ -18,8 +18,8 @@ from ..budget import BudgetMode, BudgetSpec
 from ..encode import EncodeConfig, EncodeMode
 from ..execution import Execution
 from ..front import ARRCOC, Answer, Answers
-from ..layer import LayerSpec
-from ..persistence import LayerCard
+from ..core.layer import LayerSpec
+from ..core.persistence import LayerCard
 from ..pipeline.request import Pruning
 from ..pipeline.selection import Selector
 from ..runtime import Runtime

@@ -7,7 +7,6 @@ convention); sizes are (width, height) as in PIL.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 from .vocabulary import Box, Size, letter_ink
 
@@ -66,10 +65,3 @@ class Scene:
         return (self.width, self.height)
 
 
-def boxes_overlap(a: Box, b: Box) -> bool:
-    """True if the boxes share area; boxes that only touch do not overlap."""
-    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
-
-
-def box_area(box: Sequence[float]) -> float:
-    return max(0.0, box[2] - box[0]) * max(0.0, box[3] - box[1])

@@ -334,7 +334,7 @@ def relaxed_loss(wrapper: ARRCOCQwen, ctx: Any, inputs: dict, answers: Sequence[
     differentiable in the layer's scorers and the adapters."""
     from ..budget import resolve_count
     from ..methods.arrcoc import layer_batch_of
-    from ..texture import texture_array
+    from ..core.texture import texture_array
     from .losses import soft_keep
 
     backend, layer = wrapper.backend, wrapper.arr_coc_layer
@@ -386,7 +386,7 @@ def _resume(run: _Run) -> None:
 def save(run: _Run, model_path: str, layer: str | None) -> None:
     """The adapter (peft's files + card) in out/adapter/, the layer when it trained (or out has none), the state
     file, the log and the loss plot."""
-    from ..persistence import LayerCard
+    from ..core.persistence import LayerCard
     from ..qwen.adapter import SUBFOLDER, AdapterCard
 
     cfg, state = run.cfg, run.state

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import SPREAD_SOURCES
+from ..core.config import SPREAD_SOURCES
 from ..paths import SHIPPED_LAYER
 
 VAL_BUDGETS = (0.05, 0.1, 0.25)   # validation: answer-cell coverage at these budgets

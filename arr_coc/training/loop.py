@@ -49,12 +49,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..attending import calibrate_spread, relevant_cells
-from ..config import SPREAD_SOURCES, ARRCOCConfig
+from ..core.attending import calibrate_spread, relevant_cells
+from ..core.config import SPREAD_SOURCES, ARRCOCConfig
 from ..data import read_jsonl
-from ..extent import ExtentHead, fit_extent_head
-from ..layer import ARRCOCLayer
-from ..persistence import LayerCard
+from ..core.extent import ExtentHead, fit_extent_head
+from ..core.layer import ARRCOCLayer
+from ..core.persistence import LayerCard
 from .config import VAL_BUDGETS, TrainConfig
 from ..distributed import Processes
 from .features import Features, load_features

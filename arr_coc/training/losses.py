@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..attending import topk_indices
+from ..core.attending import topk_indices
 from ..budget import resolve_count
-from ..layer import ARRCOCLayer, pad_grid
+from ..core.layer import ARRCOCLayer, pad_grid
 from .features import Features
 
 if TYPE_CHECKING:

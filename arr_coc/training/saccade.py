@@ -180,12 +180,3 @@ def fit(rows: Sequence[dict[str, Any]], signal: str = "margin", steps: int = 400
         if log is not None:
             log.write(json.dumps(line) + "\n")
     return gate, lines
-
-
-def paired_interval(a: Sequence[float], b: Sequence[float], z: float = 1.96) -> tuple[float, float, float]:
-    """mean(b - a) and its normal 95% interval over paired items."""
-    d = [y - x for x, y in zip(a, b)]
-    n = len(d)
-    m = sum(d) / n
-    sd = math.sqrt(sum((x - m) ** 2 for x in d) / max(1, n - 1))
-    return m, m - z * sd / math.sqrt(n), m + z * sd / math.sqrt(n)

@@ -14,8 +14,8 @@ from typing import Sequence
 
 import torch
 
-from ..layer import ARRCOCLayer
-from ..texture import channel_names
+from ..core.layer import ARRCOCLayer
+from ..core.texture import channel_names
 
 # softplus(-30) ~ 1e-13: the information scorer's weight of a new channel, next to old weights of order 1
 # (softplus keeps it positive, so it cannot start at exactly zero; its gradient is not zero either).

@@ -35,7 +35,7 @@ Frames given in memory (a list of PIL images / HxWx3 uint8 arrays / 3xHxW float 
 unless `num_frames` is given or `fps` is below `frame_rate` (then sampled by the same rule), or they are more than
 `max_frames` (then kept to max_frames, evenly, as a file sampled at its own rate is; `fps=None` still asks for
 every frame, and is refused above max_frames). Errors are
-`VideoError`, an `arr_coc.inputs.InputError` (a ValueError) whose message says what to do and whose `code`
+`VideoError`, an `arr_coc.errors.InputError` (a ValueError) whose message says what to do and whose `code`
 names the case.
 """
 

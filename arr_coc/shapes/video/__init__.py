@@ -6,7 +6,7 @@ start or the end) and relevance targets over time (per frame, the boxes the answ
     frames, record, track = make_clip_item(seed=0, split="test", index=7)   # uint8 [N, H, W, 3]
     write_video_split("data/shapes_video", split="test", n=2000, seed=0)    # clips/ + test.jsonl
 
-Modules, by responsibility (none imports torch):
+Modules, by responsibility (none imports torch but `tuning`, which this package never imports itself):
 
     spec     question types, templates, directions, lengths, rates, presets (standard library only)
     track    Actor, Shot, Track: positions, colours and presence over time, the camera and the cut
@@ -17,6 +17,7 @@ Modules, by responsibility (none imports torch):
     items    make_clip_item: one clip in memory, and its record
     clips    save_clip / load_clip_frames: one lossless GIF (or APNG) per clip
     files    write_video_split: clips + JSONL on disk
+    tuning   the embedded model's fine-tune on these clips and the image set (`train-vlm --video`)
 """
 
 from __future__ import annotations

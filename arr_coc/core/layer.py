@@ -28,17 +28,17 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ..budget import Budget, BudgetError, BudgetMode, check_budget
+from ..stopwatch import Stopwatch, lap
 from .attending import Decision, Plan, TokenAllocator, finish_on_host
 from .balancing import AdaptiveTensionBalancer
 from .batch import LayerBatch, layer_batch
-from .budget import Budget, BudgetError, BudgetMode, check_budget
 from .config import ARRCOCConfig
 from .extent import ExtentHead
 from .grid import GridBatch
 from .knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
 from .output import ARRCOCOutput, pad_grid
 from .persistence import LayerPersistence
-from .stopwatch import Stopwatch, lap
 from .texture import ImageLike, channel_names, texture_array
 
 

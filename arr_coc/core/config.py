@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .budget import DEFAULT_BUDGET, Budget, check_budget
+from ..budget import DEFAULT_BUDGET, Budget, check_budget
 
 TEXTURE_GROUPS = ("rgb", "position", "sobel", "saliency", "clusters", "highpass")   # the default array
 # Groups a layer may add to the default (texture.groups in its config.json): shape cues for a layer that reads
@@ -111,7 +111,7 @@ class AttendingConfig:
     # averages 1 over its items), clipped to [spread_min, spread_max]; it is raised to at most
     # spread_per_cell tokens per relevant cell (more only adds distractors), so the tokens kept
     # average at most the budget. spread_source "extent": the relevant cells are the layer's
-    # `ExtentHead` prediction of the answer's cells instead of that perplexity (arr_coc.extent).
+    # `ExtentHead` prediction of the answer's cells instead of that perplexity (arr_coc.core.extent).
     spread_tau: float = 0.0
     spread_source: str = "perplexity"
     spread_reference: float = 1.0
@@ -135,7 +135,7 @@ class AttendingConfig:
 
 @dataclass
 class TemporalConfig:
-    """How a video clip's budget is spread over its temporal groups (`arr_coc.temporal`)."""
+    """How a video clip's budget is spread over its temporal groups (`arr_coc.core.temporal`)."""
 
     decay: float = 0.8             # share of the carried relevance kept from group to group (0: none)
     carry: str = "max"             # "max": decayed maximum; "motion": smoothing where a cell did not change, the

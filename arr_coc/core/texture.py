@@ -29,7 +29,7 @@ array; a layer lists them in its config's texture.groups:
               on every cell of the object, so each cell of a triangle knows it is on a triangle.
 
 A batch is computed at once, on whatever device its pixels are: frames of different sizes are padded
-(`WorkImages`, `arr_coc.grid`) and each group reads only its frame's own pixels and cells, so a frame's
+(`WorkImages`, `arr_coc.core.grid`) and each group reads only its frame's own pixels and cells, so a frame's
 channels do not depend on what else is in its batch. Nothing is read back to the host.
 
 Every channel lies in [0, 1]. Energies are squashed with a FIXED constant
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from .lazy import cached
+from ..lazy import cached
 from typing import Callable, Sequence, Union
 
 import numpy as np

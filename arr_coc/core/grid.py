@@ -19,7 +19,7 @@ a frame's border exactly what it would read on the frame alone; `masked_median` 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from .lazy import cached
+from ..lazy import cached
 from typing import Callable, Sequence
 
 import numpy as np

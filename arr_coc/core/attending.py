@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .budget import Budget, BudgetError, BudgetMode, check_mode, count_of, resolve_count
+from ..budget import Budget, BudgetError, BudgetMode, check_mode, count_of, resolve_count
 from .config import AttendingConfig
 from .grid import GridBatch, masked_median, upload
 

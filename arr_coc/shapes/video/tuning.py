@@ -4,7 +4,7 @@ The embedded model was trained on images only, and its word-level tokenizer lack
 questions' words ("which", "way", "left", "start", ...): every direction answer was out of its vocabulary.
 So:
 
-1. `extend_vocabulary`: the missing words (`arr_coc.shapes.video.video_words`) join the tokenizer's
+1. `extend_vocabulary`: the missing words (`spec.video_words`) join the tokenizer's
    word-level vocabulary with new ids, and the input embeddings and the (untied) LM head grow by as
    many rows, each new row the mean of the old ones;
 2. `finetune`: every step takes a batch of clips and a batch of images (so the model keeps answering
@@ -62,7 +62,7 @@ def extend_vocabulary(model: Any, processor: Any, words: list[str]) -> list[str]
 
 def _batch(processor: Any, visuals: list[Any], questions: list[str], answers: list[str], device: Any):
     """Processor tensors with each answer word and <|im_end|> appended; labels only on those two tokens."""
-    from ..qwen.processing import IM_END, encode_prompts
+    from ...qwen.processing import IM_END, encode_prompts
 
     tok = processor.tokenizer
     inputs = encode_prompts(processor, [[v] for v in visuals], questions)
@@ -86,8 +86,8 @@ def _batch(processor: Any, visuals: list[Any], questions: list[str], answers: li
 
 
 def _clip_batch(seed: int, start: int, n: int):
-    from ..shapes.video import make_clip_item
-    from ..video import load_clip
+    from ...video import load_clip
+    from .items import make_clip_item
 
     visuals, questions, answers = [], [], []
     for i in range(start, start + n):
@@ -99,7 +99,7 @@ def _clip_batch(seed: int, start: int, n: int):
 
 
 def _image_batch(seed: int, start: int, n: int):
-    from ..shapes import make_item
+    from ..items import make_item
 
     visuals, questions, answers = [], [], []
     for i in range(start, start + n):
@@ -173,8 +173,8 @@ def run(init: str, out: str, steps: int, seconds: float | None, clips: int, imag
     """Load `init`, extend the vocabulary, fine-tune, save to `out` (model, processor, log)."""
     import os
 
-    from ..qwen.loading import load_vlm
-    from .video import video_words
+    from ...qwen.loading import load_vlm
+    from .spec import video_words
 
     model, processor = load_vlm(init, device=device, dtype="float32")
     model.requires_grad_(True)
