@@ -203,7 +203,8 @@ def _result(scope: Microscope, asked: Asked, request: _Request, base: Run, prune
     first = pruned[0].run if pruned else None
     heatmap = pictures.relevance(asked, first.trace, scope.cell_px) if first is not None else None
     maps, channels, weights = pictures.layer_maps(first.trace) if first is not None else ([], [], "")
-    if first is not None and first.trace.arr_coc is None and request.method != "none":
+    chose = first is not None and first.trace.kept_tokens < first.trace.total_tokens   # a budget of every token: none
+    if chose and first.trace.arr_coc is None and request.method != "none":
         notes.append(f"Method {request.method!r} has no relevance maps: the picture shows its kept tokens only.")
     resolution = [pictures.resolution(asked, p.run.trace, scope.cell_px, _title(p)) if p.run is not None else None
                   for p in pruned] + [None, None]

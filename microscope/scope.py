@@ -80,10 +80,13 @@ class Microscope:
 
     @property
     def default_compare(self) -> tuple[str, str]:
-        """Config B when a request does not say: the shipped layer trained for encode="before", encoding before
-        (the embedded model's default: after vs. before, each with its own layer); else the first
-        --compare-arr-coc layer, encoding after like A's default (compare checkpoints); without one, the same
-        layer encoding before (compare the modes)."""
+        """Config B when a request does not say: the shipped layer trained for encode="before" with its own adapter
+        where it ships one (the library's default for that layer: `ARRCOC.from_pretrained`), encoding before (the
+        embedded model's default: after vs. before, each with its own layer); else the first --compare-arr-coc
+        layer, encoding after like A's default (compare checkpoints); without one, the same layer encoding before
+        (compare the modes)."""
+        if f"{self.before_layer} + adapter" in self.more_layers:
+            return f"{self.before_layer} + adapter", "before"
         if self.before_layer in self.more_layers:
             return self.before_layer, "before"
         return (next(iter(self.more_layers)), "after") if self.more_layers else (self.layer_name, "before")

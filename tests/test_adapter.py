@@ -417,6 +417,27 @@ def test_eval_and_ask_take_an_adapter_and_pair_rows_with_and_without_it(tmp_path
     assert "no --adapter FOLDER" in capsys.readouterr().err
 
 
+def test_eval_runs_the_trained_layers_own_adapter_by_default_for_its_rows_only(tmp_path):
+    """eval --encode before on the embedded model: the shipped before-layer's adapter/ is on by default for the
+    trained layer's rows (arr_coc_trained) and for no other method's; --no-adapter turns it off (the control)."""
+    from arr_coc.__main__ import main
+    from arr_coc.paths import EMBEDDED_MODEL, SHIPPED_BEFORE_LAYER, shown_path
+    from arr_coc.shapes import write_split
+
+    split = str(write_split(tmp_path / "shapes", split="test", n=2, seed=0))
+    reports = {}
+    for flag in ([], ["--no-adapter"]):
+        out = tmp_path / f"r{len(flag)}.json"
+        assert main(["eval", "--model", EMBEDDED_MODEL, "--data", split, "--encode", "before", "--budgets", "0.05",
+                     "--methods", "none,random,arr_coc_trained", "--quiet", *flag, "--out", str(out)]) == 0
+        report = json.loads(out.read_text())
+        reports[bool(flag)] = (report["adapter"], {r["method"]: r["adapter_flops_mean"] for r in report["results"]})
+    default, off = reports[False], reports[True]
+    assert default[0] == shown_path(SHIPPED_BEFORE_LAYER) and off[0] is None
+    assert default[1]["arr_coc_trained"] > 0 and default[1]["random"] == default[1]["none"] == 0
+    assert set(off[1].values()) == {0}
+
+
 def test_the_page_offers_a_layer_with_and_without_its_shipped_adapter_side_by_side():
     from arr_coc.shapes import make_item
     from microscope.handler import ask

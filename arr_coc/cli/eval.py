@@ -48,10 +48,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--arr-coc-weights", default=None,
                         help="folder of trained ARR-COC weights for arr_coc_trained (default: the layer shipped under "
                              "checkpoints/ when --model is the embedded model; otherwise skipped without it)")
-    parser.add_argument("--adapter", default=None,
-                        help="LoRA adapters (a folder written by train-adapter, a layer folder holding adapter/, or a "
-                             "hub id) run for every pruned row; a method ending in -adapter runs without them, one "
-                             "ending in +adapter with them (e.g. arr_coc@before-adapter,arr_coc@before+adapter)")
+    adapters = parser.add_mutually_exclusive_group()
+    adapters.add_argument("--adapter", default=None,
+                          help="LoRA adapters (a folder written by train-adapter, a layer folder holding adapter/, or "
+                               "a hub id) run for every pruned row; a method ending in -adapter runs without them, "
+                               "one ending in +adapter with them (e.g. arr_coc@before-adapter,arr_coc@before+adapter)."
+                               " Default: the --arr-coc-weights folder's own adapter/, where it holds one trained for "
+                               "this model, for that layer's rows (arr_coc_trained) only")
+    adapters.add_argument("--no-adapter", dest="adapter", action="store_false", default=None,
+                          help="no adapter, not even the layer folder's own")
     parser.add_argument("--no-strict", dest="strict", action="store_false",
                         help="report a method that failed on some items with those items' keep-all fallback "
                              "(default: strict, such a row is reported as failed)")
@@ -113,9 +118,9 @@ def _check_adapter(args: argparse.Namespace, methods: list[str]) -> None:
     from arr_coc.qwen.adapter import adapter_folder
 
     named = [m for m in methods if split_adapter(m)[0] != m]
-    if named and args.adapter is None:
+    if named and not args.adapter:
         _error(f"{', '.join(named)} name the adapter, and no --adapter FOLDER was given")
-    if args.adapter is not None:
+    if args.adapter not in (None, False):
         adapter_folder(args.adapter)       # AdapterError (a ValueError): said by the caller
 
 
@@ -145,8 +150,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         wrapper = load_wrapper(model, run_on.device, args.seed, dtype=run_on.dtype,
                                attn_implementation=run_on.attn_implementation, fast=args.fast,
-                               adapter=args.adapter)
+                               adapter=args.adapter or False)
         wrapper.check_encode(encode_config(args))   # e.g. --whole-windows on a tower without windows
+        adapter_for = "pruned"
+        if args.adapter is None and args.arr_coc_weights:   # the layer folder's own, for its layer's rows
+            args.adapter = wrapper.backend.default_adapter(args.arr_coc_weights, model)
+            if args.adapter:
+                wrapper.backend.load_adapter(args.adapter)
+                adapter_for = "trained"
     except (RuntimeChoiceError, HubUnreachable, ValueError) as exc:  # flash_attention_2 without a GPU; offline hub
         print(f"eval: error: {exc}", file=sys.stderr)
         return 2
@@ -154,12 +165,12 @@ def run(args: argparse.Namespace) -> int:
         wrapper, items, methods, args.budgets, batch_size=args.batch_size, seed=args.seed,
         max_new_tokens=args.max_new_tokens, fastv_layer=args.fastv_layer, arr_coc_weights=args.arr_coc_weights,
         progress=not args.quiet, strict=args.strict, budget_mode=args.budget_mode, encode=encode_config(args),
-        processes=processes,
+        processes=processes, adapter_for=adapter_for,
     )
     processes.close()
     if not processes.is_main:
         return 0
-    report = {"model": model, "data": args.data, "arr_coc_weights": args.arr_coc_weights, "adapter": args.adapter,
+    report = {"model": model, "data": args.data, "arr_coc_weights": args.arr_coc_weights, "adapter": args.adapter or None,
               "runtime": wrapper.runtime.describe(), **report, "skipped": skipped}
     _write(args, report)
     return 0

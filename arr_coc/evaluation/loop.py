@@ -238,9 +238,14 @@ def evaluate(wrapper: ARRCOCQwen, records: Sequence[Any], methods: Sequence[str]
              batch_size: int = 8, seed: int = 0, max_new_tokens: int = 8, fastv_layer: int = 2,
              arr_coc_weights: str | None = None, progress: bool = True, strict: bool = True,
              budget_mode: BudgetMode | None = None, encode: EncodeConfig | None = None,
-             processes: Processes | None = None) -> dict[str, Any]:
+             processes: Processes | None = None, adapter_for: str = "pruned") -> dict[str, Any]:
     """Run every (method, budget) on `records` (VQA records, clip records or items); returns {"n", "results", ...}
     (see the module docstring).
+
+    adapter_for: which rows the wrapper's adapter runs for, where a method's spec does not say (`+adapter`,
+    `-adapter`): "pruned", every row that prunes (an adapter asked for with --adapter); "trained", only the rows
+    of the trained layer (`arr_coc_trained`, from `arr_coc_weights`), whose folder holds the adapter (on by
+    default).
 
     `processes` (several, under a launcher: `arr_coc.distributed`): each process runs a contiguous
     share of the batches (the same batches one process runs, so every item's outcome is the same: selection
@@ -254,7 +259,7 @@ def evaluate(wrapper: ARRCOCQwen, records: Sequence[Any], methods: Sequence[str]
     wrapper.seed = seed
     items = as_items(records)
     encode = encode or EncodeConfig()
-    plans = {m: MethodPlan(m, wrapper, fastv_layer, arr_coc_weights, encode) for m in methods}
+    plans = {m: MethodPlan(m, wrapper, fastv_layer, arr_coc_weights, encode, adapter_for) for m in methods}
     run = _Run(wrapper, plans, configs_for(methods, budgets), max_new_tokens, strict, budget_mode)
     run.rows = {c: _Rows() for c in run.configs}
     batches = [items[i:i + batch_size] for i in range(0, len(items), batch_size)]

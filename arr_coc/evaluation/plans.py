@@ -69,7 +69,7 @@ class MethodPlan:
     batch."""
 
     def __init__(self, spec: str, wrapper: ARRCOCQwen, fastv_layer: int = 2, arr_coc_weights: str | None = None,
-                 encode: EncodeConfig | None = None):
+                 encode: EncodeConfig | None = None, adapter_for: str = "pruned"):
         from ..methods import arrcoc, fastv
 
         self.spec = spec
@@ -87,6 +87,8 @@ class MethodPlan:
             self.selector = arrcoc.trained_selector(wrapper, arr_coc_weights, wrapper.compile_layer)
         elif not info.needs and self.name != "none":
             self.selector = get_selector(self.name)
+        if adapter_for == "trained" and spec == split_adapter(spec)[0] and self.name != "arr_coc_trained":
+            self.adapter = False     # the trained layer folder's own adapter, on by default: for that layer's rows
         # Methods that read the encoded tokens (FastV, VisionZip, DivPrune, CDPruner) and downscale (a new input)
         # run after the tower whatever the evaluation's encoding, and say so.
         self.selects_before = self.name in ("none", "oracle") or (
