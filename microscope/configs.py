@@ -173,18 +173,24 @@ def layer_for_mode(scope: Microscope, layer: str, mode: str, gist: Any = 0.0) ->
     """The layer a config should show when its encode mode is switched to `mode`.
 
     The shipped pair trades places: the --arr-coc layer (trained reading the encoded tokens) gives way to
-    the layer trained for encode="before" (texture and question only) when a config encodes before without
-    a gist, and comes back when it encodes after. Any other choice is the user's and is kept.
+    the layer trained for encode="before" (texture and question only; with its adapter where it ships one, the
+    default) when a config encodes before without a gist, and comes back when it encodes after. Any other
+    choice is the user's and is kept.
     """
     main, before = next(iter(scope.layers)), scope.before_layer
     if before not in scope.layers:
         return layer
-    try:
-        gist_share = float(gist or 0.0)
-    except (TypeError, ValueError):
-        gist_share = 0.0
-    if mode == "before" and gist_share <= 0.0 and layer == main:
-        return before
-    if (mode == "after" or gist_share > 0.0) and layer == before:
+    adapted = f"{before} + adapter"
+    if mode == "before" and gist_share_of(gist) <= 0.0 and layer == main:
+        return adapted if adapted in scope.layers else before
+    if (mode == "after" or gist_share_of(gist) > 0.0) and layer in (before, adapted):
         return main
     return layer
+
+
+def gist_share_of(gist: Any) -> float:
+    """The gist slider's value as a share (0.0 when it says nothing readable)."""
+    try:
+        return float(gist or 0.0)
+    except (TypeError, ValueError):
+        return 0.0

@@ -440,6 +440,7 @@ def test_eval_runs_the_trained_layers_own_adapter_by_default_for_its_rows_only(t
 
 def test_the_page_offers_a_layer_with_and_without_its_shipped_adapter_side_by_side():
     from arr_coc.shapes import make_item
+    from microscope.configs import layer_for_mode
     from microscope.handler import ask
     from microscope.server import add_layers, load, parse_args, shipped_before_layer
 
@@ -447,7 +448,10 @@ def test_the_page_offers_a_layer_with_and_without_its_shipped_adapter_side_by_si
     scope.count_flops = False                                                  # not what this test is about
     add_layers(scope, shipped_before_layer(scope, parse_args([])))
     alone, adapted = [name for name in scope.layers if "arr-coc-shapes-before" in name]
-    assert adapted == alone + " + adapter" and scope.default_compare == (alone, "before")   # B's default: alone
+    main = next(iter(scope.layers))
+    assert adapted == alone + " + adapter" and scope.default_compare == (adapted, "before")   # B's default (issue 55)
+    assert layer_for_mode(scope, main, "before") == adapted and layer_for_mode(scope, adapted, "after") == main
+    assert layer_for_mode(scope, alone, "before") == alone                     # the user's choice of the layer alone
     image, record, _ = make_item(0, "test", 5)
     result = ask(scope, image, record["question"], budget="3%", layer=alone, encode="before", compare_layer=adapted,
                  compare_encode="before")

@@ -310,12 +310,12 @@ def test_a_bad_video_is_refused_before_the_model_loads(name, content, words, tin
 
 
 def _refuse_model_loads(monkeypatch) -> None:
-    import arr_coc.qwen.wrapper as wrapper_module
+    import arr_coc.qwen.loading as loading   # what the backend registry's Qwen entry loads with
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the refusal")
 
-    monkeypatch.setattr(wrapper_module, "load_vlm", refuse)
+    monkeypatch.setattr(loading, "load_vlm", refuse)
 
 
 def _cli(argv: list[str], capsys) -> tuple[int, str, str]:

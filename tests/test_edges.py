@@ -174,12 +174,12 @@ def layer_dir(tmp_path_factory, wrapper) -> str:
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Fail the test if anything loads a model: the refusal must come before."""
-    import arr_coc.qwen.wrapper as wrapper_module
+    import arr_coc.qwen.loading as loading   # what the backend registry's Qwen entry loads with
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the refusal")
 
-    monkeypatch.setattr(wrapper_module, "load_vlm", refuse)
+    monkeypatch.setattr(loading, "load_vlm", refuse)
 
 
 @pytest.fixture(scope="module")

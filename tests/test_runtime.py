@@ -298,8 +298,10 @@ def test_nothing_forces_the_hub_offline_for_a_hub_id(monkeypatch, image_file, sp
     with pytest.raises(server.LoadError):
         server.load(HUB_ID, device="cpu")
     assert seen == [None, None, None, None] and "HF_HUB_OFFLINE" not in os.environ
-    local = tmp_path / "a-local-folder"
+    local = tmp_path / "a-local-folder"                 # a Qwen2-VL folder: its model loads through transformers
     local.mkdir()
+    (local / "config.json").write_text('{"model_type": "qwen2_vl"}')
+    monkeypatch.setattr(transformers.Qwen2VLForConditionalGeneration, "from_pretrained", record)
     with pytest.raises(server.LoadError):
         server.load(str(local), device="cpu", retries=1)
     assert seen[-1] == "1"

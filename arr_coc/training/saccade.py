@@ -88,7 +88,7 @@ def collect(wrapper: ARRCOCQwen, records: Sequence[VQARecord], budget: float, sa
                 j = p.rows.index(b)
                 length = p.pruned.lengths[j]
                 if length not in memo:
-                    memo[length] = count_flops(wrapper.prefill, p.pruned.rows([j]), logits_to_keep=1)[1]
+                    memo[length] = count_flops(wrapper.backend.prefill, p.pruned.rows([j]), logits_to_keep=1)[1]
                 cost += memo[length] + (selector[1] if n == 1 else 0.0)
                 row[f"correct_{n + 1}"] = float(score_record(answers[n][j].strip(), rec))
                 row[f"nll_{n + 1}"] = stats[n][2][j]
@@ -100,7 +100,7 @@ def collect(wrapper: ARRCOCQwen, records: Sequence[VQARecord], budget: float, sa
                 row.update(correct_2=row["correct_1"], nll_2=row["nll_1"], cost_2=row["cost_1"])
             key = ("every token", every.lengths[b])
             if key not in memo:
-                memo[key] = count_flops(wrapper.prefill, every.rows([b]), logits_to_keep=1)[1]
+                memo[key] = count_flops(wrapper.backend.prefill, every.rows([b]), logits_to_keep=1)[1]
             row["full"] = memo[key] + full_vision[b]
             out.append(row)
         if bar is not None:
