@@ -1,0 +1,216 @@
+"""vLLM's Qwen2-VL with ARR-COC after the vision tower (docs/SERVING.md, "Design"). Imported by vLLM only.
+
+- the processor (`ARRCOCQwen2VLProcessor`) reads each request's budget and question, puts both in the kwargs vLLM
+  hashes (so every cache is keyed by image, question and budget), and writes `count_of(budget, cells)` image pads;
+- the model (`ARRCOCQwen2VL`) runs the tower on every cell, as stock, then `arr_coc.choose` on the processor's
+  patches, the question and the tower's tokens, keeps the chosen tokens and hands vLLM their own M-RoPE positions
+  through `SupportsMultiModalPruning` (EVS's 4-channel convention), so the text keeps its unpruned positions, as
+  in the Hugging Face path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from vllm.model_executor.models.interfaces import SupportsMultiModalPruning
+from vllm.model_executor.models.qwen2_vl import (Qwen2VLDummyInputsBuilder, Qwen2VLForConditionalGeneration,
+                                                 Qwen2VLMultiModalProcessor, Qwen2VLProcessingInfo)
+from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.multimodal.inputs import MultiModalFieldConfig
+from vllm.multimodal.processing import PromptReplacement
+
+from ...pipeline.pure import choose
+from ...qwen.pixels import PatchImages
+from ...qwen.processing import IM_END, VISION_END
+from ...qwen.prompt import PromptTokens
+from .settings import (BUDGET_KEY, COUNT_KEY, QUESTION_KEY, ServeSettings, kept_count, kept_positions,
+                       question_ids, request_budget)
+
+SHARE_KEY = "arr_coc_share"          # per image: the budget as a share, or -1 where it is a count
+FIELDS = (QUESTION_KEY, COUNT_KEY, SHARE_KEY)
+PLUGIN_KWARGS = (BUDGET_KEY, QUESTION_KEY)
+log = logging.getLogger("arr_coc.serving.vllm")
+
+
+class ARRCOCQwen2VLProcessingInfo(Qwen2VLProcessingInfo):
+    """Images only (a clip is refused by vLLM at the request, as a modality this model does not take)."""
+
+    def get_supported_mm_limits(self) -> Mapping[str, int | None]:
+        return {"image": None}
+
+    def arr_coc_settings(self) -> ServeSettings:
+        if not hasattr(self, "_arr_coc_settings"):
+            self._arr_coc_settings = ServeSettings.of(self.get_hf_config())
+        return self._arr_coc_settings
+
+    def arr_coc_tokens(self) -> PromptTokens:
+        if not hasattr(self, "_arr_coc_tokens"):
+            cfg, tok = self.get_hf_config(), self.get_tokenizer()
+            vocab = tok.get_vocab()
+            self._arr_coc_tokens = PromptTokens(
+                image=int(cfg.image_token_id), video=int(cfg.video_token_id), vision_end=vocab[VISION_END],
+                im_end=vocab[IM_END], pad=0, special=frozenset(getattr(tok, "all_special_ids", []) or []))
+        return self._arr_coc_tokens
+
+
+class ARRCOCQwen2VLProcessor(Qwen2VLMultiModalProcessor):
+    def apply(self, inputs: Any, timing_ctx: Any) -> Any:
+        """The request's budget and question join the processor kwargs: vLLM hashes them with the image
+        (processing/inputs.py:70-74), and they reach `_call_hf_processor` even on a cache miss without the prompt."""
+        kwargs = dict(inputs.hf_processor_mm_kwargs)
+        kwargs[BUDGET_KEY] = request_budget(kwargs, self.info.arr_coc_settings())
+        kwargs[QUESTION_KEY] = question_ids(inputs.prompt, self.info.arr_coc_tokens())
+        return super().apply(dataclasses.replace(inputs, hf_processor_mm_kwargs=kwargs), timing_ctx)
+
+    def _call_hf_processor(self, hf_data: Mapping[str, object], hf_kwargs: Mapping[str, object]) -> Any:
+        ours = {k: hf_kwargs[k] for k in PLUGIN_KWARGS if k in hf_kwargs}
+        out = super()._call_hf_processor(hf_data, {k: v for k, v in hf_kwargs.items() if k not in PLUGIN_KWARGS})
+        grid = out.get("image_grid_thw")
+        if grid is None or QUESTION_KEY not in ours:
+            return out
+        merge = int(self.info.get_hf_config().vision_config.spatial_merge_size)
+        budget, n = ours[BUDGET_KEY], len(grid)
+        out[QUESTION_KEY] = torch.tensor([list(ours[QUESTION_KEY])] * n, dtype=torch.long).reshape(n, -1)
+        out[COUNT_KEY] = torch.tensor([kept_count(budget, g, merge) for g in grid.tolist()], dtype=torch.long)
+        out[SHARE_KEY] = torch.full((n,), float(budget) if isinstance(budget, float) else -1.0, dtype=torch.float64)
+        return out
+
+    def _get_mm_fields_config(self, hf_inputs: Any, hf_processor_mm_kwargs: Mapping[str, object]
+                              ) -> Mapping[str, MultiModalFieldConfig]:
+        fields = dict(super()._get_mm_fields_config(hf_inputs, hf_processor_mm_kwargs))
+        fields.update({k: MultiModalFieldConfig.batched("image", keep_on_cpu=True) for k in FIELDS})
+        return fields
+
+    def _get_prompt_updates(self, mm_items: Any, hf_processor_mm_kwargs: Mapping[str, Any],
+                            out_mm_kwargs: Any) -> Sequence[PromptReplacement]:
+        hf_processor = self.info.get_hf_processor(**hf_processor_mm_kwargs)
+        pad = self.info.get_tokenizer().get_vocab()[hf_processor.image_token]
+
+        def replacement(item_idx: int) -> list[int]:
+            return [pad] * int(out_mm_kwargs["image"][item_idx][COUNT_KEY].data)
+
+        return [PromptReplacement(modality="image", target=[pad], replacement=partial(replacement))]
+
+
+def _per_item(value: Any) -> list[torch.Tensor]:
+    """A batched field as one tensor per item (stacked when the shapes agreed, a list otherwise)."""
+    return list(value) if isinstance(value, (list, tuple)) else list(value.unbind(0))
+
+
+@MULTIMODAL_REGISTRY.register_processor(ARRCOCQwen2VLProcessor, info=ARRCOCQwen2VLProcessingInfo,
+                                        dummy_inputs=Qwen2VLDummyInputsBuilder)
+class ARRCOCQwen2VL(Qwen2VLForConditionalGeneration, SupportsMultiModalPruning):
+    """Qwen2-VL serving ARR-COC's kept cells after the tower (module docstring)."""
+
+    supported_video_pruning_methods = ()
+
+    def __init__(self, *, vllm_config: Any, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self.arr_coc = ServeSettings.of(self.config)
+        note = self.arr_coc.layer_mode_note()
+        if note:
+            log.warning(note)
+        # vLLM recomputes positions after the encoder only where its video-pruning switch is on
+        # (gpu_model_runner.py:5156-5160, config/multimodal.py:751-759); this class prunes images itself and
+        # never runs EVS, so it turns the switch on for itself.
+        mm = vllm_config.model_config.multimodal_config
+        if not mm.is_multimodal_pruning_enabled():
+            mm.video_pruning_rate = 1e-9
+        from ...layer import build_layer
+
+        # Built here, not at the first request: vLLM runs requests under inference_mode, whose tensors a layer's
+        # own bookkeeping cannot version. float32 whatever the model's dtype, as in the Hugging Face path.
+        with torch.inference_mode(False):
+            layer = build_layer(self.arr_coc.layer, int(self.config.text_config.hidden_size))
+        self.arr_coc_layer = layer.to(torch.float32).eval()
+        self._arr_coc_image_processor: Any = None
+
+    def load_weights(self, weights: Any) -> set[str]:
+        """The checkpoint's weights; the layer's came from its own folder (vLLM counts every parameter)."""
+        loaded = set(super().load_weights(weights))
+        return loaded | {f"arr_coc_layer.{name}" for name, _ in self.arr_coc_layer.named_parameters()}
+
+    def get_encoder_cudagraph_config(self) -> Any:
+        """No encoder CUDA graphs: they bypass `embed_multimodal`, where the choice runs (as EVS, qwen2_5_vl.py)."""
+        return dataclasses.replace(super().get_encoder_cudagraph_config(), modalities=[])
+
+    # -- the choice -------------------------------------------------------------------------------------------
+
+    def _image_processor(self) -> Any:
+        if self._arr_coc_image_processor is None:
+            from transformers import AutoImageProcessor
+
+            self._arr_coc_image_processor = AutoImageProcessor.from_pretrained(self.model_config.model)
+        return self._arr_coc_image_processor
+
+    def arr_coc_choose(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, questions: Any, counts: Any,
+                       shares: Any, tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Kept cells per image: the pure choice at each image's budget, met exactly."""
+        merge = int(self.config.vision_config.spatial_merge_size)
+        thw = [tuple(int(v) for v in g) for g in grid_thw.tolist()]
+        grid_hw = [(h // merge, w // merge) for _, h, w in thw]
+        budgets = [round(float(s), 12) if float(s) > 0 else int(c)
+                   for s, c in zip(_per_item(shares), _per_item(counts))]
+        ids = [q.tolist() for q in _per_item(questions)]
+        pad = getattr(self.config.text_config, "pad_token_id", None) or 0
+        chosen = choose(PatchImages(pixel_values, thw, self._image_processor()), grid_hw, ids,
+                        self.get_language_model().embed_input_ids, layer=self.arr_coc_layer, method="arr_coc",
+                        budget=budgets, budget_mode="exact", visual_tokens=list(tokens), seed=0, pad_token_id=pad)
+        return chosen.kept
+
+    def embed_multimodal(self, **kwargs: object) -> Any:
+        ours = {k: kwargs.pop(k, None) for k in FIELDS}
+        image = self._parse_and_validate_image_input(**kwargs)
+        if image is None:
+            return []
+        tokens = self._process_image_input(image)
+        kept = self.arr_coc_choose(image["pixel_values"], image["image_grid_thw"], ours[QUESTION_KEY],
+                                   ours[COUNT_KEY], ours[SHARE_KEY], tokens)
+        merge = int(self.config.vision_config.spatial_merge_size)
+        out = []
+        for feats, k, (_, h, w) in zip(tokens, kept, image["image_grid_thw"].tolist()):
+            pos = kept_positions(k, (h // merge, w // merge)).to(feats.device, feats.dtype)
+            out.append(torch.cat([feats[k.to(feats.device)], pos], dim=1))
+        return tuple(out)
+
+    # -- positions --------------------------------------------------------------------------------------------
+
+    def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> tuple[torch.Tensor, int]:
+        """The prompt's positions with K pads per image: the text's are final (an image's extent is max(h, w),
+        whatever it keeps); the pads' are provisional (the first K cells) until `recompute_mrope_positions`."""
+        merge = int(self.config.vision_config.spatial_merge_size)
+        pieces, st, nxt = [], 0, 0
+        for f in sorted(mm_features, key=lambda f: f.mm_position.offset):
+            offset, length = f.mm_position.offset, f.mm_position.length
+            _, h, w = (int(v) for v in f.data["image_grid_thw"].data.tolist())
+            h, w = h // merge, w // merge
+            pieces.append(np.broadcast_to(np.arange(offset - st), (3, offset - st)) + nxt)
+            base, cells = nxt + offset - st, np.arange(length)
+            pieces.append(np.stack([np.zeros_like(cells), cells // w, cells % w]) + base)
+            nxt, st = base + max(h, w), offset + length
+        tail = len(input_tokens) - st
+        pieces.append(np.broadcast_to(np.arange(tail), (3, tail)) + nxt)
+        pos = np.concatenate(pieces, axis=1).astype(np.int64)
+        return torch.from_numpy(pos), int(pos.max() + 1 - len(input_tokens)) if pos.size else 0
+
+    def recompute_mrope_positions(self, input_ids: Any, multimodal_embeddings: Sequence[torch.Tensor],
+                                  mrope_positions: torch.LongTensor, num_computed_tokens: int
+                                  ) -> tuple[Sequence[torch.Tensor], torch.Tensor, int]:
+        from vllm.multimodal.video_prune.evs import recompute_mrope_positions
+
+        device = multimodal_embeddings[0].device if len(multimodal_embeddings) else mrope_positions.device
+        ids = input_ids.to(device, torch.long) if isinstance(input_ids, torch.Tensor) else \
+            torch.as_tensor(input_ids, dtype=torch.long, device=device)
+        embeds = [mm[:, :-4] for mm in multimodal_embeddings]
+        positions = [mm[:, -4:].permute(1, 0).long() for mm in multimodal_embeddings]
+        new, delta = recompute_mrope_positions(ids, positions, mrope_positions, num_computed_tokens,
+                                               self.config.vision_start_token_id, self.config.image_token_id,
+                                               self.config.video_token_id)
+        return embeds, new, delta
