@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -37,6 +38,7 @@ SHARE_KEY = "arr_coc_share"          # per image: the budget as a share, or -1 w
 FIELDS = (QUESTION_KEY, COUNT_KEY, SHARE_KEY)
 PLUGIN_KWARGS = (BUDGET_KEY, QUESTION_KEY)
 log = logging.getLogger("arr_coc.serving.vllm")
+TRACE = os.environ.get("ARR_COC_VLLM_TRACE")    # a file: each image's kept cells appended there (tests)
 
 
 class ARRCOCQwen2VLProcessingInfo(Qwen2VLProcessingInfo):
@@ -58,6 +60,18 @@ class ARRCOCQwen2VLProcessingInfo(Qwen2VLProcessingInfo):
                 image=int(cfg.image_token_id), video=int(cfg.video_token_id), vision_end=vocab[VISION_END],
                 im_end=vocab[IM_END], pad=0, special=frozenset(getattr(tok, "all_special_ids", []) or []))
         return self._arr_coc_tokens
+
+
+    def get_hf_processor(self, **kwargs: object) -> Any:
+        """vLLM's processor with transformers' PIL image processor, the Hugging Face path's (the project runs
+        without torchvision): the torchvision one's `pixel_values` differ from it by a float rounding (2e-7), which
+        can move a cell's score across another's. Same settings (`to_dict`), swapped once per cached processor."""
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        processor = super().get_hf_processor(**kwargs)
+        if not isinstance(processor.image_processor, Qwen2VLImageProcessorPil):
+            processor.image_processor = Qwen2VLImageProcessorPil.from_dict(processor.image_processor.to_dict())
+        return processor
 
 
 class ARRCOCQwen2VLProcessor(Qwen2VLMultiModalProcessor):
@@ -99,6 +113,21 @@ class ARRCOCQwen2VLProcessor(Qwen2VLMultiModalProcessor):
         return [PromptReplacement(modality="image", target=[pad], replacement=partial(replacement))]
 
 
+def _trace(pixel_values: torch.Tensor, grid_thw: torch.Tensor, fields: Mapping[str, Any],
+           kept: Sequence[torch.Tensor]) -> None:
+    """One JSON line per image to $ARR_COC_VLLM_TRACE (the tests' view of the kept cells): the image's
+    fingerprint (its pixel rows' float64 sum), its question's ids, its budget and its kept cells."""
+    import json
+
+    rows = grid_thw.prod(-1).tolist()
+    pieces = pixel_values.split([int(r) for r in rows])
+    with open(TRACE, "a") as f:
+        for px, q, c, s, k in zip(pieces, _per_item(fields[QUESTION_KEY]), _per_item(fields[COUNT_KEY]),
+                                  _per_item(fields[SHARE_KEY]), kept):
+            f.write(json.dumps({"fingerprint": round(float(px.double().sum()), 3), "question": q.tolist(),
+                                "count": int(c), "share": float(s), "kept": k.tolist()}) + "\n")
+
+
 def _per_item(value: Any) -> list[torch.Tensor]:
     """A batched field as one tensor per item (stacked when the shapes agreed, a list otherwise)."""
     return list(value) if isinstance(value, (list, tuple)) else list(value.unbind(0))
@@ -110,6 +139,10 @@ class ARRCOCQwen2VL(Qwen2VLForConditionalGeneration, SupportsMultiModalPruning):
     """Qwen2-VL serving ARR-COC's kept cells after the tower (module docstring)."""
 
     supported_video_pruning_methods = ()
+    # The processor normalises, as in the Hugging Face path: vLLM would otherwise move the rescale and
+    # normalisation into the tower (config/model.py:1071-1101, layers/fusion/mm_input_norm.py:336-361), whose
+    # fused arithmetic rounds differently, and the choice reads the processor's patches (`PatchImages`).
+    supports_mm_device_do_normalize = False
 
     def __init__(self, *, vllm_config: Any, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
@@ -174,6 +207,8 @@ class ARRCOCQwen2VL(Qwen2VLForConditionalGeneration, SupportsMultiModalPruning):
         kept = self.arr_coc_choose(image["pixel_values"], image["image_grid_thw"], ours[QUESTION_KEY],
                                    ours[COUNT_KEY], ours[SHARE_KEY], tokens)
         merge = int(self.config.vision_config.spatial_merge_size)
+        if TRACE:
+            _trace(image["pixel_values"], image["image_grid_thw"], ours, kept)
         out = []
         for feats, k, (_, h, w) in zip(tokens, kept, image["image_grid_thw"].tolist()):
             pos = kept_positions(k, (h // merge, w // merge)).to(feats.device, feats.dtype)

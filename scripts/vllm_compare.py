@@ -1,0 +1,97 @@
+"""vLLM's side of the plugin's equality test (tests/test_vllm_plugin.py): answers and kept cells of generated items.
+
+Run in the vLLM environment (`make vllm-env`):
+    HF_HUB_OFFLINE=1 .venv-vllm/bin/python scripts/vllm_compare.py --items DIR/test.jsonl --n 20 \\
+        --budgets 0.05,0.1,0.25 --layer checkpoints/arr-coc-shapes --out vllm.json
+One engine serves every budget (each batch of requests names its own in `mm_processor_kwargs`); `--stock` serves
+the same items through stock vLLM (no plugin). Writes {"items": [{"id", "budget", "answer", "prompt_tokens",
+"kept"}], "seconds": {...}}; kept cells come from the plugin's trace ($ARR_COC_VLLM_TRACE), matched to items by
+the image's fingerprint, question and budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+
+def fingerprints(model: str, paths: list[Path]) -> list[float]:
+    """Each image's pixel rows' float64 sum under the plugin's (PIL) image processor: the trace's key."""
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    ip = AutoImageProcessor.from_pretrained(model, backend="pil")
+    return [round(float(ip(images=[Image.open(p).convert("RGB")], return_tensors="pt")["pixel_values"].double().sum()), 3)
+            for p in paths]
+
+
+def read_items(path: Path, n: int) -> list[dict]:
+    items = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:n]
+    for it in items:
+        it["path"] = path.parent / it["image"]
+    return items
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--items", type=Path, required=True)
+    ap.add_argument("--n", type=int, default=20)
+    ap.add_argument("--budgets", default="0.1")
+    ap.add_argument("--model", default="checkpoints/shapes-qwen2vl")
+    ap.add_argument("--layer", default="checkpoints/arr-coc-shapes")
+    ap.add_argument("--stock", action="store_true", help="stock vLLM, no plugin")
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+
+    trace = Path(tempfile.mkdtemp()) / "kept.jsonl"
+    os.environ["ARR_COC_VLLM_TRACE"] = str(trace)       # before vLLM spawns its engine: the worker inherits it
+    from PIL import Image
+    from vllm import LLM, SamplingParams
+
+    items = read_items(args.items, args.n)
+    extra = {} if args.stock else {"hf_overrides": {"architectures": ["ARRCOCQwen2VLForConditionalGeneration"],
+                                                    "arr_coc": {"layer": args.layer}}}
+    t0 = time.perf_counter()
+    llm = LLM(model=args.model, dtype="float32", max_model_len=2048, enforce_eager=True, seed=0,
+              kv_cache_memory_bytes=256 << 20, limit_mm_per_prompt={"image": 1}, **extra)
+    seconds = {"load": time.perf_counter() - t0}
+    messages = [[{"role": "user", "content": [{"type": "image_pil", "image_pil": Image.open(it["path"]).convert("RGB")},
+                                              {"type": "text", "text": it["question"]}]}] for it in items]
+    greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    rows = []
+    for budget in ([None] if args.stock else args.budgets.split(",")):
+        kw = {} if budget is None else {"mm_processor_kwargs": {"arr_coc_budget": budget}}
+        t0 = time.perf_counter()
+        outs = llm.chat(messages, greedy, use_tqdm=False, **kw)
+        seconds[f"answer {budget}"] = time.perf_counter() - t0
+        rows += [{"id": it["id"], "budget": budget, "question": it["question"], "answer": o.outputs[0].text,
+                  "prompt_tokens": len(o.prompt_token_ids), "prompt_token_ids": list(o.prompt_token_ids)}
+                 for it, o in zip(items, outs)]
+    if not args.stock:
+        match_kept(rows, items, trace, args.model)
+    args.out.write_text(json.dumps({"items": rows, "seconds": seconds}))
+    print(json.dumps(seconds))
+
+
+def match_kept(rows: list[dict], items: list[dict], trace: Path, model: str) -> None:
+    """Each row's kept cells from the trace, by (fingerprint, question ids, budget); an ambiguous or missing
+    match leaves kept None (the test then fails on it, by name)."""
+    marks = dict(zip((it["id"] for it in items), fingerprints(model, [it["path"] for it in items])))
+    seen: dict[tuple, list] = {}
+    for line in trace.read_text().splitlines():
+        t = json.loads(line)
+        seen.setdefault((t["fingerprint"], tuple(t["question"]), t["count"]), []).append(t["kept"])
+    for row in rows:
+        n_pads = row["prompt_token_ids"].count(6)          # the embedded model's <|image_pad|>
+        found = [k for (fp, _, c), ks in seen.items() if fp == marks[row["id"]] and c == n_pads for k in ks]
+        row["kept"] = found[0] if found and all(k == found[0] for k in found) else None
+        del row["prompt_token_ids"]
+
+
+if __name__ == "__main__":
+    main()
