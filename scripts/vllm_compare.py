@@ -25,8 +25,8 @@ def fingerprints(model: str, paths: list[Path]) -> list[float]:
     from transformers import AutoImageProcessor
 
     ip = AutoImageProcessor.from_pretrained(model, backend="pil")
-    return [round(float(ip(images=[Image.open(p).convert("RGB")], return_tensors="pt")["pixel_values"].double().sum()), 3)
-            for p in paths]
+    rows = [ip(images=[Image.open(p).convert("RGB")], return_tensors="pt")["pixel_values"] for p in paths]
+    return [round(float(r.double().sum()), 3) for r in rows]
 
 
 def read_items(path: Path, n: int) -> list[dict]:
@@ -45,12 +45,13 @@ def main() -> None:
     ap.add_argument("--layer", default="checkpoints/arr-coc-shapes")
     ap.add_argument("--stock", action="store_true", help="stock vLLM, no plugin")
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--pairs", type=int, default=0,
+                    help="also ask the first K images a second question, in the same batch as their own (at 10%%)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
     trace = Path(tempfile.mkdtemp()) / "kept.jsonl"
     os.environ["ARR_COC_VLLM_TRACE"] = str(trace)       # before vLLM spawns its engine: the worker inherits it
-    from PIL import Image
     from vllm import LLM, SamplingParams
 
     items = read_items(args.items, args.n)
@@ -60,8 +61,7 @@ def main() -> None:
     llm = LLM(model=args.model, dtype="float32", max_model_len=2048, enforce_eager=True, seed=0,
               kv_cache_memory_bytes=256 << 20, limit_mm_per_prompt={"image": 1}, **extra)
     seconds = {"load": time.perf_counter() - t0}
-    messages = [[{"role": "user", "content": [{"type": "image_pil", "image_pil": Image.open(it["path"]).convert("RGB")},
-                                              {"type": "text", "text": it["question"]}]}] for it in items]
+    messages = [ask(it, it["question"]) for it in items]
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     rows = []
     for budget in ([None] if args.stock else args.budgets.split(",")):
@@ -69,18 +69,40 @@ def main() -> None:
         t0 = time.perf_counter()
         outs = llm.chat(messages, greedy, use_tqdm=False, **kw)
         seconds[f"answer {budget}"] = time.perf_counter() - t0
-        rows += [{"id": it["id"], "budget": budget, "question": it["question"], "answer": o.outputs[0].text,
-                  "prompt_tokens": len(o.prompt_token_ids), "prompt_token_ids": list(o.prompt_token_ids)}
-                 for it, o in zip(items, outs)]
+        rows += [row(it, budget, it["question"], o) for it, o in zip(items, outs)]
+    if args.pairs and not args.stock:      # two questions about one image in one batch: the cache must not leak
+        pairs = [(it, q) for it in items[:args.pairs] for q in (it["question"], OTHER_QUESTION)]
+        outs = llm.chat([ask(it, q) for it, q in pairs], greedy, use_tqdm=False,
+                        mm_processor_kwargs={"arr_coc_budget": "0.1"})
+        rows += [row(it, "0.1", q, o, kind="pair") for (it, q), o in zip(pairs, outs)]
     if not args.stock:
         match_kept(rows, items, trace, args.model)
+    for r in rows:
+        del r["prompt_token_ids"]
     args.out.write_text(json.dumps({"items": rows, "seconds": seconds}))
     print(json.dumps(seconds))
 
 
+OTHER_QUESTION = "How many circles are there?"
+
+
+def ask(item: dict, question: str) -> list[dict]:
+    from PIL import Image
+
+    return [{"role": "user", "content": [{"type": "image_pil", "image_pil": Image.open(item["path"]).convert("RGB")},
+                                         {"type": "text", "text": question}]}]
+
+
+def row(item: dict, budget: str | None, question: str, out, kind: str = "item") -> dict:
+    return {"id": item["id"], "kind": kind, "budget": budget, "question": question, "answer": out.outputs[0].text,
+            "token_ids": list(out.outputs[0].token_ids), "prompt_tokens": len(out.prompt_token_ids),
+            "prompt_token_ids": list(out.prompt_token_ids)}
+
+
 def match_kept(rows: list[dict], items: list[dict], trace: Path, model: str) -> None:
-    """Each row's kept cells from the trace, by (fingerprint, question ids, budget); an ambiguous or missing
-    match leaves kept None (the test then fails on it, by name)."""
+    """Each row's kept cells from the trace, by (fingerprint, question ids, kept count); an ambiguous or missing
+    match leaves kept None (the test then fails on it, by name). The question's ids are read back from the prompt
+    as the plugin reads them (the text after <|vision_end|>, 4, up to <|im_end|>, 2, on the embedded model)."""
     marks = dict(zip((it["id"] for it in items), fingerprints(model, [it["path"] for it in items])))
     seen: dict[tuple, list] = {}
     for line in trace.read_text().splitlines():
@@ -88,9 +110,12 @@ def match_kept(rows: list[dict], items: list[dict], trace: Path, model: str) -> 
         seen.setdefault((t["fingerprint"], tuple(t["question"]), t["count"]), []).append(t["kept"])
     for row in rows:
         n_pads = row["prompt_token_ids"].count(6)          # the embedded model's <|image_pad|>
-        found = [k for (fp, _, c), ks in seen.items() if fp == marks[row["id"]] and c == n_pads for k in ks]
+        ids = row["prompt_token_ids"]
+        after = ids[len(ids) - ids[::-1].index(4):]
+        question = tuple(after[:after.index(2)] if 2 in after else after)
+        found = [k for (fp, q, c), ks in seen.items()
+                 if fp == marks[row["id"]] and c == n_pads and tuple(t for t in question if t in q) == q for k in ks]
         row["kept"] = found[0] if found and all(k == found[0] for k in found) else None
-        del row["prompt_token_ids"]
 
 
 if __name__ == "__main__":

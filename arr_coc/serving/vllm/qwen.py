@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
-import numpy as np
 import torch
 
 from vllm.model_executor.models.interfaces import SupportsMultiModalPruning
@@ -32,7 +31,7 @@ from ...qwen.pixels import PatchImages
 from ...qwen.processing import IM_END, VISION_END
 from ...qwen.prompt import PromptTokens
 from .settings import (BUDGET_KEY, COUNT_KEY, QUESTION_KEY, ServeSettings, kept_count, kept_positions,
-                       question_ids, request_budget)
+                       prompt_positions, question_ids, request_budget)
 
 SHARE_KEY = "arr_coc_share"          # per image: the budget as a share, or -1 where it is a count
 FIELDS = (QUESTION_KEY, COUNT_KEY, SHARE_KEY)
@@ -218,22 +217,13 @@ class ARRCOCQwen2VL(Qwen2VLForConditionalGeneration, SupportsMultiModalPruning):
     # -- positions --------------------------------------------------------------------------------------------
 
     def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> tuple[torch.Tensor, int]:
-        """The prompt's positions with K pads per image: the text's are final (an image's extent is max(h, w),
-        whatever it keeps); the pads' are provisional (the first K cells) until `recompute_mrope_positions`."""
+        """The text's final positions and the pads' provisional ones (`settings.prompt_positions`)."""
         merge = int(self.config.vision_config.spatial_merge_size)
-        pieces, st, nxt = [], 0, 0
-        for f in sorted(mm_features, key=lambda f: f.mm_position.offset):
-            offset, length = f.mm_position.offset, f.mm_position.length
+        images = []
+        for f in mm_features:
             _, h, w = (int(v) for v in f.data["image_grid_thw"].data.tolist())
-            h, w = h // merge, w // merge
-            pieces.append(np.broadcast_to(np.arange(offset - st), (3, offset - st)) + nxt)
-            base, cells = nxt + offset - st, np.arange(length)
-            pieces.append(np.stack([np.zeros_like(cells), cells // w, cells % w]) + base)
-            nxt, st = base + max(h, w), offset + length
-        tail = len(input_tokens) - st
-        pieces.append(np.broadcast_to(np.arange(tail), (3, tail)) + nxt)
-        pos = np.concatenate(pieces, axis=1).astype(np.int64)
-        return torch.from_numpy(pos), int(pos.max() + 1 - len(input_tokens)) if pos.size else 0
+            images.append((f.mm_position.offset, f.mm_position.length, h // merge, w // merge))
+        return prompt_positions(len(input_tokens), images)
 
     def recompute_mrope_positions(self, input_ids: Any, multimodal_embeddings: Sequence[torch.Tensor],
                                   mrope_positions: torch.LongTensor, num_computed_tokens: int

@@ -135,6 +135,23 @@ def kept_positions(kept: torch.Tensor, grid_hw: tuple[int, int]) -> torch.Tensor
     return out
 
 
+def prompt_positions(n_tokens: int, images: Sequence[tuple[int, int, int, int]]) -> tuple[torch.Tensor, int]:
+    """[3, n_tokens] M-RoPE positions of a prompt whose images (offset, pads, h, w: merged cells) each hold K pads,
+    and the decode delta (max + 1 - n_tokens). The text's are final: it continues from each image's first
+    position plus max(h, w), whatever the image kept, as if it kept all (the Hugging Face path's rule); the pads'
+    are provisional, the first K cells' (vLLM recomputes them from the kept cells after the encoder). With K = h * w
+    this is vLLM's own `get_mrope_input_positions` for images (qwen2_vl.py:1354-1391)."""
+    pieces, st, nxt = [], 0, 0
+    for offset, length, h, w in sorted(images):
+        text = torch.arange(offset - st).expand(3, -1) + nxt
+        base, cells = nxt + offset - st, torch.arange(length)
+        pieces += [text, torch.stack([torch.zeros_like(cells), cells // w, cells % w]) + base]
+        nxt, st = base + max(h, w), offset + length
+    pieces.append(torch.arange(n_tokens - st).expand(3, -1) + nxt)
+    pos = torch.cat(pieces, dim=1).to(torch.long)
+    return pos, int(pos.max()) + 1 - n_tokens if pos.numel() else 0
+
+
 def check_budget_kwarg(kwargs: Mapping[str, Any]) -> None:
     """Refuse a bad per-request budget before any work (BudgetError, one line)."""
     if kwargs.get(BUDGET_KEY) is not None:
@@ -142,4 +159,4 @@ def check_budget_kwarg(kwargs: Mapping[str, Any]) -> None:
 
 
 __all__ = ["ARCHITECTURES", "BUDGET_KEY", "BudgetError", "COUNT_KEY", "QUESTION_KEY", "ServeError", "ServeSettings",
-           "kept_count", "kept_positions", "question_ids", "request_budget"]
+           "kept_count", "kept_positions", "prompt_positions", "question_ids", "request_budget"]
