@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--layer", default="checkpoints/arr-coc-shapes")
     ap.add_argument("--stock", action="store_true", help="stock vLLM, no plugin")
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (one NUMA node: VLLM_CPU_OMP_THREADS_BIND)")
     ap.add_argument("--pairs", type=int, default=0,
                     help="also ask the first K images a second question, in the same batch as their own (at 10%%)")
     ap.add_argument("--out", type=Path, required=True)
@@ -59,6 +60,7 @@ def main() -> None:
                                                     "arr_coc": {"layer": args.layer}}}
     t0 = time.perf_counter()
     llm = LLM(model=args.model, dtype="float32", max_model_len=2048, enforce_eager=True, seed=0,
+              tensor_parallel_size=args.tp,
               kv_cache_memory_bytes=256 << 20, limit_mm_per_prompt={"image": 1}, **extra)
     seconds = {"load": time.perf_counter() - t0}
     messages = [ask(it, it["question"]) for it in items]

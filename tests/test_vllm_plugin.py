@@ -158,3 +158,38 @@ def test_two_questions_about_one_image_in_one_batch_keep_their_own_cells(served)
     _, traces = _hf(items, [(listed[r["id"]], r["question"]) for r in pairs], "0.1")
     assert [r["kept"] for r in pairs] == [tr.kept_indices[0].tolist() for tr in traces]
     assert any(a["kept"] != b["kept"] for a, b in zip(pairs[::2], pairs[1::2]))   # the question moves the cells
+
+
+@needs_vllm
+def test_the_openai_server_answers_with_and_without_a_budget_and_refuses_a_bad_one(tmp_path):
+    """`vllm serve` (its API-server entry) on 127.0.0.1 through the `openai` client: the server's budget (25%:
+    64 of 256 cells), a share, a count, a bad budget (HTTP 400, the project's one line), then serving on."""
+    out = tmp_path / "serve.json"
+    done = subprocess.run([str(VLLM_PY), "scripts/vllm_serve_check.py", "--out", str(out), "--budget", "0.25"],
+                          cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["answers"] == {"server": " orange", "5%": " orange", "64": " orange", "after bad": " orange"}
+    text = 27                                             # the prompt's tokens other than the image's pads
+    assert {k: v["prompt_tokens"] - text for k, v in got["usage"].items()} == \
+        {"server": 64, "5%": 13, "64": 64, "after bad": 26}
+    assert got["errors"] == {"bad": {"status": 400, "message": "Error code: 400 - arr_coc_budget '1' is ambiguous: "
+                                     "write 1.0 or 100% to keep every token, or 1tok to keep one token"}}
+
+
+@needs_vllm
+def test_tensor_parallel_2_keeps_the_same_cells_and_answers(served, tmp_path):
+    """vLLM's own parallelism, unchanged: two tensor-parallel workers on this one NUMA node (bound one core each)."""
+    items, plugin, _ = served
+    env_bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    try:
+        tp2 = _vllm(items, tmp_path / "tp2.json", "--budgets", "0.1", "--layer", LAYER, "--tp", "2")["items"]
+    finally:
+        if env_bind is None:
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND")
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = env_bind
+    one = {r["id"]: (r["kept"], r["token_ids"]) for r in plugin if r["kind"] == "item" and r["budget"] == "0.1"}
+    assert {r["id"]: (r["kept"], r["token_ids"]) for r in tp2} == one
