@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--budgets", default="0.1")
     ap.add_argument("--model", default="checkpoints/shapes-qwen2vl")
     ap.add_argument("--layer", default="checkpoints/arr-coc-shapes")
+    ap.add_argument("--encode", default="after", choices=["after", "before"])
     ap.add_argument("--stock", action="store_true", help="stock vLLM, no plugin")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (one NUMA node: VLLM_CPU_OMP_THREADS_BIND)")
@@ -57,7 +58,8 @@ def main() -> None:
 
     items = read_items(args.items, args.n)
     extra = {} if args.stock else {"hf_overrides": {"architectures": ["ARRCOCQwen2VLForConditionalGeneration"],
-                                                    "arr_coc": {"layer": args.layer}}}
+                                                    "arr_coc": {"layer": args.layer, "encode": args.encode,
+                                                                "adapter": False}}}
     t0 = time.perf_counter()
     llm = LLM(model=args.model, dtype="float32", max_model_len=2048, enforce_eager=True, seed=0,
               tensor_parallel_size=args.tp,

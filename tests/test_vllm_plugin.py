@@ -19,12 +19,13 @@ import torch
 
 from arr_coc.budget import BudgetError
 from arr_coc.paths import LayerNotFound
-from arr_coc.serving.vllm.settings import (ServeError, ServeSettings, kept_count, kept_positions, prompt_positions,
-                                           question_ids, request_budget)
+from arr_coc.serving.vllm.settings import (ServeError, ServeSettings, cell_rows, kept_count, kept_positions,
+                                           prompt_positions, question_ids, request_budget)
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 MODEL, LAYER = "checkpoints/shapes-qwen2vl", "checkpoints/arr-coc-shapes"
+LAYERS = {"after": LAYER, "before": "checkpoints/arr-coc-shapes-before"}
 BUDGETS = ("0.05", "0.1", "0.25", "1.0")
 N_ITEMS = int(os.environ.get("ARR_COC_VLLM_ITEMS", "20"))
 
@@ -42,7 +43,7 @@ def test_server_settings_are_read_and_refused_in_one_line():
     got = ServeSettings.of(Cfg({"layer": LAYER, "budget": "10%"}))
     assert got.layer == LAYER and got.budget == 0.1 and got.encode == "after"
     assert ServeSettings.of(Cfg({"budget": 64})).budget == 64               # a count, as over JSON
-    for bad, match in (({"encode": "before"}, "not served"), ({"budgets": 0.1}, "unknown keys"),
+    for bad, match in (({"encode": "inside"}, "not served"), ({"budgets": 0.1}, "unknown keys"),
                        ({"method": "fastv"}, "not served"), ("[1]", "must be a mapping")):
         with pytest.raises(ServeError, match=match):
             ServeSettings.of(Cfg(bad))
@@ -50,6 +51,12 @@ def test_server_settings_are_read_and_refused_in_one_line():
         ServeSettings.of(Cfg({"layer": "/nowhere/layer"}))
     with pytest.raises(BudgetError, match="ambiguous"):
         ServeSettings.of(Cfg({"budget": 1}))
+    before = {"layer": LAYERS["before"], "encode": "before"}              # its folder ships a LoRA adapter
+    with pytest.raises(ServeError, match="ships a LoRA adapter"):
+        ServeSettings.of(Cfg(before))
+    with pytest.raises(ServeError, match="does not run LoRA adapters yet"):
+        ServeSettings.of(Cfg({**before, "adapter": True}))
+    assert ServeSettings.of(Cfg({**before, "adapter": False})).encode == "before"
 
 
 def test_a_requests_budget_is_the_projects_budget_and_the_default_the_layers():
@@ -78,6 +85,11 @@ def test_the_question_is_read_as_the_hugging_face_path_reads_it():
     tokens = PromptTokens(image=6, video=7, vision_end=4, im_end=2, pad=0, special=frozenset({0, 1, 2, 3, 4}))
     prompt = [1, 50, 3, 6, 4, 60, 61, 62, 2, 1, 70]                          # ... <vision_end> q q q <im_end> ...
     assert question_ids(prompt, tokens) == [60, 61, 62]
+
+
+def test_the_kept_cells_patch_rows():
+    rows = cell_rows([(1, 4, 4), (1, 2, 4)], [torch.tensor([1, 3]), torch.tensor([0])], 2)
+    assert rows.tolist() == [4, 5, 6, 7, 12, 13, 14, 15, 16, 17, 18, 19]   # image 2's rows start after 16
 
 
 def test_kept_positions_and_the_prompts_positions():
@@ -118,25 +130,37 @@ def served(tmp_path_factory):
     return items, plugin["items"], stock["items"]
 
 
-def _hf(items: Path, questions: list[tuple[dict, str]], budget: str):
+@pytest.fixture(scope="module")
+def served_before(served, tmp_path_factory):
+    items = served[0]
+    got = _vllm(items, tmp_path_factory.mktemp("before") / "before.json", "--budgets", ",".join(BUDGETS[:3]),
+                "--layer", LAYERS["before"], "--encode", "before")
+    return items, got["items"]
+
+
+def _hf(items: Path, questions: list[tuple[dict, str]], budget: str, encode: str = "after"):
+    """The Hugging Face path at the same budget, met exactly, without the layer folder's LoRA adapter (the plugin
+    does not run adapters yet)."""
     from PIL import Image
 
     from arr_coc import ARRCOC
     from arr_coc.budget import parse_budget
 
-    vlm = ARRCOC.from_pretrained(MODEL, arr_coc=LAYER)
+    vlm = ARRCOC.from_pretrained(MODEL, arr_coc=LAYERS[encode])
     images = [Image.open(items.parent / it["image"]).convert("RGB") for it, _ in questions]
     return vlm.generate(images, [q for _, q in questions], budget=parse_budget(budget), budget_mode="exact",
-                        max_new_tokens=16)
+                        max_new_tokens=16, encode=encode)
 
 
 @needs_vllm
+@pytest.mark.parametrize("encode", ["after", "before"])
 @pytest.mark.parametrize("budget", BUDGETS[:3])
-def test_vllm_keeps_the_hugging_face_paths_cells_and_answers(served, budget):
-    items, plugin, _ = served
+def test_vllm_keeps_the_hugging_face_paths_cells_and_answers(request, budget, encode):
+    items, plugin = request.getfixturevalue("served")[:2] if encode == "after" else \
+        request.getfixturevalue("served_before")
     listed = [json.loads(line) for line in items.read_text().splitlines()]
     rows = {r["id"]: r for r in plugin if r["kind"] == "item" and r["budget"] == budget}
-    answers, traces = _hf(items, [(it, it["question"]) for it in listed], budget)
+    answers, traces = _hf(items, [(it, it["question"]) for it in listed], budget, encode)
     cells = {it["id"]: (rows[it["id"]]["kept"], tr.kept_indices[0].tolist()) for it, tr in zip(listed, traces)}
     said = {it["id"]: (rows[it["id"]]["answer"].strip(), a.strip()) for it, a in zip(listed, answers)}
     assert {i: c for i, c in cells.items() if c[0] != c[1]} == {}

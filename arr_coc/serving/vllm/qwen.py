@@ -30,7 +30,8 @@ from ...pipeline.pure import choose
 from ...qwen.pixels import PatchImages
 from ...qwen.processing import IM_END, VISION_END
 from ...qwen.prompt import PromptTokens
-from .settings import (BUDGET_KEY, COUNT_KEY, QUESTION_KEY, ServeSettings, kept_count, kept_positions,
+from .settings import (BUDGET_KEY, COUNT_KEY, QUESTION_KEY, ServeError, ServeSettings, cell_rows, kept_count,
+                       kept_positions,
                        prompt_positions, question_ids, request_budget)
 
 SHARE_KEY = "arr_coc_share"          # per image: the budget as a share, or -1 where it is a count
@@ -153,6 +154,9 @@ class ARRCOCQwen2VL(Qwen2VLForConditionalGeneration, SupportsMultiModalPruning):
         # (gpu_model_runner.py:5156-5160, config/multimodal.py:751-759); this class prunes images itself and
         # never runs EVS, so it turns the switch on for itself.
         mm = vllm_config.model_config.multimodal_config
+        if self.arr_coc.encode == "before" and self.use_data_parallel:
+            raise ServeError("ARR-COC before the tower runs the tower on the chosen cells itself: serve it without "
+                             "--mm-encoder-tp-mode data")
         if not mm.is_multimodal_pruning_enabled():
             mm.video_pruning_rate = 1e-9
         from ...layer import build_layer
@@ -183,7 +187,7 @@ class ARRCOCQwen2VL(Qwen2VLForConditionalGeneration, SupportsMultiModalPruning):
         return self._arr_coc_image_processor
 
     def arr_coc_choose(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, questions: Any, counts: Any,
-                       shares: Any, tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+                       shares: Any, tokens: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
         """Kept cells per image: the pure choice at each image's budget, met exactly."""
         merge = int(self.config.vision_config.spatial_merge_size)
         thw = [tuple(int(v) for v in g) for g in grid_thw.tolist()]
@@ -194,24 +198,45 @@ class ARRCOCQwen2VL(Qwen2VLForConditionalGeneration, SupportsMultiModalPruning):
         pad = getattr(self.config.text_config, "pad_token_id", None) or 0
         chosen = choose(PatchImages(pixel_values, thw, self._image_processor()), grid_hw, ids,
                         self.get_language_model().embed_input_ids, layer=self.arr_coc_layer, method="arr_coc",
-                        budget=budgets, budget_mode="exact", visual_tokens=list(tokens), seed=0, pad_token_id=pad)
+                        budget=budgets, budget_mode="exact", seed=0, pad_token_id=pad,
+                        visual_tokens=None if tokens is None else list(tokens))
         return chosen.kept
+
+    def encode_kept(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, kept: Sequence[torch.Tensor]
+                    ) -> list[torch.Tensor]:
+        """The tower on the kept cells only, at their true positions, each image's cells attending to each other
+        (as the Hugging Face path's `encode_packed`): vLLM's tower takes its positions and sequence bounds as
+        `encoder_metadata` (qwen2_vl.py:717-753), so they are the full grid's rows of the kept patches."""
+        merge = int(self.config.vision_config.spatial_merge_size)
+        thw = [[int(v) for v in g] for g in grid_thw.tolist()]
+        rows = cell_rows(thw, kept, merge).to(pixel_values.device)
+        full = self.visual.prepare_encoder_metadata(thw)
+        sizes = torch.tensor([0] + [int(k.numel()) * merge * merge for k in kept])
+        cu = sizes.cumsum(0).to(torch.int32)
+        meta = {"rotary_pos_emb_cos": full["rotary_pos_emb_cos"][rows.to(full["rotary_pos_emb_cos"].device)],
+                "rotary_pos_emb_sin": full["rotary_pos_emb_sin"][rows.to(full["rotary_pos_emb_sin"].device)],
+                "cu_seqlens": cu.to(full["cu_seqlens"].device), "max_seqlen": self.visual.compute_attn_mask_seqlen(cu)}
+        tokens = self.visual(pixel_values[rows], None, encoder_metadata=meta)
+        return list(tokens.split([int(k.numel()) for k in kept]))
 
     def embed_multimodal(self, **kwargs: object) -> Any:
         ours = {k: kwargs.pop(k, None) for k in FIELDS}
         image = self._parse_and_validate_image_input(**kwargs)
         if image is None:
             return []
-        tokens = self._process_image_input(image)
-        kept = self.arr_coc_choose(image["pixel_values"], image["image_grid_thw"], ours[QUESTION_KEY],
-                                   ours[COUNT_KEY], ours[SHARE_KEY], tokens)
-        merge = int(self.config.vision_config.spatial_merge_size)
+        before = self.arr_coc.encode == "before"
+        tokens = None if before else self._process_image_input(image)      # after: the tower on every cell
+        pixel_values, grid_thw = image["pixel_values"], image["image_grid_thw"]
+        kept = self.arr_coc_choose(pixel_values, grid_thw, ours[QUESTION_KEY], ours[COUNT_KEY], ours[SHARE_KEY],
+                                   tokens)
         if TRACE:
-            _trace(image["pixel_values"], image["image_grid_thw"], ours, kept)
+            _trace(pixel_values, grid_thw, ours, kept)
+        feats = self.encode_kept(pixel_values, grid_thw, kept) if before else \
+            [t[k.to(t.device)] for t, k in zip(tokens, kept)]
+        merge = int(self.config.vision_config.spatial_merge_size)
         out = []
-        for feats, k, (_, h, w) in zip(tokens, kept, image["image_grid_thw"].tolist()):
-            pos = kept_positions(k, (h // merge, w // merge)).to(feats.device, feats.dtype)
-            out.append(torch.cat([feats[k.to(feats.device)], pos], dim=1))
+        for f, k, (_, h, w) in zip(feats, kept, grid_thw.tolist()):
+            out.append(torch.cat([f, kept_positions(k, (h // merge, w // merge)).to(f.device, f.dtype)], dim=1))
         return tuple(out)
 
     # -- positions --------------------------------------------------------------------------------------------

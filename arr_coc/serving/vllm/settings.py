@@ -32,8 +32,9 @@ BUDGET_KEY = "arr_coc_budget"        # per request, in mm_processor_kwargs
 QUESTION_KEY = "arr_coc_question"    # set by the plugin's processor: the question's token ids (part of the hash)
 COUNT_KEY = "arr_coc_count"          # per image: the kept count the processor wrote placeholders for
 PLUGIN_KEYS = (BUDGET_KEY, QUESTION_KEY)
-SETTINGS = ("layer", "encode", "budget", "method")
-ENCODES = ("after",)                  # "before": the tower on chosen cells only, not served yet
+SETTINGS = ("layer", "encode", "budget", "method", "adapter")
+ENCODES = ("after", "before")         # the choice after the tower (on its tokens) or before it (then only the
+                                      # chosen cells are encoded); "before"'s gist, margin and windows: not served
 
 
 class ServeError(ValueError):
@@ -49,6 +50,7 @@ class ServeSettings:
     encode: str = "after"
     budget: Budget | None = None
     method: str = "arr_coc"
+    adapter: bool = False
 
     @classmethod
     def of(cls, hf_config: Any) -> ServeSettings:
@@ -72,6 +74,14 @@ class ServeSettings:
         layer = None if layer in (None, "", "untrained") else check_layer_folder(os.fspath(layer))
         budget = raw.get("budget")
         budget = None if budget is None else parse_budget(budget, "arr_coc budget", wire=True)
+        adapter = raw.get("adapter")
+        if adapter not in (None, False):
+            raise ServeError(f"arr_coc adapter={adapter!r}: the plugin does not run LoRA adapters yet; serve with "
+                             '"adapter": false (the layer\'s choice on the stock VLM)')
+        if layer is not None and os.path.isdir(os.path.join(layer, "adapter")) and adapter is None:
+            raise ServeError(f"the layer at {layer} ships a LoRA adapter (adapter/), which the plugin does not run "
+                             'yet: serve it with "adapter": false (the layer\'s choice on the stock VLM, as the '
+                             "Hugging Face path's adapter=False)")
         return cls(layer=layer, encode=encode, budget=budget, method=method)
 
     def default_budget(self) -> Budget:
@@ -152,6 +162,17 @@ def prompt_positions(n_tokens: int, images: Sequence[tuple[int, int, int, int]])
     return pos, int(pos.max()) + 1 - n_tokens if pos.numel() else 0
 
 
+def cell_rows(grid_thw: Sequence[Sequence[int]], kept: Sequence[torch.Tensor], merge: int) -> torch.Tensor:
+    """The processor's patch rows of each image's kept cells, images one after the other: merged cell c of an image
+    owns the merge**2 consecutive rows from merge**2 * c (`arr_coc/qwen/pixels.py`), which is also the order of
+    vLLM's tower positions (`Qwen2VisionTransformer.rot_pos_emb`)."""
+    m2, start, out = merge * merge, 0, []
+    for (t, h, w), k in zip(grid_thw, kept):
+        out.append(start + (k.to(torch.long).cpu()[:, None] * m2 + torch.arange(m2)).reshape(-1))
+        start += int(t) * int(h) * int(w)
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+
 def check_budget_kwarg(kwargs: Mapping[str, Any]) -> None:
     """Refuse a bad per-request budget before any work (BudgetError, one line)."""
     if kwargs.get(BUDGET_KEY) is not None:
@@ -159,4 +180,4 @@ def check_budget_kwarg(kwargs: Mapping[str, Any]) -> None:
 
 
 __all__ = ["ARCHITECTURES", "BUDGET_KEY", "BudgetError", "COUNT_KEY", "QUESTION_KEY", "ServeError", "ServeSettings",
-           "kept_count", "kept_positions", "prompt_positions", "question_ids", "request_budget"]
+           "cell_rows", "kept_count", "kept_positions", "prompt_positions", "question_ids", "request_budget"]
