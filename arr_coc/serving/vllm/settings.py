@@ -89,7 +89,7 @@ class ServeSettings:
         if self.budget is not None:
             return self.budget
         if self.layer is None:
-            from ...config import ARRCOCConfig
+            from ... import ARRCOCConfig
 
             return ARRCOCConfig().attending.budget
         with open(os.path.join(self.layer, "config.json")) as f:
