@@ -46,6 +46,8 @@ def main() -> None:
     ap.add_argument("--encode", default="after", choices=["after", "before"])
     ap.add_argument("--stock", action="store_true", help="stock vLLM, no plugin")
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--chunk", type=int, default=None,
+                    help="max_num_batched_tokens: prefill in chunks this long (an image's pads split across steps)")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (one NUMA node: VLLM_CPU_OMP_THREADS_BIND)")
     ap.add_argument("--pairs", type=int, default=0,
                     help="also ask the first K images a second question, in the same batch as their own (at 10%%)")
@@ -62,7 +64,7 @@ def main() -> None:
                                                                 "adapter": False}}}
     t0 = time.perf_counter()
     llm = LLM(model=args.model, dtype="float32", max_model_len=2048, enforce_eager=True, seed=0,
-              tensor_parallel_size=args.tp,
+              tensor_parallel_size=args.tp, max_num_batched_tokens=args.chunk,
               kv_cache_memory_bytes=256 << 20, limit_mm_per_prompt={"image": 1}, **extra)
     seconds = {"load": time.perf_counter() - t0}
     messages = [ask(it, it["question"]) for it in items]

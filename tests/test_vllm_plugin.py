@@ -20,7 +20,7 @@ import torch
 from arr_coc.budget import BudgetError
 from arr_coc.paths import LayerNotFound
 from arr_coc.serving.vllm.settings import (ServeError, ServeSettings, cell_rows, kept_count, kept_positions,
-                                           prompt_positions, question_ids, request_budget)
+                                           place_kept_positions, prompt_positions, question_ids, request_budget)
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
@@ -103,6 +103,28 @@ def test_kept_positions_and_the_prompts_positions():
     # Pruned to 5 pads: the text after keeps its unpruned positions.
     pruned, delta = prompt_positions(2 + 5 + 3, [(2, 5, 3, 4)])
     assert pruned[:, 7:].tolist() == [[6, 7, 8]] * 3 and delta == 9 - 10
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 7, 64])
+def test_kept_positions_are_placed_the_same_whatever_the_prefill_chunks(chunk):
+    """Two images (3x4 keeping cells 1, 6, 11; 2x2 keeping 3) in a prompt prefilled `chunk` tokens at a time, the
+    runner's way (each chunk gets its images' slices inside it): every chunking gives the one-shot positions, the
+    kept cells at their own (t, h, w) and the text where the unpruned prompt has it."""
+    image, start = 6, 3
+    ids = torch.tensor([1, 9, start, image, image, image, 8, 9, start, image, 8, 9, 9])
+    kept = [kept_positions(torch.tensor([1, 6, 11]), (3, 4)), kept_positions(torch.tensor([3]), (2, 2))]
+    spans = [(3, 3), (9, 1)]                                                  # (offset, pads) per image
+    positions, delta = prompt_positions(len(ids), [(3, 3, 3, 4), (9, 1, 2, 2)])
+    whole, whole_delta = place_kept_positions(ids, kept, positions, 0, image, start)
+    assert whole[:, 3:6].tolist() == [[3, 3, 3], [3, 4, 5], [4, 5, 6]]        # base 3 + (0, h, w)
+    assert whole[:, 6:9].tolist() == [[7, 8, 9]] * 3 and whole[:, 9].tolist() == [10, 11, 11]
+    assert whole_delta == delta == int(whole.max()) + 1 - len(ids)
+    got = positions.clone()
+    for done in range(0, len(ids), chunk):
+        end = min(done + chunk, len(ids))
+        pieces = [k[max(done - o, 0): max(min(end - o, n), 0)] for k, (o, n) in zip(kept, spans)]
+        got, _ = place_kept_positions(ids, [p for p in pieces if len(p)], got, done, image, start)
+    assert torch.equal(got, whole)
 
 
 # -- served by vLLM ----------------------------------------------------------------------------------------------
@@ -217,3 +239,13 @@ def test_tensor_parallel_2_keeps_the_same_cells_and_answers(served, tmp_path):
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = env_bind
     one = {r["id"]: (r["kept"], r["token_ids"]) for r in plugin if r["kind"] == "item" and r["budget"] == "0.1"}
     assert {r["id"]: (r["kept"], r["token_ids"]) for r in tp2} == one
+
+
+@needs_vllm
+def test_chunked_prefill_keeps_the_same_cells_and_answers(served, tmp_path):
+    """Prefill 16 tokens at a time (max_num_batched_tokens): an image's pads span several steps, and a step can end
+    between <|vision_start|> and its first pad (where vLLM's EVS helper fails): the same cells and tokens."""
+    items, plugin, _ = served
+    chunked = _vllm(items, tmp_path / "chunked.json", "--budgets", "0.1", "--layer", LAYER, "--chunk", "16")["items"]
+    one = {r["id"]: (r["kept"], r["token_ids"]) for r in plugin if r["kind"] == "item" and r["budget"] == "0.1"}
+    assert {r["id"]: (r["kept"], r["token_ids"]) for r in chunked} == one

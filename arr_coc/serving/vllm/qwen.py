@@ -31,8 +31,7 @@ from ...qwen.pixels import PatchImages
 from ...qwen.processing import IM_END, VISION_END
 from ...qwen.prompt import PromptTokens
 from .settings import (BUDGET_KEY, COUNT_KEY, QUESTION_KEY, ServeError, ServeSettings, cell_rows, kept_count,
-                       kept_positions,
-                       prompt_positions, question_ids, request_budget)
+                       kept_positions, place_kept_positions, prompt_positions, question_ids, request_budget)
 
 SHARE_KEY = "arr_coc_share"          # per image: the budget as a share, or -1 where it is a count
 FIELDS = (QUESTION_KEY, COUNT_KEY, SHARE_KEY)
@@ -253,14 +252,13 @@ class ARRCOCQwen2VL(Qwen2VLForConditionalGeneration, SupportsMultiModalPruning):
     def recompute_mrope_positions(self, input_ids: Any, multimodal_embeddings: Sequence[torch.Tensor],
                                   mrope_positions: torch.LongTensor, num_computed_tokens: int
                                   ) -> tuple[Sequence[torch.Tensor], torch.Tensor, int]:
-        from vllm.multimodal.video_prune.evs import recompute_mrope_positions
-
+        """The chunk's pads at their kept cells' positions (`settings.place_kept_positions`), the 4 position
+        channels stripped from the embeddings."""
         device = multimodal_embeddings[0].device if len(multimodal_embeddings) else mrope_positions.device
         ids = input_ids.to(device, torch.long) if isinstance(input_ids, torch.Tensor) else \
             torch.as_tensor(input_ids, dtype=torch.long, device=device)
         embeds = [mm[:, :-4] for mm in multimodal_embeddings]
-        positions = [mm[:, -4:].permute(1, 0).long() for mm in multimodal_embeddings]
-        new, delta = recompute_mrope_positions(ids, positions, mrope_positions, num_computed_tokens,
-                                               self.config.vision_start_token_id, self.config.image_token_id,
-                                               self.config.video_token_id)
+        kept = [mm[:, -4:].long() for mm in multimodal_embeddings]
+        new, delta = place_kept_positions(ids, kept, mrope_positions, num_computed_tokens,
+                                          int(self.config.image_token_id), int(self.config.vision_start_token_id))
         return embeds, new, delta

@@ -162,6 +162,30 @@ def prompt_positions(n_tokens: int, images: Sequence[tuple[int, int, int, int]])
     return pos, int(pos.max()) + 1 - n_tokens if pos.numel() else 0
 
 
+def place_kept_positions(input_ids: torch.Tensor, kept: Sequence[torch.Tensor], positions: torch.Tensor,
+                         num_computed: int, image_token: int, vision_start: int) -> tuple[torch.Tensor, int]:
+    """The prompt's positions with the pads of this prefill chunk at their kept cells' positions.
+
+    input_ids [N] (the whole prompt), positions [3, N] (`prompt_positions`: the text's final, the pads'
+    provisional), kept: this chunk's slices of its images' `kept_positions` rows ([K, >= 3], in prompt order, as
+    vLLM hands them over: the part of each image inside the chunk). The slices fill the chunk's pads in order; a
+    pad's image starts one past its <|vision_start|>, whatever the chunk. The text never moves, so the decode delta
+    is the stock one. (vLLM's EVS helper, `evs.recompute_mrope_positions`, fails where a chunk ends between
+    <|vision_start|> and the first pad, evs.py:290-300.)"""
+    out = positions.clone()
+    total = sum(int(k.shape[0]) for k in kept)
+    if total:
+        ids = input_ids.to(torch.long)
+        pads = torch.nonzero(ids == image_token).flatten()
+        pads = pads[pads >= num_computed][:total]
+        starts = torch.nonzero(ids == vision_start).flatten()
+        opening = starts[torch.searchsorted(starts, pads) - 1]
+        rel = torch.cat([k[:, :3] for k in kept]).to(out.device, torch.long)
+        out[:, pads] = (out[0, opening] + 1).unsqueeze(0) + rel[: len(pads)].T
+    n = int(input_ids.numel())
+    return out, int(out.max()) + 1 - n if out.numel() else -n
+
+
 def cell_rows(grid_thw: Sequence[Sequence[int]], kept: Sequence[torch.Tensor], merge: int) -> torch.Tensor:
     """The processor's patch rows of each image's kept cells, images one after the other: merged cell c of an image
     owns the merge**2 consecutive rows from merge**2 * c (`arr_coc/qwen/pixels.py`), which is also the order of
@@ -180,4 +204,5 @@ def check_budget_kwarg(kwargs: Mapping[str, Any]) -> None:
 
 
 __all__ = ["ARCHITECTURES", "BUDGET_KEY", "BudgetError", "COUNT_KEY", "QUESTION_KEY", "ServeError", "ServeSettings",
-           "cell_rows", "kept_count", "kept_positions", "prompt_positions", "question_ids", "request_budget"]
+           "cell_rows", "kept_count", "kept_positions", "place_kept_positions", "prompt_positions", "question_ids",
+           "request_budget"]
