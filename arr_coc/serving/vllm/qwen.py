@@ -33,6 +33,7 @@ from ...qwen.prompt import PromptTokens
 from .settings import (BUDGET_KEY, COUNT_KEY, QUESTION_KEY, ServeError, ServeSettings, cell_rows, kept_count,
                        kept_positions, place_kept_positions, prompt_positions, question_ids, request_budget)
 
+ARCH = "ARRCOCQwen2VLForConditionalGeneration"
 SHARE_KEY = "arr_coc_share"          # per image: the budget as a share, or -1 where it is a count
 FIELDS = (QUESTION_KEY, COUNT_KEY, SHARE_KEY)
 PLUGIN_KWARGS = (BUDGET_KEY, QUESTION_KEY)
@@ -144,6 +145,10 @@ class ARRCOCQwen2VL(Qwen2VLForConditionalGeneration, SupportsMultiModalPruning):
     supports_mm_device_do_normalize = False
 
     def __init__(self, *, vllm_config: Any, prefix: str = ""):
+        model_type = getattr(vllm_config.model_config.hf_config, "model_type", None)
+        if model_type != "qwen2_vl":
+            raise ServeError(f"{ARCH} serves Qwen2-VL checkpoints (model_type 'qwen2_vl'), not {model_type!r}: "
+                             "Qwen2.5-VL and Qwen3-VL are not served by the plugin yet")
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.arr_coc = ServeSettings.of(self.config)
         note = self.arr_coc.layer_mode_note()
