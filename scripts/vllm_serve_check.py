@@ -1,0 +1,99 @@
+"""The OpenAI-compatible server with the plugin: `vllm serve` on 127.0.0.1, asked through the `openai` client.
+
+Run in the vLLM environment (`make vllm-env`); tests/test_vllm_plugin.py runs it:
+    HF_HUB_OFFLINE=1 .venv-vllm/bin/python scripts/vllm_serve_check.py --out serve.json
+Asks the example image's question with the server's budget, with a per-request budget, with a bad one (the
+server must answer 400 and keep serving), then again; writes what each got: {"answers": {...}, "errors": {...}}.
+Pass `--tp 2` for tensor parallelism (on one NUMA node: VLLM_CPU_OMP_THREADS_BIND="0|1").
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ARCH = "ARRCOCQwen2VLForConditionalGeneration"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(model: str, layer: str, budget: str, port: int, tp: int, log: Path) -> subprocess.Popen:
+    overrides = {"architectures": [ARCH], "arr_coc": {"layer": layer, "budget": budget}}
+    # `vllm serve`, as its API-server entry: vllm-cpu's `vllm` command dies at start asking for the version of a
+    # distribution named "vllm" (entrypoints/cli/main.py:99; the CPU build is named "vllm-cpu").
+    # Per-request mm_processor_kwargs (the budget) need --trust-request-mm-kwargs (generate/base/protocol.py:72-88).
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
+           "--port", str(port), "--trust-request-mm-kwargs", "--dtype", "float32", "--enforce-eager",
+           "--max-model-len", "2048",
+           "--kv-cache-memory-bytes", str(256 << 20), "--limit-mm-per-prompt", '{"image": 1}',
+           "--hf-overrides", json.dumps(overrides), "--tensor-parallel-size", str(tp)]
+    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 300.0) -> float:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm serve exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return time.perf_counter() - t0
+        except OSError:
+            time.sleep(1.0)
+    raise TimeoutError("vllm serve did not become ready")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="checkpoints/shapes-qwen2vl")
+    ap.add_argument("--layer", default="checkpoints/arr-coc-shapes")
+    ap.add_argument("--budget", default="0.25", help="the server's default budget")
+    ap.add_argument("--image", default="assets/examples/shapes_color.png")
+    ap.add_argument("--question", default="What color is the circle?")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+
+    import openai
+
+    port, log = free_port(), args.out.with_suffix(".log")
+    proc = start(args.model, args.layer, args.budget, port, args.tp, log)
+    result: dict = {"answers": {}, "errors": {}, "usage": {}}
+    try:
+        result["ready_s"] = wait_ready(port, proc)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        url = "data:image/png;base64," + base64.b64encode(Path(args.image).read_bytes()).decode()
+        content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": args.question}]
+        for name, budget in (("server", None), ("5%", "5%"), ("64", 64), ("bad", "1"), ("after bad", "10%")):
+            extra = {} if budget is None else {"extra_body": {"mm_processor_kwargs": {"arr_coc_budget": budget}}}
+            try:
+                t0 = time.perf_counter()
+                r = client.chat.completions.create(model=args.model, temperature=0.0, max_tokens=16,
+                                                   messages=[{"role": "user", "content": content}], **extra)
+                result["answers"][name] = r.choices[0].message.content
+                result["usage"][name] = {"prompt_tokens": r.usage.prompt_tokens, "s": time.perf_counter() - t0}
+            except openai.APIStatusError as e:
+                result["errors"][name] = {"status": e.status_code, "message": str(e)[:400]}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=60)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

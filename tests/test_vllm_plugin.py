@@ -1,0 +1,251 @@
+"""The vLLM plugin (arr_coc/serving/vllm, docs/SERVING.md).
+
+Its pure part (settings, budgets, question ids, positions) is tested here always. Served through vLLM, it runs in
+vLLM's own environment (`make vllm-env`: .venv-vllm), so those tests run `scripts/vllm_compare.py` there and
+compare with the Hugging Face path here; they are skipped where that environment is missing (they are not part of
+`make test` until the install fits CI: docs/SERVING.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from arr_coc.budget import BudgetError
+from arr_coc.paths import LayerNotFound
+from arr_coc.serving.vllm.settings import (ServeError, ServeSettings, cell_rows, kept_count, kept_positions,
+                                           place_kept_positions, prompt_positions, question_ids, request_budget)
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+MODEL, LAYER = "checkpoints/shapes-qwen2vl", "checkpoints/arr-coc-shapes"
+LAYERS = {"after": LAYER, "before": "checkpoints/arr-coc-shapes-before"}
+BUDGETS = ("0.05", "0.1", "0.25", "1.0")
+N_ITEMS = int(os.environ.get("ARR_COC_VLLM_ITEMS", "20"))
+
+
+class Cfg:
+    def __init__(self, arr_coc=None):
+        if arr_coc is not None:
+            self.arr_coc = arr_coc
+
+
+# -- the pure part ------------------------------------------------------------------------------------------------
+
+def test_server_settings_are_read_and_refused_in_one_line():
+    assert ServeSettings.of(Cfg()) == ServeSettings()
+    got = ServeSettings.of(Cfg({"layer": LAYER, "budget": "10%"}))
+    assert got.layer == LAYER and got.budget == 0.1 and got.encode == "after"
+    assert ServeSettings.of(Cfg({"budget": 64})).budget == 64               # a count, as over JSON
+    for bad, match in (({"encode": "inside"}, "not served"), ({"budgets": 0.1}, "unknown keys"),
+                       ({"method": "fastv"}, "not served"), ("[1]", "must be a mapping")):
+        with pytest.raises(ServeError, match=match):
+            ServeSettings.of(Cfg(bad))
+    with pytest.raises(LayerNotFound, match="no trained ARR-COC layer"):
+        ServeSettings.of(Cfg({"layer": "/nowhere/layer"}))
+    with pytest.raises(BudgetError, match="ambiguous"):
+        ServeSettings.of(Cfg({"budget": 1}))
+    before = {"layer": LAYERS["before"], "encode": "before"}              # its folder ships a LoRA adapter
+    with pytest.raises(ServeError, match="ships a LoRA adapter"):
+        ServeSettings.of(Cfg(before))
+    with pytest.raises(ServeError, match="does not run LoRA adapters yet"):
+        ServeSettings.of(Cfg({**before, "adapter": True}))
+    assert ServeSettings.of(Cfg({**before, "adapter": False})).encode == "before"
+
+
+def test_a_requests_budget_is_the_projects_budget_and_the_default_the_layers():
+    server = ServeSettings.of(Cfg({"layer": LAYER}))
+    assert request_budget({}, server) == 0.25                               # the layer's configured budget
+    assert request_budget({"arr_coc_budget": "5%"}, server) == 0.05
+    assert request_budget({"arr_coc_budget": 64}, server) == 64
+    assert request_budget({}, ServeSettings(budget=0.1)) == 0.1
+    for bad in ("1", 0, "-3", "lots", 1.5):
+        with pytest.raises(BudgetError):
+            request_budget({"arr_coc_budget": bad}, server)
+    assert server.layer_mode_note() and "keeps exactly each request's budget" in server.layer_mode_note()
+
+
+def test_placeholders_are_the_budgets_count_of_merged_cells():
+    assert kept_count(0.1, (1, 32, 32), 2) == 26                            # round-half-up of 25.6
+    assert kept_count(64, (1, 32, 32), 2) == 64 and kept_count(999, (1, 32, 32), 2) == 256
+    assert kept_count(1.0, (1, 16, 24), 2) == 96
+    with pytest.raises(ServeError, match="clip"):
+        kept_count(0.1, (2, 32, 32), 2)
+
+
+def test_the_question_is_read_as_the_hugging_face_path_reads_it():
+    from arr_coc.qwen.prompt import PromptTokens
+
+    tokens = PromptTokens(image=6, video=7, vision_end=4, im_end=2, pad=0, special=frozenset({0, 1, 2, 3, 4}))
+    prompt = [1, 50, 3, 6, 4, 60, 61, 62, 2, 1, 70]                          # ... <vision_end> q q q <im_end> ...
+    assert question_ids(prompt, tokens) == [60, 61, 62]
+
+
+def test_the_kept_cells_patch_rows():
+    rows = cell_rows([(1, 4, 4), (1, 2, 4)], [torch.tensor([1, 3]), torch.tensor([0])], 2)
+    assert rows.tolist() == [4, 5, 6, 7, 12, 13, 14, 15, 16, 17, 18, 19]   # image 2's rows start after 16
+
+
+def test_kept_positions_and_the_prompts_positions():
+    pos = kept_positions(torch.tensor([0, 5, 11]), (3, 4))
+    assert pos.tolist() == [[0, 0, 0, 4], [0, 1, 1, 4], [0, 2, 3, 4]]
+    # Keep-all: the positions vLLM computes for a stock Qwen2-VL prompt (text, image grid, text after max(h, w)).
+    full, delta = prompt_positions(2 + 12 + 3, [(2, 12, 3, 4)])
+    assert full[:, :2].tolist() == [[0, 1]] * 3
+    assert full[:, 2:14].tolist() == [[2] * 12, [2 + i // 4 for i in range(12)], [2 + i % 4 for i in range(12)]]
+    assert full[:, 14:].tolist() == [[6, 7, 8]] * 3 and delta == 9 - 17
+    # Pruned to 5 pads: the text after keeps its unpruned positions.
+    pruned, delta = prompt_positions(2 + 5 + 3, [(2, 5, 3, 4)])
+    assert pruned[:, 7:].tolist() == [[6, 7, 8]] * 3 and delta == 9 - 10
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 7, 64])
+def test_kept_positions_are_placed_the_same_whatever_the_prefill_chunks(chunk):
+    """Two images (3x4 keeping cells 1, 6, 11; 2x2 keeping 3) in a prompt prefilled `chunk` tokens at a time, the
+    runner's way (each chunk gets its images' slices inside it): every chunking gives the one-shot positions, the
+    kept cells at their own (t, h, w) and the text where the unpruned prompt has it."""
+    image, start = 6, 3
+    ids = torch.tensor([1, 9, start, image, image, image, 8, 9, start, image, 8, 9, 9])
+    kept = [kept_positions(torch.tensor([1, 6, 11]), (3, 4)), kept_positions(torch.tensor([3]), (2, 2))]
+    spans = [(3, 3), (9, 1)]                                                  # (offset, pads) per image
+    positions, delta = prompt_positions(len(ids), [(3, 3, 3, 4), (9, 1, 2, 2)])
+    whole, whole_delta = place_kept_positions(ids, kept, positions, 0, image, start)
+    assert whole[:, 3:6].tolist() == [[3, 3, 3], [3, 4, 5], [4, 5, 6]]        # base 3 + (0, h, w)
+    assert whole[:, 6:9].tolist() == [[7, 8, 9]] * 3 and whole[:, 9].tolist() == [10, 11, 11]
+    assert whole_delta == delta == int(whole.max()) + 1 - len(ids)
+    got = positions.clone()
+    for done in range(0, len(ids), chunk):
+        end = min(done + chunk, len(ids))
+        pieces = [k[max(done - o, 0): max(min(end - o, n), 0)] for k, (o, n) in zip(kept, spans)]
+        got, _ = place_kept_positions(ids, [p for p in pieces if len(p)], got, done, image, start)
+    assert torch.equal(got, whole)
+
+
+# -- served by vLLM ----------------------------------------------------------------------------------------------
+
+needs_vllm = pytest.mark.skipif(not VLLM_PY.exists(), reason="no vLLM environment (make vllm-env)")
+
+
+def _vllm(items: Path, out: Path, *extra: str) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    cmd = [str(VLLM_PY), "scripts/vllm_compare.py", "--items", str(items), "--n", str(N_ITEMS), "--out", str(out),
+           *extra]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vllm")
+    subprocess.run([sys.executable, "-m", "arr_coc", "gen-data", "--out", str(tmp), "--split", "test", "--n",
+                    str(N_ITEMS), "--seed", "0"], cwd=ROOT, check=True, capture_output=True)
+    items = tmp / "test.jsonl"
+    plugin = _vllm(items, tmp / "plugin.json", "--budgets", ",".join(BUDGETS), "--layer", LAYER, "--pairs", "3")
+    stock = _vllm(items, tmp / "stock.json", "--stock")
+    return items, plugin["items"], stock["items"]
+
+
+@pytest.fixture(scope="module")
+def served_before(served, tmp_path_factory):
+    items = served[0]
+    got = _vllm(items, tmp_path_factory.mktemp("before") / "before.json", "--budgets", ",".join(BUDGETS[:3]),
+                "--layer", LAYERS["before"], "--encode", "before")
+    return items, got["items"]
+
+
+def _hf(items: Path, questions: list[tuple[dict, str]], budget: str, encode: str = "after"):
+    """The Hugging Face path at the same budget, met exactly, without the layer folder's LoRA adapter (the plugin
+    does not run adapters yet)."""
+    from PIL import Image
+
+    from arr_coc import ARRCOC
+    from arr_coc.budget import parse_budget
+
+    vlm = ARRCOC.from_pretrained(MODEL, arr_coc=LAYERS[encode], adapter=False)
+    images = [Image.open(items.parent / it["image"]).convert("RGB") for it, _ in questions]
+    return vlm.generate(images, [q for _, q in questions], budget=parse_budget(budget), budget_mode="exact",
+                        max_new_tokens=16, encode=encode)
+
+
+@needs_vllm
+@pytest.mark.parametrize("encode", ["after", "before"])
+@pytest.mark.parametrize("budget", BUDGETS[:3])
+def test_vllm_keeps_the_hugging_face_paths_cells_and_answers(request, budget, encode):
+    items, plugin = request.getfixturevalue("served")[:2] if encode == "after" else \
+        request.getfixturevalue("served_before")
+    listed = [json.loads(line) for line in items.read_text().splitlines()]
+    rows = {r["id"]: r for r in plugin if r["kind"] == "item" and r["budget"] == budget}
+    answers, traces = _hf(items, [(it, it["question"]) for it in listed], budget, encode)
+    cells = {it["id"]: (rows[it["id"]]["kept"], tr.kept_indices[0].tolist()) for it, tr in zip(listed, traces)}
+    said = {it["id"]: (rows[it["id"]]["answer"].strip(), a.strip()) for it, a in zip(listed, answers)}
+    assert {i: c for i, c in cells.items() if c[0] != c[1]} == {}
+    assert {i: a for i, a in said.items() if a[0] != a[1]} == {}
+
+
+@needs_vllm
+def test_keep_all_through_the_plugin_is_stock_vllm_token_for_token(served):
+    _, plugin, stock = served
+    keep_all = {r["id"]: (r["token_ids"], r["prompt_tokens"]) for r in plugin if r["budget"] == "1.0"}
+    assert keep_all == {r["id"]: (r["token_ids"], r["prompt_tokens"]) for r in stock}
+
+
+@needs_vllm
+def test_two_questions_about_one_image_in_one_batch_keep_their_own_cells(served):
+    items, plugin, _ = served
+    pairs = [r for r in plugin if r["kind"] == "pair"]
+    listed = {json.loads(line)["id"]: json.loads(line) for line in items.read_text().splitlines()}
+    _, traces = _hf(items, [(listed[r["id"]], r["question"]) for r in pairs], "0.1")
+    assert [r["kept"] for r in pairs] == [tr.kept_indices[0].tolist() for tr in traces]
+    assert any(a["kept"] != b["kept"] for a, b in zip(pairs[::2], pairs[1::2]))   # the question moves the cells
+
+
+@needs_vllm
+def test_the_openai_server_answers_with_and_without_a_budget_and_refuses_a_bad_one(tmp_path):
+    """`vllm serve` (its API-server entry) on 127.0.0.1 through the `openai` client: the server's budget (25%:
+    64 of 256 cells), a share, a count, a bad budget (HTTP 400, the project's one line), then serving on."""
+    out = tmp_path / "serve.json"
+    done = subprocess.run([str(VLLM_PY), "scripts/vllm_serve_check.py", "--out", str(out), "--budget", "0.25"],
+                          cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["answers"] == {"server": " orange", "5%": " orange", "64": " orange", "after bad": " orange"}
+    text = 27                                             # the prompt's tokens other than the image's pads
+    assert {k: v["prompt_tokens"] - text for k, v in got["usage"].items()} == \
+        {"server": 64, "5%": 13, "64": 64, "after bad": 26}
+    assert got["errors"] == {"bad": {"status": 400, "message": "Error code: 400 - arr_coc_budget '1' is ambiguous: "
+                                     "write 1.0 or 100% to keep every token, or 1tok to keep one token"}}
+
+
+@needs_vllm
+def test_tensor_parallel_2_keeps_the_same_cells_and_answers(served, tmp_path):
+    """vLLM's own parallelism, unchanged: two tensor-parallel workers on this one NUMA node (bound one core each)."""
+    items, plugin, _ = served
+    env_bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    try:
+        tp2 = _vllm(items, tmp_path / "tp2.json", "--budgets", "0.1", "--layer", LAYER, "--tp", "2")["items"]
+    finally:
+        if env_bind is None:
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND")
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = env_bind
+    one = {r["id"]: (r["kept"], r["token_ids"]) for r in plugin if r["kind"] == "item" and r["budget"] == "0.1"}
+    assert {r["id"]: (r["kept"], r["token_ids"]) for r in tp2} == one
+
+
+@needs_vllm
+def test_chunked_prefill_keeps_the_same_cells_and_answers(served, tmp_path):
+    """Prefill 16 tokens at a time (max_num_batched_tokens): an image's pads span several steps, and a step can end
+    between <|vision_start|> and its first pad (where vLLM's EVS helper fails): the same cells and tokens."""
+    items, plugin, _ = served
+    chunked = _vllm(items, tmp_path / "chunked.json", "--budgets", "0.1", "--layer", LAYER, "--chunk", "16")["items"]
+    one = {r["id"]: (r["kept"], r["token_ids"]) for r in plugin if r["kind"] == "item" and r["budget"] == "0.1"}
+    assert {r["id"]: (r["kept"], r["token_ids"]) for r in chunked} == one
