@@ -1,0 +1,49 @@
+"""Two eval reports of the same split, item by item: what a refactor must not change.
+
+    python scripts/eval_compare.py before.json after.json
+
+For every (method, budget, encode) row of both reports: whether each item's correctness, answer, kept and encoded
+cell counts, coverage of the answer's cells and looks are the same, and whether the row's FLOP means are; the first
+differing items of a row are printed with both values. Exit status 0 when every item-row is identical, 1 otherwise.
+(The kept cells themselves are compared by scripts/kept_cells.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+FIELDS = ("correct", "answers", "item_kept", "item_encoded", "item_coverage", "item_looks")
+MEANS = ("prefill_flops_mean", "vision_flops_mean", "e2e_flops_mean", "selector_flops_mean", "adapter_flops_mean")
+
+
+def rows_of(report: dict) -> dict:
+    return {(r["method"], str(r["budget"]), r.get("encode")): r for r in report["results"]}
+
+
+def main(old_path: str, new_path: str) -> int:
+    old, new = (json.load(open(p)) for p in (old_path, new_path))
+    if old["ids"] != new["ids"]:
+        print("the two reports are of different items")
+        return 1
+    a, b = rows_of(old), rows_of(new)
+    if a.keys() != b.keys():
+        print(f"rows in one report only: {sorted(set(a) ^ set(b))}")
+        return 1
+    total = same = 0
+    for key in sorted(a):
+        ra, rb = a[key], b[key]
+        fields = [f for f in FIELDS if f in ra]
+        diff = [i for i in range(len(ra["correct"])) if any(ra[f][i] != rb[f][i] for f in fields)]
+        means = [m for m in MEANS if ra.get(m) != rb.get(m)]
+        total, same = total + len(ra["correct"]), same + len(ra["correct"]) - len(diff)
+        print(f"{key}: {len(ra['correct']) - len(diff)} of {len(ra['correct'])} items identical; FLOP means "
+              f"{'identical' if not means else 'differ: ' + ', '.join(means)}")
+        for i in diff[:5]:
+            print("   ", old["ids"][i], {f: (ra[f][i], rb[f][i]) for f in fields if ra[f][i] != rb[f][i]})
+    print(f"{same} of {total} item-rows identical")
+    return 0 if same == total else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))
