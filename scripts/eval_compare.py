@@ -1,6 +1,6 @@
 """Two eval reports of the same split, item by item: what a refactor must not change.
 
-    python scripts/eval_compare.py before.json after.json
+    python scripts/eval_compare.py before.json after.json [N]    # N: the first N items of both only
 
 For every (method, budget, encode) row of both reports: whether each item's correctness, answer, kept and encoded
 cell counts, coverage of the answer's cells and looks are the same, and whether the row's FLOP means are; the first
@@ -21,8 +21,18 @@ def rows_of(report: dict) -> dict:
     return {(r["method"], str(r["budget"]), r.get("encode")): r for r in report["results"]}
 
 
-def main(old_path: str, new_path: str) -> int:
-    old, new = (json.load(open(p)) for p in (old_path, new_path))
+def first(report: dict, n: int | None) -> dict:
+    """The report cut to its first n items (a run with --limit n over the same batches gives the same items)."""
+    if n is None:
+        return report
+    cut = {"ids": report["ids"][:n], "results": []}
+    for r in report["results"]:
+        cut["results"].append({k: v[:n] if k in FIELDS + ("correct",) else v for k, v in r.items()})
+    return cut
+
+
+def main(old_path: str, new_path: str, n: str | None = None) -> int:
+    old, new = (first(json.load(open(p)), None if n is None else int(n)) for p in (old_path, new_path))
     if old["ids"] != new["ids"]:
         print("the two reports are of different items")
         return 1
@@ -37,8 +47,9 @@ def main(old_path: str, new_path: str) -> int:
         diff = [i for i in range(len(ra["correct"])) if any(ra[f][i] != rb[f][i] for f in fields)]
         means = [m for m in MEANS if ra.get(m) != rb.get(m)]
         total, same = total + len(ra["correct"]), same + len(ra["correct"]) - len(diff)
-        print(f"{key}: {len(ra['correct']) - len(diff)} of {len(ra['correct'])} items identical; FLOP means "
-              f"{'identical' if not means else 'differ: ' + ', '.join(means)}")
+        flops = "not compared (means over another number of items)" if n is not None else \
+            "identical" if not means else "differ: " + ", ".join(means)
+        print(f"{key}: {len(ra['correct']) - len(diff)} of {len(ra['correct'])} items identical; FLOP means {flops}")
         for i in diff[:5]:
             print("   ", old["ids"][i], {f: (ra[f][i], rb[f][i]) for f in fields if ra[f][i] != rb[f][i]})
     print(f"{same} of {total} item-rows identical")
@@ -46,4 +57,4 @@ def main(old_path: str, new_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(*sys.argv[1:4]))
