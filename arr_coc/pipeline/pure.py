@@ -29,7 +29,7 @@ from .backend import UnitPixels
 from .choose import (every_token_units, keep_every_token, padded_questions, run_selector, unit_counts,
                      validate_kept)
 from .prompt import clip_members
-from .request import Pruning, read_budgets, uses_layer
+from .request import Pruning, uses_layer
 from .selection import SelectionContext, Selector, method_info, selects_before_encoding
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def _spec(budget: BudgetSpec, n: int) -> BudgetSpec:
 
 
 def _unit_budgets(pruning: Pruning, n: int, layer: Callable[[], ARRCOCLayer] | None) -> list[Budget]:
-    spec = read_budgets(pruning.budget) if pruning.budget is not None else None
+    spec = pruning.budget                  # read once, by `Pruning.of`
     given = list(spec) if isinstance(spec, (list, tuple)) else [spec] * n
     default = pruning.default_budget(layer)
     return [default if b is None else b for b in given]
