@@ -51,6 +51,9 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (one NUMA node: VLLM_CPU_OMP_THREADS_BIND)")
     ap.add_argument("--pairs", type=int, default=0,
                     help="also ask the first K images a second question, in the same batch as their own (at 10%%)")
+    ap.add_argument("--lora", default=None,
+                    help="the layer's adapter folder (peft LoRA, tower + LM): served with it on, every request runs it "
+                         "through vLLM's LoRA support (without: served with \"adapter\": false)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
@@ -61,17 +64,23 @@ def main() -> None:
     items = read_items(args.items, args.n)
     extra = {} if args.stock else {"hf_overrides": {"architectures": ["ARRCOCQwen2VLForConditionalGeneration"],
                                                     "arr_coc": {"layer": args.layer, "encode": args.encode,
-                                                                "adapter": False}}}
+                                                                "adapter": args.lora is not None}}}
+    lora = {} if args.lora is None else {"enable_lora": True, "enable_tower_connector_lora": True,
+                                         "max_lora_rank": 16, "max_loras": 1}
     t0 = time.perf_counter()
     llm = LLM(model=args.model, dtype="float32", max_model_len=2048, enforce_eager=True, seed=0,
               tensor_parallel_size=args.tp, max_num_batched_tokens=args.chunk,
-              kv_cache_memory_bytes=256 << 20, limit_mm_per_prompt={"image": 1}, **extra)
+              kv_cache_memory_bytes=256 << 20, limit_mm_per_prompt={"image": 1}, **lora, **extra)
     seconds = {"load": time.perf_counter() - t0}
     messages = [ask(it, it["question"]) for it in items]
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     rows = []
     for budget in ([None] if args.stock else args.budgets.split(",")):
         kw = {} if budget is None else {"mm_processor_kwargs": {"arr_coc_budget": budget}}
+        if args.lora is not None:
+            from vllm.lora.request import LoRARequest
+
+            kw["lora_request"] = LoRARequest("arr-coc", 1, os.path.abspath(args.lora))
         t0 = time.perf_counter()
         outs = llm.chat(messages, greedy, use_tqdm=False, **kw)
         seconds[f"answer {budget}"] = time.perf_counter() - t0

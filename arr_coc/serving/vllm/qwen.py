@@ -30,8 +30,9 @@ from ...pipeline.pure import choose
 from ...qwen.pixels import PatchImages
 from ...qwen.processing import IM_END, VISION_END
 from ...qwen.prompt import PromptTokens
-from .settings import (BUDGET_KEY, COUNT_KEY, QUESTION_KEY, ServeError, ServeSettings, cell_rows, kept_count,
-                       kept_positions, place_kept_positions, prompt_positions, question_ids, request_budget)
+from .settings import (BUDGET_KEY, COUNT_KEY, QUESTION_KEY, ServeError, ServeSettings, cell_rows, check_lora,
+                       kept_count, kept_positions, place_kept_positions, prompt_positions, question_ids,
+                       refuse_clips, request_budget)
 
 ARCH = "ARRCOCQwen2VLForConditionalGeneration"
 SHARE_KEY = "arr_coc_share"          # per image: the budget as a share, or -1 where it is a count
@@ -151,9 +152,10 @@ class ARRCOCQwen2VL(Qwen2VLForConditionalGeneration, SupportsMultiModalPruning):
                              "Qwen2.5-VL and Qwen3-VL are not served by the plugin yet")
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.arr_coc = ServeSettings.of(self.config)
-        note = self.arr_coc.layer_mode_note()
-        if note:
-            log.warning(note)
+        refuse_clips(vllm_config.model_config.multimodal_config.limit_per_prompt)
+        for note in (self.arr_coc.layer_mode_note(), check_lora(self.arr_coc, vllm_config.lora_config)):
+            if note:
+                log.warning(note)
         # vLLM recomputes positions after the encoder only where its video-pruning switch is on
         # (gpu_model_runner.py:5156-5160, config/multimodal.py:751-759); this class prunes images itself and
         # never runs EVS, so it turns the switch on for itself.

@@ -50,7 +50,7 @@ class ServeSettings:
     encode: str = "after"
     budget: Budget | None = None
     method: str = "arr_coc"
-    adapter: bool = False
+    adapter: str | None = None       # the LoRA adapter folder its pruned requests run (vLLM's LoRA), None: none
 
     @classmethod
     def of(cls, hf_config: Any) -> ServeSettings:
@@ -74,15 +74,8 @@ class ServeSettings:
         layer = None if layer in (None, "", "untrained") else check_layer_folder(os.fspath(layer))
         budget = raw.get("budget")
         budget = None if budget is None else parse_budget(budget, "arr_coc budget", wire=True)
-        adapter = raw.get("adapter")
-        if adapter not in (None, False):
-            raise ServeError(f"arr_coc adapter={adapter!r}: the plugin does not run LoRA adapters yet; serve with "
-                             '"adapter": false (the layer\'s choice on the stock VLM)')
-        if layer is not None and os.path.isdir(os.path.join(layer, "adapter")) and adapter is None:
-            raise ServeError(f"the layer at {layer} ships a LoRA adapter (adapter/), which the plugin does not run "
-                             'yet: serve it with "adapter": false (the layer\'s choice on the stock VLM, as the '
-                             "Hugging Face path's adapter=False)")
-        return cls(layer=layer, encode=encode, budget=budget, method=method)
+        adapter = served_adapter(layer, raw.get("adapter"), encode)
+        return cls(layer=layer, encode=encode, budget=budget, method=method, adapter=adapter)
 
     def default_budget(self) -> Budget:
         """The budget a request gets when it names none: the server's, else the layer's configured budget."""
@@ -107,6 +100,59 @@ class ServeSettings:
                     "or 'adaptive'); vLLM fixes an image's tokens before the model runs, so this server keeps "
                     "exactly each request's budget")
         return None
+
+
+def served_adapter(layer: str | None, asked: Any, encode: str) -> str | None:
+    """The adapter folder a server runs: the layer folder's `adapter/` unless asked `false` (on by default, as
+    `ARRCOC.from_pretrained`), refused in one line where it cannot run (none shipped, or after the tower)."""
+    if asked not in (None, True, False):
+        raise ServeError(f"arr_coc adapter={asked!r}: write true (the layer's adapter/), false (none) or leave it out")
+    shipped = None if layer is None else os.path.join(layer, "adapter")
+    if asked is False or (asked is None and (shipped is None or not os.path.isdir(shipped))):
+        return None
+    if shipped is None or not os.path.isdir(shipped):
+        raise ServeError(f"arr_coc adapter=true, but the layer ({layer or 'untrained'}) ships no adapter/ folder")
+    if encode != "before":
+        # vLLM sizes the tower's LoRA by the image's pads (get_mm_lora_token_counts: pads * merge**2,
+        # qwen2_vl.py:1864-1875); after the tower, the tower runs on every cell, more than the pads.
+        raise ServeError(f"the layer at {layer} ships a LoRA adapter, which the plugin runs before the tower only "
+                         '(vLLM counts the tower\'s LoRA rows by the kept pads): serve encode "before", or '
+                         '"adapter": false')
+    return shipped
+
+
+def lora_rank(adapter: str) -> int:
+    with open(os.path.join(adapter, "adapter_config.json")) as f:
+        return int(json.load(f)["r"])
+
+
+def check_lora(settings: ServeSettings, lora: Any) -> str | None:
+    """Where the server runs the layer's adapter, vLLM's LoRA must be on for the tower too (vLLM's `LoRAConfig`,
+    `lora`: None when off); ServeError (one line, with the flags) otherwise. Returns the line the server logs."""
+    if settings.adapter is None:
+        return None
+    rank = lora_rank(settings.adapter)
+    flags = (f"--enable-lora --enable-tower-connector-lora --max-lora-rank {max(rank, 16)} "
+             f"--default-mm-loras '{{\"image\": \"{os.path.abspath(settings.adapter)}\"}}'")
+    if lora is None or not getattr(lora, "enable_tower_connector_lora", False) or int(lora.max_lora_rank) < rank:
+        raise ServeError(f"the layer at {settings.layer} ships a LoRA adapter (rank {rank}, on the tower and the "
+                         f"language model) that vLLM runs through its LoRA support: start with {flags}, or serve "
+                         'the layer alone with "adapter": false')
+    mm = dict(getattr(lora, "default_mm_loras", None) or {})
+    if os.path.realpath(mm.get("image", "")) == os.path.realpath(settings.adapter):
+        return f"ARR-COC: every image request runs the layer's adapter ({settings.adapter}, --default-mm-loras)"
+    return (f"ARR-COC: a request runs the layer's adapter ({settings.adapter}) only where it names it as a LoRA "
+            f"(offline: lora_request=LoRARequest(...); the server: {flags})")
+
+
+def refuse_clips(limit_per_prompt: Mapping[str, Any] | None) -> None:
+    """A server started to take clips (`--limit-mm-per-prompt '{"video": N}'`, N > 0) is refused in one line: the
+    plugin prunes images only (without the flag, vLLM answers a clip request 400: the model takes no video)."""
+    video = (limit_per_prompt or {}).get("video")
+    count = getattr(video, "count", video)          # vLLM 0.32 keeps {modality: int or a per-modality options object}
+    if count:
+        raise ServeError("the ARR-COC plugin prunes images, not clips yet: start without \"video\" in "
+                         "--limit-mm-per-prompt (a clip request is then refused, 400)")
 
 
 def request_budget(kwargs: Mapping[str, Any], settings: ServeSettings) -> Budget:
@@ -204,5 +250,5 @@ def check_budget_kwarg(kwargs: Mapping[str, Any]) -> None:
 
 
 __all__ = ["ARCHITECTURES", "BUDGET_KEY", "BudgetError", "COUNT_KEY", "QUESTION_KEY", "ServeError", "ServeSettings",
-           "cell_rows", "kept_count", "kept_positions", "place_kept_positions", "prompt_positions", "question_ids",
-           "request_budget"]
+           "cell_rows", "check_lora", "kept_count", "kept_positions", "place_kept_positions", "prompt_positions",
+           "question_ids", "refuse_clips", "request_budget", "served_adapter"]
