@@ -8,7 +8,9 @@ the other, each in its own process (vLLM rows in .venv-vllm, the Hugging Face ro
 
 Smoke (about 3.5 minutes on 2 shared cores): `--n-shapes 8 --ttft-k-shapes 2 --n-2b 2 --ttft-k-2b 1
 --vision-layers 2 --lm-layers 2 --work runs/vllm_bench_smoke` (the 2B widths at 2 of 32 vision blocks and 2 of 28
-LM layers, labelled so in the table).
+LM layers, labelled so in the table). The full run, projected from the smoke on 2 shared cores: about 3 min for
+the embedded model and 75-85 min for the 2B widths, most of it the two every-token rows (about 50 s an item through
+stock vLLM, 80 s through the HF path: 12.4 TFLOPs each) and the first build of the 7.8 GB model folder.
 
 Setups (`--setups shapes,2b`):
 - shapes: the embedded model (checkpoints/shapes-qwen2vl) with the layer checkpoints/arr-coc-shapes-before, its
