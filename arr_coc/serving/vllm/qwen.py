@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -40,6 +41,7 @@ FIELDS = (QUESTION_KEY, COUNT_KEY, SHARE_KEY)
 PLUGIN_KWARGS = (BUDGET_KEY, QUESTION_KEY)
 log = logging.getLogger("arr_coc.serving.vllm")
 TRACE = os.environ.get("ARR_COC_VLLM_TRACE")    # a file: each image's kept cells appended there (tests)
+TIMING = os.environ.get("ARR_COC_VLLM_TIMING")  # a file: each encoder call's choice and tower seconds (benchmarks)
 
 
 class ARRCOCQwen2VLProcessingInfo(Qwen2VLProcessingInfo):
@@ -127,6 +129,15 @@ def _trace(pixel_values: torch.Tensor, grid_thw: torch.Tensor, fields: Mapping[s
                                   _per_item(fields[SHARE_KEY]), kept):
             f.write(json.dumps({"fingerprint": round(float(px.double().sum()), 3), "question": q.tolist(),
                                 "count": int(c), "share": float(s), "kept": k.tolist()}) + "\n")
+
+
+def _timing(images: int, choose_s: float, tower_s: float) -> None:
+    """One JSON line per encoder call to $ARR_COC_VLLM_TIMING (scripts/vllm_bench.py): its images, the seconds
+    inside the choice (`arr_coc_choose`) and in the tower (every cell after, the kept cells before)."""
+    import json
+
+    with open(TIMING, "a") as f:
+        f.write(json.dumps({"images": images, "choose_s": choose_s, "tower_s": tower_s}) + "\n")
 
 
 def _per_item(value: Any) -> list[torch.Tensor]:
@@ -231,14 +242,20 @@ class ARRCOCQwen2VL(Qwen2VLForConditionalGeneration, SupportsMultiModalPruning):
         if image is None:
             return []
         before = self.arr_coc.encode == "before"
+        t0 = time.perf_counter()
         tokens = None if before else self._process_image_input(image)      # after: the tower on every cell
         pixel_values, grid_thw = image["pixel_values"], image["image_grid_thw"]
+        t1 = time.perf_counter()
         kept = self.arr_coc_choose(pixel_values, grid_thw, ours[QUESTION_KEY], ours[COUNT_KEY], ours[SHARE_KEY],
                                    tokens)
+        t2 = time.perf_counter()
         if TRACE:
             _trace(pixel_values, grid_thw, ours, kept)
+        t3 = time.perf_counter()
         feats = self.encode_kept(pixel_values, grid_thw, kept) if before else \
             [t[k.to(t.device)] for t, k in zip(tokens, kept)]
+        if TIMING:
+            _timing(len(kept), choose_s=t2 - t1, tower_s=(t1 - t0) + (time.perf_counter() - t3))
         merge = int(self.config.vision_config.spatial_merge_size)
         out = []
         for f, k, (_, h, w) in zip(feats, kept, grid_thw.tolist()):
