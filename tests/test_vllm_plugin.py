@@ -284,6 +284,33 @@ def test_the_openai_server_answers_with_and_without_a_budget_and_refuses_a_bad_o
 
 
 @needs_vllm
+def test_the_server_runs_the_layers_adapter_for_image_requests(served, tmp_path):
+    """`vllm serve` with the before-layer and its adapter as the server's default image LoRA (--default-mm-loras)
+    answers as the Hugging Face path with its adapter, at the server's budget and a request's own; an item whose
+    answer the adapter changes, so the check can fail. The same server without the LoRA flags stops at start."""
+    items = served[0]
+    item = json.loads(items.read_text().splitlines()[6])                  # test-000006: the adapter moves its count
+    out = tmp_path / "serve.json"
+    cmd = [str(VLLM_PY), "scripts/vllm_serve_check.py", "--out", str(out), "--layer", LAYERS["before"], "--encode",
+           "before", "--adapter", "--budget", "0.05", "--image", str(items.parent / item["image"]), "--question",
+           item["question"]]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(out.read_text())["answers"]
+    pairs = [(item, item["question"])]
+    with_adapter = {b: _hf(items, pairs, b, "before", adapter=True)[0][0].strip() for b in ("0.05", "0.1")}
+    without = _hf(items, pairs, "0.05", "before")[0][0].strip()
+    assert (got["server"].strip(), got["5%"].strip(), got["after bad"].strip()) == \
+        (with_adapter["0.05"], with_adapter["0.05"], with_adapter["0.1"])
+    assert without != with_adapter["0.05"]
+    refused = subprocess.run([a for a in cmd if a != "--adapter"], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=600)
+    log = out.with_suffix(".log").read_text()
+    assert refused.returncode != 0 and "ships a LoRA adapter (rank 16" in log and "--enable-tower-connector-lora" in log
+
+
+@needs_vllm
 def test_tensor_parallel_2_keeps_the_same_cells_and_answers(served, tmp_path):
     """vLLM's own parallelism, unchanged: two tensor-parallel workers on this one NUMA node (bound one core each)."""
     items, plugin, _ = served
