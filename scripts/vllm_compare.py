@@ -51,16 +51,23 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--chunk", type=int, default=None,
                     help="max_num_batched_tokens: prefill in chunks this long (an image's pads split across steps)")
+    ap.add_argument("--one-process", action="store_true",
+                    help="the engine core and its worker in this process (no spawning: starts and stops faster)")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (one NUMA node: VLLM_CPU_OMP_THREADS_BIND)")
     ap.add_argument("--pairs", type=int, default=0,
                     help="also ask the first K images a second question, in the same batch as their own (at 10%%)")
     ap.add_argument("--margins", action="store_true",
-                    help="record each answer token's logit margin over the runner-up (a near-tie explains a difference)")
+                    help="record each answer token's logit margin over the runner-up (near-ties explain differences)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
     trace = Path(tempfile.mkdtemp()) / "kept.jsonl"
     os.environ["ARR_COC_VLLM_TRACE"] = str(trace)       # before vLLM spawns its engine: the worker inherits it
+    if args.one_process:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        extra_engine = {"distributed_executor_backend": "uni"}
+    else:
+        extra_engine = {}
     from vllm import LLM, SamplingParams
 
     items = read_items(args.items, args.n)
@@ -70,7 +77,7 @@ def main() -> None:
     t0 = time.perf_counter()
     llm = LLM(model=args.model, dtype="float32", max_model_len=2048, enforce_eager=True, seed=0,
               tensor_parallel_size=args.tp, max_num_batched_tokens=args.chunk,
-              kv_cache_memory_bytes=256 << 20, limit_mm_per_prompt={"image": 1}, **extra)
+              kv_cache_memory_bytes=256 << 20, limit_mm_per_prompt={"image": 1}, **extra, **extra_engine)
     seconds = {"load": time.perf_counter() - t0}
     messages = [ask(it, it["question"]) for it in items]
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=2 if args.margins else None)

@@ -26,7 +26,7 @@ FAMILIES = ("qwen2_5_vl", "qwen3_vl")
 MODES = ("after", "before")
 BUDGETS = ("0.05", "0.1", "0.25")
 KEEP_ALL = "1.0"
-N_ITEMS = int(os.environ.get("ARR_COC_VLLM_FAMILY_ITEMS", "12"))
+N_ITEMS = int(os.environ.get("ARR_COC_VLLM_FAMILY_ITEMS", "16"))
 MAX_TOKENS = 12
 
 needs_vllm = pytest.mark.skipif(not VLLM_PY.exists(), reason="no vLLM environment (make vllm-env)")
@@ -44,6 +44,19 @@ def test_a_checkpoint_of_another_family_is_refused_in_one_line_naming_its_archit
     assert '"architectures": ["ARRCOCQwen3VLForConditionalGeneration"]' in line
     with pytest.raises(ServeError, match="the plugin serves Qwen2-VL, Qwen2.5-VL, Qwen3-VL"):
         check_family("llava", "qwen2_vl")
+
+
+def test_each_family_has_its_architecture_and_class():
+    """Every family's architecture names a class that its module defines (read without importing vLLM)."""
+    import ast
+
+    from arr_coc.serving.vllm.settings import ARCHITECTURES
+
+    assert set(ARCHITECTURES) == set(FAMILY_ARCHITECTURES.values())
+    for arch, where in ARCHITECTURES.items():
+        module, cls = where.split(":")
+        tree = ast.parse((ROOT / "arr_coc" / "serving" / "vllm" / f"{module}.py").read_text())
+        assert cls in {n.name for n in tree.body if isinstance(n, ast.ClassDef)}, arch
 
 
 def test_packed_windows_are_the_full_grids_windows_of_the_kept_cells():
@@ -77,7 +90,7 @@ def test_packed_windows_are_the_full_grids_windows_of_the_kept_cells():
 def _vllm(model: Path, items: Path, out: Path, *extra: str, check: bool = True) -> dict | str:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     cmd = [str(VLLM_PY), "scripts/vllm_compare.py", "--items", str(items), "--n", str(N_ITEMS), "--out", str(out),
-           "--model", str(model), "--max-tokens", str(MAX_TOKENS), *extra]
+           "--model", str(model), "--max-tokens", str(MAX_TOKENS), "--one-process", *extra]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     if not check:
         return done.stderr

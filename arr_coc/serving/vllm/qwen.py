@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from vllm.model_executor.models.interfaces import SupportsMultiModalPruning
 from vllm.model_executor.models.qwen2_vl import (Qwen2VLDummyInputsBuilder, Qwen2VLForConditionalGeneration,
                                                  Qwen2VLMultiModalProcessor, Qwen2VLProcessingInfo)
 from vllm.multimodal import MULTIMODAL_REGISTRY
@@ -32,7 +33,7 @@ class ARRCOCQwen2VLProcessor(ARRCOCProcessor, Qwen2VLMultiModalProcessor):
 
 @MULTIMODAL_REGISTRY.register_processor(ARRCOCQwen2VLProcessor, info=ARRCOCQwen2VLProcessingInfo,
                                         dummy_inputs=Qwen2VLDummyInputsBuilder)
-class ARRCOCQwen2VL(ARRCOCModel, Qwen2VLForConditionalGeneration):
+class ARRCOCQwen2VL(ARRCOCModel, Qwen2VLForConditionalGeneration, SupportsMultiModalPruning):
     """Qwen2-VL serving ARR-COC's kept cells, after or before the tower."""
 
     family = FAMILY

@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm.model_executor.models.interfaces import SupportsMultiModalPruning
 from vllm.multimodal.inputs import MultiModalFieldConfig
 from vllm.multimodal.processing import PromptReplacement
 
@@ -98,8 +97,9 @@ class ARRCOCProcessor:
         return super().apply(dataclasses.replace(inputs, hf_processor_mm_kwargs=kwargs), timing_ctx)
 
     def _apply_hf_processor_main(self, mm_items: Any, hf_kwargs: Mapping[str, object]) -> Any:
-        """transformers' processor without the plugin's kwargs (processor.py:1315-1332; Qwen3-VL's own,
-        qwen3_vl.py:1420, calls it directly), then the plugin's per-image fields beside `image_grid_thw`."""
+        """transformers' processor without the plugin's kwargs, then the plugin's per-image fields beside
+        `image_grid_thw`. Here, not in `_call_hf_processor` (processor.py:1287-1297): Qwen3-VL's override of this
+        method (qwen3_vl.py:1420-1644) calls transformers' processor itself (line 1615)."""
         ours = {k: hf_kwargs[k] for k in PLUGIN_KWARGS if k in hf_kwargs}
         out = super()._apply_hf_processor_main(mm_items, {k: v for k, v in hf_kwargs.items() if k not in ours})
         grid = out.get("image_grid_thw")
@@ -167,9 +167,11 @@ def packed_bounds(kept: Sequence[torch.Tensor], unit: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum([int(k.numel()) * unit for k in kept])]).astype(np.int32)
 
 
-class ARRCOCModel(SupportsMultiModalPruning):
+class ARRCOCModel:
     """Before a family's vLLM model class (module docstring). family: the model_type its class serves; a family
-    class adds `encode_kept` (the tower on the chosen cells only, at their full-grid positions)."""
+    class adds `encode_kept` (the tower on the chosen cells only, at their full-grid positions) and lists
+    `SupportsMultiModalPruning` after the vLLM class where that class does not (Qwen2-VL): a Protocol here, before
+    the vLLM class in the method order, would swallow its `__init__`."""
 
     family: str = ""
     supported_video_pruning_methods = ()
