@@ -72,10 +72,10 @@ vllm-smoke: export HF_HUB_OFFLINE = 1
 vllm-smoke: vllm-env
 	$(VLLM_PY) scripts/vllm_smoke.py
 
-# The plugin's tests through vLLM alone (tests/test_vllm_plugin.py; `make test` runs them with the rest).
+# The plugin's tests through vLLM alone (`make test` runs them with the rest).
 test-vllm: export HF_HUB_OFFLINE = 1
 test-vllm: install vllm-env
-	$(PY) -m pytest -q tests/test_vllm_plugin.py
+	$(PY) -m pytest -q tests/test_vllm_plugin.py tests/test_vllm_families.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

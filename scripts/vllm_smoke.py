@@ -29,7 +29,7 @@ def main() -> None:
     extra = {}
     if args.arr_coc is not None:
         settings = {"layer": args.arr_coc} | ({"budget": args.budget} if args.budget else {})
-        extra["hf_overrides"] = {"architectures": ["ARRCOCQwen2VLForConditionalGeneration"], "arr_coc": settings}
+        extra["hf_overrides"] = {"architectures": [architecture(args.model)], "arr_coc": settings}
     llm = LLM(model=args.model, dtype="float32", max_model_len=2048, enforce_eager=True,
               tensor_parallel_size=args.tp, kv_cache_memory_bytes=256 << 20,
               limit_mm_per_prompt={"image": 1} if args.arr_coc else {"image": 1, "video": 0}, **extra)
@@ -42,6 +42,17 @@ def main() -> None:
     t_ask = time.perf_counter() - t0
     print(f"ANSWER {out.outputs[0].text!r} prompt_tokens={len(out.prompt_token_ids)} "
           f"load_s={t_load:.1f} answer_s={t_ask:.2f}")
+
+
+def architecture(model: str) -> str:
+    """The plugin's architecture for the checkpoint's family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)."""
+    import json
+    import os
+
+    from arr_coc.serving.vllm.settings import FAMILY_ARCHITECTURES
+
+    with open(os.path.join(model, "config.json")) as f:
+        return FAMILY_ARCHITECTURES[json.load(f)["model_type"]]
 
 
 if __name__ == "__main__":

@@ -186,6 +186,23 @@ def _packed_windows(cells: torch.Tensor, window_of: torch.Tensor, rank: torch.Te
     return upload(order, device), upload(cu, device), int(per_window.max()) * unit
 
 
+def packed_windows(visual: Any, grid_thw: torch.Tensor, cells: Sequence[torch.Tensor], device: torch.device
+                   ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+    """Qwen2.5-VL's windows for the chosen cells packed image after image, as `encode_packed` gives them to the
+    tower: each cell keeps its FULL-grid window and, inside it, the full encoding's order. For another engine's
+    tower (the vLLM plugin) with the same `spatial_merge_size`, `window_size` and `patch_size`.
+    grid_thw [N, 3] (host); cells: per image ascending raster cells.
+    -> (order [K]: packed cells in window order, cu_window_seqlens [W + 1] int32 in patches, the longest window in
+        patches, window_rank [C]: each cell of the full grids (global over the images) at its place in window order)."""
+    unit = int(visual.spatial_merge_size) ** 2
+    window_of, rank = _window_assignment(visual, grid_thw)
+    sizes = [int(h) * int(w) // unit for _, h, w in grid_thw.tolist()]
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist()
+    packed = torch.cat([o + c.long().cpu() for o, c in zip(offsets, cells)])
+    order, cu, longest = _packed_windows(packed, window_of, rank, unit, device)
+    return order, cu, longest, rank
+
+
 def encoder_output_class(model: PreTrainedModel) -> type:
     """The vision-encoder output type `forward(mm_encoder_outputs=...)` expects from this family."""
     import importlib

@@ -169,3 +169,26 @@ def build_tiny_qwen(
         family=family, video_processor=build_tiny_video_processor(family, min_pixels, max_pixels),
     )
     return model, processor
+
+
+# vLLM's CPU attention kernels take head sizes of 32 and up ("Unsupported CPU attention configuration: head_dim=16"),
+# so a tiny model vLLM serves has 2 heads of 32 (hidden 64) and rotary sections (4, 6, 6) summing to 32 / 2.
+SERVABLE_TEXT = {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]}}
+
+
+def save_tiny_qwen(family: str, folder: str, seed: int = 0) -> str:
+    """A tiny random model of `family` (`build_tiny_qwen`, with `SERVABLE_TEXT`) saved as a checkpoint folder that
+    the Hugging Face path and vLLM both load: weights, config, tokenizer, chat template, image and video
+    processor configs (vLLM builds the family's stock processor from them). Returns the folder.
+
+    Qwen3-VL's config says `mrope_interleaved`, as the released checkpoints' do: transformers' Qwen3-VL always
+    interleaves the rotary sections (modeling_qwen3_vl.py, `recomposition_frequencies`), vLLM only where the config
+    says so (model_executor/layers/rotary_embedding/__init__.py:335-345)."""
+    text = copy.deepcopy(SERVABLE_TEXT)
+    if family == "qwen3_vl":
+        text["rope_parameters"]["mrope_interleaved"] = True
+    model, processor = build_tiny_qwen(family, seed=seed, text_config=text)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder

@@ -3,11 +3,14 @@
 vLLM calls `register` in each of its processes through the `vllm.general_plugins` entry point (pyproject.toml);
 it registers ARR-COC's model classes under their own architecture names, lazily (by "module:class", so that this
 package imports nothing of vLLM until vLLM asks for the class). A server picks them with
-`--hf-overrides '{"architectures": ["ARRCOCQwen2VLForConditionalGeneration"], "arr_coc": {...}}'`; a model served
-under its own architecture is stock vLLM, plugin installed or not.
+`--hf-overrides '{"architectures": ["ARRCOCQwen2VLForConditionalGeneration"], "arr_coc": {...}}'` (or
+ARRCOCQwen2_5_VLForConditionalGeneration, ARRCOCQwen3VLForConditionalGeneration: `settings.FAMILY_ARCHITECTURES`);
+a model served under its own architecture is stock vLLM, plugin installed or not.
 
 `settings` (what a server and a request ask for, the question's token ids, the kept tokens' positions) is pure
-Python and torch, importable and tested without vLLM; `qwen` holds the vLLM classes.
+Python and torch, importable and tested without vLLM; `serving` holds what the three families share on vLLM (the
+processor's and the model's overrides), `qwen`, `qwen2_5` and `qwen3` one small class each (Qwen2-VL, Qwen2.5-VL,
+Qwen3-VL).
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ def register() -> None:
     """The `vllm.general_plugins` entry point: may run several times, in several processes (vLLM's rule)."""
     from vllm import ModelRegistry
 
-    for arch, cls in ARCHITECTURES.items():
+    for arch, where in ARCHITECTURES.items():
         if arch not in ModelRegistry.get_supported_archs():
-            ModelRegistry.register_model(arch, f"arr_coc.serving.vllm.qwen:{cls}")
+            ModelRegistry.register_model(arch, f"arr_coc.serving.vllm.{where}")
     _cpu_runner_recomputes_positions()
 
 

@@ -25,8 +25,17 @@ import torch
 from ...budget import Budget, BudgetError, count_of, parse_budget
 from ...paths import check_layer_folder
 
-# Architecture name a server asks for (hf_overrides "architectures") -> the plugin's class in `qwen.py`.
-ARCHITECTURES: dict[str, str] = {"ARRCOCQwen2VLForConditionalGeneration": "ARRCOCQwen2VL"}
+# The checkpoint's model_type -> the architecture name a server asks for (hf_overrides "architectures").
+FAMILY_ARCHITECTURES: dict[str, str] = {"qwen2_vl": "ARRCOCQwen2VLForConditionalGeneration",
+                                        "qwen2_5_vl": "ARRCOCQwen2_5_VLForConditionalGeneration",
+                                        "qwen3_vl": "ARRCOCQwen3VLForConditionalGeneration"}
+FAMILY_NAMES = {"qwen2_vl": "Qwen2-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL"}
+# Architecture name -> the plugin's class ("module:class" under arr_coc.serving.vllm), imported by vLLM only.
+ARCHITECTURES: dict[str, str] = {
+    FAMILY_ARCHITECTURES["qwen2_vl"]: "qwen:ARRCOCQwen2VL",
+    FAMILY_ARCHITECTURES["qwen2_5_vl"]: "qwen2_5:ARRCOCQwen2_5_VL",
+    FAMILY_ARCHITECTURES["qwen3_vl"]: "qwen3:ARRCOCQwen3VL",
+}
 
 BUDGET_KEY = "arr_coc_budget"        # per request, in mm_processor_kwargs
 QUESTION_KEY = "arr_coc_question"    # set by the plugin's processor: the question's token ids (part of the hash)
@@ -155,6 +164,18 @@ def refuse_clips(limit_per_prompt: Mapping[str, Any] | None) -> None:
                          "--limit-mm-per-prompt (a clip request is then refused, 400)")
 
 
+def check_family(model_type: str | None, served: str) -> None:
+    """Refuse, in one line naming the right architecture, a checkpoint of another family than the class `served`
+    (a model_type in FAMILY_ARCHITECTURES) serves: each family's vLLM class reads its own config and tower."""
+    if model_type == served:
+        return
+    right = FAMILY_ARCHITECTURES.get(str(model_type))
+    fix = (f'serve it with --hf-overrides \'{{"architectures": ["{right}"], ...}}\'' if right else
+           f"the plugin serves {', '.join(FAMILY_NAMES.values())} (model_type {', '.join(FAMILY_ARCHITECTURES)})")
+    raise ServeError(f"{FAMILY_ARCHITECTURES[served]} serves {FAMILY_NAMES[served]} checkpoints (model_type "
+                     f"{served!r}), and this one is {model_type!r}: {fix}")
+
+
 def request_budget(kwargs: Mapping[str, Any], settings: ServeSettings) -> Budget:
     """A request's budget (`mm_processor_kwargs["arr_coc_budget"]`), else the server's default; BudgetError (one
     line) for a bad one."""
@@ -249,6 +270,7 @@ def check_budget_kwarg(kwargs: Mapping[str, Any]) -> None:
         parse_budget(kwargs[BUDGET_KEY], BUDGET_KEY, wire=True)
 
 
-__all__ = ["ARCHITECTURES", "BUDGET_KEY", "BudgetError", "COUNT_KEY", "QUESTION_KEY", "ServeError", "ServeSettings",
-           "cell_rows", "check_lora", "kept_count", "kept_positions", "place_kept_positions", "prompt_positions",
-           "question_ids", "refuse_clips", "request_budget", "served_adapter"]
+__all__ = ["ARCHITECTURES", "BUDGET_KEY", "BudgetError", "COUNT_KEY", "FAMILY_ARCHITECTURES", "FAMILY_NAMES",
+           "QUESTION_KEY", "ServeError", "ServeSettings", "cell_rows", "check_family", "check_lora", "kept_count",
+           "kept_positions", "place_kept_positions", "prompt_positions", "question_ids", "refuse_clips",
+           "request_budget", "served_adapter"]

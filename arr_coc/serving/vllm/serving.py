@@ -1,0 +1,318 @@
+"""What the plugin's three families share on vLLM (docs/SERVING.md, "Design"). Imported by vLLM only.
+
+Three mixins, each put in front of a family's vLLM class by `qwen.py` (Qwen2-VL), `qwen2_5.py` (Qwen2.5-VL) and
+`qwen3.py` (Qwen3-VL), which add only what differs: the tower on the chosen cells (`encode_kept`).
+
+- `ARRCOCInfo` (before the family's ProcessingInfo): images only, the server's settings, the question's tokens, the
+  PIL image processor, a checkpoint of another family refused in one line;
+- `ARRCOCProcessor` (before the family's multimodal processor): each request's budget and question join the kwargs
+  vLLM hashes (so every cache is keyed by image, question and budget), and each image gets `count_of(budget,
+  cells)` pads;
+- `ARRCOCModel` (before the family's model class): `arr_coc.choose` on the processor's patches and the question,
+  after the tower (on its tokens) or before it (then `encode_kept` runs the tower on the chosen cells only); the
+  kept rows leave with their own M-RoPE positions in 4 extra channels (EVS's convention), which
+  `recompute_mrope_positions` places, so the text keeps its unpruned positions, as in the Hugging Face path.
+  A row is whatever the family's tower gives per merged cell: Qwen3-VL's carries its deepstack features beside the
+  token (qwen3_vl.py:901-904), so they are kept and dropped with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from vllm.multimodal.inputs import MultiModalFieldConfig
+from vllm.multimodal.processing import PromptReplacement
+
+from ...pipeline.pure import choose
+from ...qwen.pixels import PatchImages
+from ...qwen.processing import IM_END, VISION_END
+from ...qwen.prompt import PromptTokens
+from .settings import (BUDGET_KEY, COUNT_KEY, QUESTION_KEY, ServeError, ServeSettings, check_family, check_lora,
+                       kept_count, kept_positions, place_kept_positions, prompt_positions, question_ids,
+                       refuse_clips, request_budget)
+
+SHARE_KEY = "arr_coc_share"          # per image: the budget as a share, or -1 where it is a count
+FIELDS = (QUESTION_KEY, COUNT_KEY, SHARE_KEY)
+PLUGIN_KWARGS = (BUDGET_KEY, QUESTION_KEY)
+log = logging.getLogger("arr_coc.serving.vllm")
+TRACE = os.environ.get("ARR_COC_VLLM_TRACE")    # a file: each image's kept cells appended there (tests)
+TIMING = os.environ.get("ARR_COC_VLLM_TIMING")  # a file: each encoder call's choice and tower seconds (benchmarks)
+
+
+class ARRCOCInfo:
+    """Before a family's ProcessingInfo. family: the model_type its class serves."""
+
+    family: str = ""
+
+    def get_hf_config(self) -> Any:
+        check_family(getattr(self.ctx.model_config.hf_config, "model_type", None), self.family)
+        return super().get_hf_config()
+
+    def get_supported_mm_limits(self) -> Mapping[str, int | None]:
+        """Images only (a clip is refused by vLLM at the request, as a modality this model does not take)."""
+        return {"image": None}
+
+    def arr_coc_settings(self) -> ServeSettings:
+        if not hasattr(self, "_arr_coc_settings"):
+            self._arr_coc_settings = ServeSettings.of(self.get_hf_config())
+        return self._arr_coc_settings
+
+    def arr_coc_tokens(self) -> PromptTokens:
+        if not hasattr(self, "_arr_coc_tokens"):
+            cfg, tok = self.get_hf_config(), self.get_tokenizer()
+            vocab = tok.get_vocab()
+            self._arr_coc_tokens = PromptTokens(
+                image=int(cfg.image_token_id), video=int(cfg.video_token_id), vision_end=vocab[VISION_END],
+                im_end=vocab[IM_END], pad=0, special=frozenset(getattr(tok, "all_special_ids", []) or []))
+        return self._arr_coc_tokens
+
+    def get_hf_processor(self, **kwargs: object) -> Any:
+        """vLLM's processor with transformers' PIL image processor, the Hugging Face path's (the project runs
+        without torchvision): the torchvision one's `pixel_values` differ from it by a float rounding (2e-7), which
+        can move a cell's score across another's. Same settings (`to_dict`), swapped once per cached processor."""
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        processor = super().get_hf_processor(**kwargs)
+        if not isinstance(processor.image_processor, Qwen2VLImageProcessorPil):
+            processor.image_processor = Qwen2VLImageProcessorPil.from_dict(processor.image_processor.to_dict())
+        return processor
+
+
+class ARRCOCProcessor:
+    """Before a family's multimodal processor."""
+
+    def apply(self, inputs: Any, timing_ctx: Any) -> Any:
+        """The request's budget and question join the processor kwargs: vLLM hashes them with the image
+        (processing/inputs.py:70-74), and they reach the HF call even on a cache miss without the prompt."""
+        kwargs = dict(inputs.hf_processor_mm_kwargs)
+        kwargs[BUDGET_KEY] = request_budget(kwargs, self.info.arr_coc_settings())
+        kwargs[QUESTION_KEY] = question_ids(inputs.prompt, self.info.arr_coc_tokens())
+        return super().apply(dataclasses.replace(inputs, hf_processor_mm_kwargs=kwargs), timing_ctx)
+
+    def _apply_hf_processor_main(self, mm_items: Any, hf_kwargs: Mapping[str, object]) -> Any:
+        """transformers' processor without the plugin's kwargs, then the plugin's per-image fields beside
+        `image_grid_thw`. Here, not in `_call_hf_processor` (processor.py:1287-1297): Qwen3-VL's override of this
+        method (qwen3_vl.py:1420-1644) calls transformers' processor itself (line 1615)."""
+        ours = {k: hf_kwargs[k] for k in PLUGIN_KWARGS if k in hf_kwargs}
+        out = super()._apply_hf_processor_main(mm_items, {k: v for k, v in hf_kwargs.items() if k not in ours})
+        grid = out.get("image_grid_thw")
+        if grid is None or QUESTION_KEY not in ours:
+            return out
+        merge = int(self.info.get_hf_config().vision_config.spatial_merge_size)
+        budget, n = ours[BUDGET_KEY], len(grid)
+        out[QUESTION_KEY] = torch.tensor([list(ours[QUESTION_KEY])] * n, dtype=torch.long).reshape(n, -1)
+        out[COUNT_KEY] = torch.tensor([kept_count(budget, g, merge) for g in grid.tolist()], dtype=torch.long)
+        out[SHARE_KEY] = torch.full((n,), float(budget) if isinstance(budget, float) else -1.0, dtype=torch.float64)
+        return out
+
+    def _get_mm_fields_config(self, hf_inputs: Any, hf_processor_mm_kwargs: Mapping[str, object]
+                              ) -> Mapping[str, MultiModalFieldConfig]:
+        fields = dict(super()._get_mm_fields_config(hf_inputs, hf_processor_mm_kwargs))
+        fields.update({k: MultiModalFieldConfig.batched("image", keep_on_cpu=True) for k in FIELDS})
+        return fields
+
+    def _get_prompt_updates(self, mm_items: Any, hf_processor_mm_kwargs: Mapping[str, Any],
+                            out_mm_kwargs: Any) -> Sequence[PromptReplacement]:
+        """Each image's pads: its kept count (the stock count is grid_thw.prod() // merge**2, qwen2_vl.py:1260)."""
+        pad = int(self.info.get_hf_config().image_token_id)
+
+        def replacement(item_idx: int) -> list[int]:
+            return [pad] * int(out_mm_kwargs["image"][item_idx][COUNT_KEY].data)
+
+        return [PromptReplacement(modality="image", target=[pad], replacement=partial(replacement))]
+
+
+def _trace(pixel_values: torch.Tensor, grid_thw: torch.Tensor, fields: Mapping[str, Any],
+           kept: Sequence[torch.Tensor]) -> None:
+    """One JSON line per image to $ARR_COC_VLLM_TRACE (the tests' view of the kept cells): the image's
+    fingerprint (its pixel rows' float64 sum), its question's ids, its budget and its kept cells."""
+    rows = grid_thw.prod(-1).tolist()
+    pieces = pixel_values.split([int(r) for r in rows])
+    with open(TRACE, "a") as f:
+        for px, q, c, s, k in zip(pieces, _per_item(fields[QUESTION_KEY]), _per_item(fields[COUNT_KEY]),
+                                  _per_item(fields[SHARE_KEY]), kept):
+            f.write(json.dumps({"fingerprint": round(float(px.double().sum()), 3), "question": q.tolist(),
+                                "count": int(c), "share": float(s), "kept": k.tolist()}) + "\n")
+
+
+def _timing(images: int, choose_s: float, tower_s: float) -> None:
+    """One JSON line per encoder call to $ARR_COC_VLLM_TIMING (scripts/vllm_bench.py): its images, the seconds
+    inside the choice (`arr_coc_choose`) and in the tower (every cell after, the kept cells before)."""
+    with open(TIMING, "a") as f:
+        f.write(json.dumps({"images": images, "choose_s": choose_s, "tower_s": tower_s}) + "\n")
+
+
+def _per_item(value: Any) -> list[torch.Tensor]:
+    """A batched field as one tensor per item (stacked when the shapes agreed, a list otherwise)."""
+    return list(value) if isinstance(value, (list, tuple)) else list(value.unbind(0))
+
+
+def sequence_metadata(visual: Any, cu: np.ndarray, device: torch.device
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One attention segmentation (cu [S + 1] int32, in patches) in the forms the attention backend of vLLM's
+    Qwen2.5-VL / Qwen3-VL towers reads, made as `prepare_encoder_metadata` makes them (qwen3_vl.py:833-857):
+    -> (cu_seqlens, max_seqlen (host), sequence_lengths or None)."""
+    from vllm.model_executor.layers.attention.mm_encoder_attention import MMEncoderAttention
+
+    backend = visual.attn_backend
+    lengths = MMEncoderAttention.maybe_compute_seq_lens(backend, cu, device)
+    longest = torch.tensor(MMEncoderAttention.compute_max_seqlen(backend, cu), dtype=torch.int32)
+    cu_seqlens = MMEncoderAttention.maybe_recompute_cu_seqlens(
+        backend, cu, visual.hidden_size, visual.tp_size, device, fp8_padded_hidden_size=visual.fp8_padded_hidden_size)
+    return cu_seqlens, longest, lengths
+
+
+def packed_bounds(kept: Sequence[torch.Tensor], unit: int) -> np.ndarray:
+    """[N + 1] int32: one attention segment per image over its kept cells' patches (unit = merge**2 each)."""
+    return np.concatenate([[0], np.cumsum([int(k.numel()) * unit for k in kept])]).astype(np.int32)
+
+
+class ARRCOCModel:
+    """Before a family's vLLM model class (module docstring). family: the model_type its class serves; a family
+    class adds `encode_kept` (the tower on the chosen cells only, at their full-grid positions) and lists
+    `SupportsMultiModalPruning` after the vLLM class where that class does not (Qwen2-VL): a Protocol here, before
+    the vLLM class in the method order, would swallow its `__init__`."""
+
+    family: str = ""
+    supported_video_pruning_methods = ()
+    # The processor normalises, as in the Hugging Face path: vLLM would otherwise move the rescale and
+    # normalisation into the tower (config/model.py:1071-1101, layers/fusion/mm_input_norm.py:336-361), whose
+    # fused arithmetic rounds differently, and the choice reads the processor's patches (`PatchImages`).
+    supports_mm_device_do_normalize = False
+
+    def __init__(self, *, vllm_config: Any, prefix: str = ""):
+        check_family(getattr(vllm_config.model_config.hf_config, "model_type", None), self.family)
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self.arr_coc = ServeSettings.of(self.config)
+        refuse_clips(vllm_config.model_config.multimodal_config.limit_per_prompt)
+        for note in (self.arr_coc.layer_mode_note(), check_lora(self.arr_coc, vllm_config.lora_config)):
+            if note:
+                log.warning(note)
+        if self.arr_coc.encode == "before" and self.use_data_parallel:
+            raise ServeError("ARR-COC before the tower runs the tower on the chosen cells itself: serve it without "
+                             "--mm-encoder-tp-mode data")
+        # vLLM recomputes positions after the encoder only where its video-pruning switch is on
+        # (gpu_model_runner.py:5156-5160, config/multimodal.py:751-759); this class prunes images itself and
+        # never runs EVS, so it turns the switch on for itself.
+        mm = vllm_config.model_config.multimodal_config
+        if not mm.is_multimodal_pruning_enabled():
+            mm.video_pruning_rate = 1e-9
+        self.arr_coc_layer = self._build_layer()
+        self._arr_coc_image_processor: Any = None
+
+    def _build_layer(self) -> torch.nn.Module:
+        """The server's layer, built here, not at the first request: vLLM runs requests under inference_mode, whose
+        tensors a layer's own bookkeeping cannot version. float32 whatever the model's dtype, as in the Hugging Face
+        path. The untrained layer is the one built after `torch.manual_seed(0)` (every worker the same one)."""
+        from ...core.layer import build_layer
+
+        with torch.inference_mode(False), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            layer = build_layer(self.arr_coc.layer, int(self.config.text_config.hidden_size))
+        return layer.to(torch.float32).eval()
+
+    def load_weights(self, weights: Any) -> set[str]:
+        """The checkpoint's weights; the layer's came from its own folder (vLLM counts every parameter)."""
+        loaded = set(super().load_weights(weights))
+        return loaded | {f"arr_coc_layer.{name}" for name, _ in self.arr_coc_layer.named_parameters()}
+
+    def get_encoder_cudagraph_config(self) -> Any:
+        """No encoder CUDA graphs: they bypass `embed_multimodal`, where the choice runs (as EVS, qwen2_5_vl.py)."""
+        return dataclasses.replace(super().get_encoder_cudagraph_config(), modalities=[])
+
+    # -- the choice -------------------------------------------------------------------------------------------
+
+    def _image_processor(self) -> Any:
+        if self._arr_coc_image_processor is None:
+            from transformers import AutoImageProcessor
+
+            self._arr_coc_image_processor = AutoImageProcessor.from_pretrained(self.model_config.model)
+        return self._arr_coc_image_processor
+
+    def arr_coc_choose(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, questions: Any, counts: Any,
+                       shares: Any, tokens: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
+        """Kept cells per image: the pure choice at each image's budget, met exactly."""
+        merge = int(self.config.vision_config.spatial_merge_size)
+        thw = [tuple(int(v) for v in g) for g in grid_thw.tolist()]
+        grid_hw = [(h // merge, w // merge) for _, h, w in thw]
+        budgets = [round(float(s), 12) if float(s) > 0 else int(c)
+                   for s, c in zip(_per_item(shares), _per_item(counts))]
+        ids = [q.tolist() for q in _per_item(questions)]
+        pad = getattr(self.config.text_config, "pad_token_id", None) or 0
+        chosen = choose(PatchImages(pixel_values, thw, self._image_processor()), grid_hw, ids,
+                        self.get_language_model().embed_input_ids, layer=self.arr_coc_layer, method="arr_coc",
+                        budget=budgets, budget_mode="exact", seed=0, pad_token_id=pad,
+                        visual_tokens=None if tokens is None else list(tokens))
+        return chosen.kept
+
+    def encode_kept(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, kept: Sequence[torch.Tensor]
+                    ) -> list[torch.Tensor]:
+        """Per image [K_i, D'] rows of the tower on the kept cells only (the family's class)."""
+        raise NotImplementedError
+
+    def embed_multimodal(self, **kwargs: object) -> Any:
+        ours = {k: kwargs.pop(k, None) for k in FIELDS}
+        image = self._parse_and_validate_image_input(**kwargs)
+        if image is None:
+            return []
+        before = self.arr_coc.encode == "before"
+        t0 = time.perf_counter()
+        rows = None if before else self._process_image_input(image)      # after: the tower on every cell
+        pixel_values, grid_thw = image["pixel_values"], image["image_grid_thw"]
+        width = int(self.config.text_config.hidden_size)                   # the token, without Qwen3's deepstack
+        t1 = time.perf_counter()
+        kept = self.arr_coc_choose(pixel_values, grid_thw, ours[QUESTION_KEY], ours[COUNT_KEY], ours[SHARE_KEY],
+                                   None if rows is None else [r[:, :width] for r in rows])
+        t2 = time.perf_counter()
+        if TRACE:
+            _trace(pixel_values, grid_thw, ours, kept)
+        t3 = time.perf_counter()
+        feats = self.encode_kept(pixel_values, grid_thw, kept) if before else \
+            [r[k.to(r.device)] for r, k in zip(rows, kept)]
+        if TIMING:
+            _timing(len(kept), choose_s=t2 - t1, tower_s=(t1 - t0) + (time.perf_counter() - t3))
+        merge = int(self.config.vision_config.spatial_merge_size)
+        out = []
+        for f, k, (_, h, w) in zip(feats, kept, grid_thw.tolist()):
+            out.append(torch.cat([f, kept_positions(k, (h // merge, w // merge)).to(f.device, f.dtype)], dim=1))
+        return tuple(out)
+
+    # -- positions --------------------------------------------------------------------------------------------
+
+    def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> tuple[torch.Tensor, int]:
+        """The text's final positions and the pads' provisional ones (`settings.prompt_positions`): for images the
+        three families' own rules agree (qwen2_vl.py:1354-1391, qwen2_5_vl.py:1371-1408, qwen3_vl.py:2888-2961)."""
+        merge = int(self.config.vision_config.spatial_merge_size)
+        images = []
+        for f in mm_features:
+            _, h, w = (int(v) for v in f.data["image_grid_thw"].data.tolist())
+            images.append((f.mm_position.offset, f.mm_position.length, h // merge, w // merge))
+        return prompt_positions(len(input_tokens), images)
+
+    def recompute_mrope_positions(self, input_ids: Any, multimodal_embeddings: Sequence[torch.Tensor],
+                                  mrope_positions: torch.LongTensor, num_computed_tokens: int
+                                  ) -> tuple[Sequence[torch.Tensor], torch.Tensor, int]:
+        """The chunk's pads at their kept cells' positions (`settings.place_kept_positions`), the 4 position
+        channels stripped from the embeddings."""
+        device = multimodal_embeddings[0].device if len(multimodal_embeddings) else mrope_positions.device
+        ids = input_ids.to(device, torch.long) if isinstance(input_ids, torch.Tensor) else \
+            torch.as_tensor(input_ids, dtype=torch.long, device=device)
+        embeds = [mm[:, :-4] for mm in multimodal_embeddings]
+        kept = [mm[:, -4:].long() for mm in multimodal_embeddings]
+        new, delta = place_kept_positions(ids, kept, mrope_positions, num_computed_tokens,
+                                          int(self.config.image_token_id), int(self.config.vision_start_token_id))
+        return embeds, new, delta
+
+
+__all__ = ["ARRCOCInfo", "ARRCOCModel", "ARRCOCProcessor", "FIELDS", "SHARE_KEY", "packed_bounds",
+           "sequence_metadata"]
