@@ -3,8 +3,9 @@
 Each family's tiny random model (`arr_coc.qwen.tiny.save_tiny_qwen`) is served three ways: stock vLLM, the plugin
 after the tower and the plugin before it (one engine each, every budget in it), with the untrained layer, and
 compared with the Hugging Face path (`ARRCOC.from_pretrained(folder, arr_coc=None, adapter=False)`, the untrained
-layer built after `torch.manual_seed(0)`, as the plugin builds it) on generated items of several sizes. Skipped
-where vLLM's environment (.venv-vllm) is missing, as tests/test_vllm_plugin.py.
+layer built after `torch.manual_seed(0)`, as the plugin builds it) on generated items of several sizes. As in
+tests/test_vllm_plugin.py: skipped where vLLM's environment (.venv-vllm, which `make test` builds) is missing,
+except in CI (CI=true), where that fails them.
 """
 
 from __future__ import annotations
