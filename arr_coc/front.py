@@ -25,6 +25,7 @@ from typing import Any, Sequence, Union
 import torch
 
 from .budget import BudgetMode, BudgetSpec
+from .conversation import Conversation
 from .encode import EncodeConfig, EncodeMode, as_encode_config
 from .execution import Execution, read_fast_flag
 from .core.layer import ARRCOCLayer, LayerSpec, build_layer
@@ -163,7 +164,9 @@ class ARRCOC:
                  **gen_kwargs: Any) -> Answers:
         """Answer question(s) about image(s) with pruned visual tokens.
 
-        Single item: `generate(image_or_list_of_images, "question")` -> (answer, trace).
+        Single item: `generate(image_or_list_of_images, "question")` -> (answer, trace); the question may be a
+        conversation (`arr_coc.conversation.Conversation`, or its list of chat messages), whose last user turn
+        is the question the cells are chosen for.
         Batch: `generate([img_or_list, ...], ["q1", ...])` -> (answers, traces).
         Each image is pruned by its own budget (a share, a count or a string such as "10%", arr_coc.budget);
         budget_mode chooses how ARR-COC meets it ("exact", "mean", "adaptive"; None: the layer's default); encode
@@ -171,10 +174,12 @@ class ARRCOC:
         With num_return_sequences > 1, an item's answer is a list of strings. return_trace=False returns the
         answers only. `respond` is the same call with one result type.
         """
-        single = isinstance(questions, str)
+        if _is_messages(questions):
+            questions = Conversation.of(questions)
+        single = isinstance(questions, (str, Conversation))
         if single:
             questions, images = [questions], [images]
-        questions = list(questions)
+        questions = [Conversation.of(q) if _is_messages(q) else q for q in questions]
         if len(images) != len(questions):
             raise ValueError(f"got {len(images)} image entries for {len(questions)} questions; pass one per question")
         got = self.respond(images, questions, Pruning.of(method, budget, budget_mode, encode), max_new_tokens,
@@ -218,6 +223,12 @@ class ARRCOC:
                       budget_mode=budget_mode, visual_tokens=None if prompt.feats is None else list(prompt.feats),
                       seed=self.seed, pad_token_id=backend.pad_token_id, clips=list(prompt.clip) or None,
                       groups=list(prompt.group) or None, questions=texts)
+
+
+def _is_messages(value: Any) -> bool:
+    """A chat's list of messages (dicts with a role), as a client sends it."""
+    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(m, dict) and "role" in m
+                                                                      for m in value)
 
 
 __all__ = ["ARRCOC", "Answer", "Answers"]

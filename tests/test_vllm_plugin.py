@@ -19,9 +19,10 @@ import torch
 
 from arr_coc.budget import BudgetError
 from arr_coc.paths import LayerNotFound
-from arr_coc.serving.vllm.settings import (ServeError, ServeSettings, cell_rows, check_lora, kept_count,
-                                           kept_positions, place_kept_positions, prompt_positions, question_ids,
-                                           refuse_clips, request_budget)
+from arr_coc.serving.vllm.settings import (RequestRefused, ServeError, ServeSettings, cell_rows, check_lora,
+                                           check_picture, check_rows, kept_count, kept_positions,
+                                           place_kept_positions, prompt_positions, question_ids, refuse_clips,
+                                           request_budget, screen_request_kwargs, server_fingerprint)
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
@@ -100,6 +101,45 @@ def test_a_requests_budget_is_the_projects_budget_and_the_default_the_layers():
         with pytest.raises(BudgetError):
             request_budget({"arr_coc_budget": bad}, server)
     assert server.layer_mode_note() and "keeps exactly each request's budget" in server.layer_mode_note()
+    # The operator's default as vLLM users give defaults (--mm-processor-kwargs), under a request's own.
+    operator = {"arr_coc_budget": "5%"}
+    assert request_budget({}, server, operator) == 0.05
+    assert request_budget({"arr_coc_budget": 64}, server, operator) == 64
+    with pytest.raises(BudgetError, match="--mm-processor-kwargs arr_coc_budget"):
+        request_budget({}, server, {"arr_coc_budget": "lots"})
+
+
+@pytest.mark.parametrize("key", ["min_pixels", "max_pixels", "image_mean", "do_normalize", "patch_size", "merge_size",
+                                 "size", "do_resize", "temporal_patch_size"])
+def test_a_request_sets_its_budget_and_nothing_that_changes_the_picture(key):
+    line = None
+    with pytest.raises(RequestRefused) as err:
+        screen_request_kwargs({"arr_coc_budget": "5%", key: 1})
+    line = str(err.value)
+    assert "\n" not in line and f"'{key}'" in line and "sets 'arr_coc_budget' only" in line
+    # The plugin's internal keys are dropped (a client cannot set the question, the count or the server's key).
+    assert screen_request_kwargs({"arr_coc_budget": 64, "arr_coc_question": [1], "arr_coc_count": 9,
+                                  "arr_coc_server": "x"}) == {"arr_coc_budget": 64}
+
+
+def test_a_picture_too_large_for_every_token_is_refused_whatever_the_budget():
+    check_picture((1, 64, 64), 2, 2048, 0)                                  # 1,024 cells fit
+    with pytest.raises(RequestRefused, match="image 1 is 4,096 merged cells.*max-model-len 2,048"):
+        check_picture((1, 128, 128), 2, 2048, 1)
+
+
+def test_rows_are_checked_against_placeholders_naming_the_image():
+    check_rows([13, 26], [13, 26])
+    with pytest.raises(RuntimeError, match="image 1 of this encoder batch kept 13 rows for 12 placeholders"):
+        check_rows([5, 13], [5, 12])
+
+
+def test_the_servers_fingerprint_names_its_layer_mode_and_adapter():
+    after, before = ServeSettings.of(Cfg({"layer": LAYER})), ServeSettings.of(Cfg({"layer": LAYERS["before"],
+                                                                                    "encode": "before"}))
+    bare = ServeSettings.of(Cfg({"layer": LAYERS["before"], "encode": "before", "adapter": False}))
+    prints = {server_fingerprint(s) for s in (after, before, bare, ServeSettings())}
+    assert len(prints) == 4 and server_fingerprint(after) == server_fingerprint(ServeSettings.of(Cfg({"layer": LAYER})))
 
 
 def test_placeholders_are_the_budgets_count_of_merged_cells():
@@ -113,9 +153,16 @@ def test_placeholders_are_the_budgets_count_of_merged_cells():
 def test_the_question_is_read_as_the_hugging_face_path_reads_it():
     from arr_coc.qwen.prompt import PromptTokens
 
-    tokens = PromptTokens(image=6, video=7, vision_end=4, im_end=2, pad=0, special=frozenset({0, 1, 2, 3, 4}))
-    prompt = [1, 50, 3, 6, 4, 60, 61, 62, 2, 1, 70]                          # ... <vision_end> q q q <im_end> ...
+    tokens = PromptTokens(image=6, video=7, vision_end=4, im_end=2, pad=0, special=frozenset({0, 1, 2, 3, 4}),
+                          user_turn=(1, 80, 81))                           # <|im_start|> user \n
+    prompt = [1, 80, 81, 3, 6, 4, 60, 61, 62, 2, 1, 70]                   # ... <vision_end> q q q <im_end> ...
     assert question_ids(prompt, tokens) == [60, 61, 62]
+    # A follow-up turn is asked its own question, not the first turn's; an image in it: the text after it.
+    chat = prompt[:-2] + [1, 70, 81, 90, 91, 2, 1, 80, 81, 63, 64, 2, 1, 70, 81]
+    assert question_ids(chat, tokens) == [63, 64]
+    assert question_ids(chat[:-3] + [1, 80, 81, 65, 3, 6, 4, 66, 2], tokens) == [66]
+    # A raw prompt (no turns, no <|vision_start|> / <|vision_end|>): its text.
+    assert question_ids([6, 6, 60, 61], tokens) == [60, 61]
 
 
 def test_the_kept_cells_patch_rows():
@@ -146,7 +193,7 @@ def test_kept_positions_are_placed_the_same_whatever_the_prefill_chunks(chunk):
     kept = [kept_positions(torch.tensor([1, 6, 11]), (3, 4)), kept_positions(torch.tensor([3]), (2, 2))]
     spans = [(3, 3), (9, 1)]                                                  # (offset, pads) per image
     positions, delta = prompt_positions(len(ids), [(3, 3, 3, 4), (9, 1, 2, 2)])
-    whole, whole_delta = place_kept_positions(ids, kept, positions, 0, image, start)
+    whole, whole_delta = place_kept_positions(ids, kept, positions, 0, image)
     assert whole[:, 3:6].tolist() == [[3, 3, 3], [3, 4, 5], [4, 5, 6]]        # base 3 + (0, h, w)
     assert whole[:, 6:9].tolist() == [[7, 8, 9]] * 3 and whole[:, 9].tolist() == [10, 11, 11]
     assert whole_delta == delta == int(whole.max()) + 1 - len(ids)
@@ -154,8 +201,19 @@ def test_kept_positions_are_placed_the_same_whatever_the_prefill_chunks(chunk):
     for done in range(0, len(ids), chunk):
         end = min(done + chunk, len(ids))
         pieces = [k[max(done - o, 0): max(min(end - o, n), 0)] for k, (o, n) in zip(kept, spans)]
-        got, _ = place_kept_positions(ids, [p for p in pieces if len(p)], got, done, image, start)
+        got, _ = place_kept_positions(ids, [p for p in pieces if len(p)], got, done, image)
     assert torch.equal(got, whole)
+
+
+def test_a_raw_prompt_without_vision_start_gets_its_pads_placed():
+    """`<|image_pad|>` with no <|vision_start|> before it (a raw prompt; this raised IndexError in the worker and
+    killed the engine): the pads take their image's first position, the text after keeps the unpruned one."""
+    image = 6
+    ids = torch.tensor([image, image, 8, 9])                              # two of a 2x2 image's pads, then text
+    positions, delta = prompt_positions(len(ids), [(0, 2, 2, 2)])
+    placed, placed_delta = place_kept_positions(ids, [kept_positions(torch.tensor([1, 2]), (2, 2))], positions, 0,
+                                                image)
+    assert placed.tolist() == [[0, 0, 2, 3], [0, 1, 2, 3], [1, 0, 2, 3]] and placed_delta == delta
 
 
 # -- served by vLLM ----------------------------------------------------------------------------------------------

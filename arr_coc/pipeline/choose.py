@@ -226,8 +226,29 @@ def context(req: RequestContext, prompt: Prompt, visual_tokens: list[torch.Tenso
         clips=list(prompt.clip), groups=list(prompt.group), questions=texts)
 
 
+def independent_units(ctx: SelectionContext) -> list[list[int]]:
+    """The units whose choices depend on each other, in prompt order: a clip's temporal groups share its budget;
+    every image stands alone (its count, texture, scores and ranking read nothing of another image's)."""
+    groups: list[list[int]] = []
+    clip_at: dict[tuple[int, int], int] = {}
+    for i in range(len(ctx)):
+        clip = ctx.clips[i] if ctx.clips else -1
+        if clip < 0:
+            groups.append([i])
+            continue
+        key = (ctx.item_of_image[i], clip)
+        if key not in clip_at:
+            clip_at[key] = len(groups)
+            groups.append([])
+        groups[clip_at[key]].append(i)
+    return groups
+
+
 def run_selector(fn: Selector, ctx: SelectionContext, name: str, strict: bool = False) -> Choice:
-    """Run the selector on the batch; if it raises, per item; an item that still fails keeps all.
+    """Run the selector on each independent part of the batch (`independent_units`: an image, a clip) alone, so
+    a unit keeps the same cells whatever shares its batch (the same arithmetic on the same shapes: no padding to
+    another picture's canvas or another question's length, no kernel chosen by the batch size); a part that
+    fails keeps all.
 
     A `BudgetError` (the caller asked for something impossible) and a `MissingCapability` (the selector needs a
     service this backend lacks) always propagate, and so does every error with strict=True (the evaluation: a
@@ -237,25 +258,21 @@ def run_selector(fn: Selector, ctx: SelectionContext, name: str, strict: bool = 
     fallback: list[str | None] = [None] * N
     errors: list[str | None] = [None] * N
     replaced: list[torch.Tensor | None] = [None] * N
-    try:
-        sel = as_selection(fn(ctx), N)
-        groups = [(list(range(N)), sel)]
-    except (BudgetError, MissingCapability):
-        raise
-    except Exception as exc:  # noqa: BLE001 - isolate the failure to the items that cause it
-        if strict:
-            raise SelectorFailed(name, exc) from exc
-        logger.warning("selector %r failed on the batch (%s); retrying item by item", name, exc)
-        groups = []
-        for b in sorted(set(ctx.item_of_image)):
-            which = [i for i, r in enumerate(ctx.item_of_image) if r == b]
-            try:
-                groups.append((which, as_selection(fn(ctx.subset(which)), len(which))))
-            except Exception as item_exc:  # noqa: BLE001
-                logger.warning("selector %r failed for item %d (%s); it keeps all tokens", name, b, item_exc)
-                for i in which:
-                    fallback[i] = "keep_all"
-                    errors[i] = f"{type(item_exc).__name__}: {item_exc}"
+    parts = independent_units(ctx)
+    groups = []
+    for which in parts:
+        try:
+            part = ctx if len(parts) == 1 else ctx.subset(which)
+            groups.append((which, as_selection(fn(part), len(which))))
+        except (BudgetError, MissingCapability):
+            raise
+        except Exception as exc:  # noqa: BLE001 - isolate the failure to the units that cause it
+            if strict:
+                raise SelectorFailed(name, exc) from exc
+            logger.warning("selector %r failed for units %s (%s); they keep all tokens", name, which, exc)
+            for i in which:
+                fallback[i] = "keep_all"
+                errors[i] = f"{type(exc).__name__}: {exc}"
     outs = []
     for which, sel in groups:
         for j, i in enumerate(which):
@@ -276,5 +293,5 @@ def run_selector(fn: Selector, ctx: SelectionContext, name: str, strict: bool = 
 
 
 __all__ = ["Choice", "PerImageOutputs", "SelectorFailed", "as_selection", "context", "every_token_units",
-           "keep_every_token", "padded_questions", "question_embeddings", "replacement", "run_selector", "slice_output",
+           "independent_units", "keep_every_token", "padded_questions", "question_embeddings", "replacement", "run_selector", "slice_output",
            "unit_counts", "validate_kept"]

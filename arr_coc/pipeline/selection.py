@@ -118,10 +118,13 @@ class SelectionContext:
     def subset(self, which: Sequence[int]) -> SelectionContext:
         pick = lambda xs: [xs[i] for i in which]  # noqa: E731
         rows = torch.tensor(list(which), dtype=torch.long, device=self.query.device)
+        # The questions padded to the subset's longest, as a context built for these units alone pads them.
+        longest = max(pick(self.query_lengths)) if self.query_lengths else self.query.shape[1]
         return dataclasses.replace(
             self, pixels=self.pixels.subset(which), grid_hw=pick(self.grid_hw),
             visual_tokens=pick(self.visual_tokens) if self.visual_tokens is not None else None,
-            query=self.query.index_select(0, rows), query_mask=self.query_mask.index_select(0, rows),
+            query=self.query.index_select(0, rows)[:, :longest],
+            query_mask=self.query_mask.index_select(0, rows)[:, :longest],
             query_lengths=pick(self.query_lengths), budgets=pick(self.budgets), counts=pick(self.counts),
             item_of_image=pick(self.item_of_image), image_ids=pick(self.image_ids),
             clips=pick(self.clips) if self.clips else [], groups=pick(self.groups) if self.groups else [],

@@ -38,7 +38,7 @@ from .encoding import cells_to_encode, encode_every_cell, encode_packed, encoder
 from .families import Family, family_of
 from .pixels import PatchImages
 from .processing import IM_END, VISION_END, QwenProcessor, encode_prompts, video_sampling
-from .prompt import PromptTokens, question_tokens, read_prompt
+from .prompt import PromptTokens, question_tokens, read_prompt, user_header
 from .rewrite import PrunedInputs, model_tensors, rewrite
 from .tower_memory import TowerMemory, attending, remembering
 
@@ -83,7 +83,8 @@ class QwenBackend:
         self.tokens = PromptTokens(image=int(cfg.image_token_id), video=int(cfg.video_token_id),
                                    vision_end=tok.convert_tokens_to_ids(VISION_END),
                                    im_end=tok.convert_tokens_to_ids(IM_END), pad=self.pad_token_id,
-                                   special=frozenset(getattr(tok, "all_special_ids", []) or []))
+                                   special=frozenset(getattr(tok, "all_special_ids", []) or []),
+                                   user_turn=user_header(tok))
         self.merge = int(cfg.vision_config.spatial_merge_size)
         self._encoder_output_cls: type | None = None
         self.compiled: CompiledQwen | None = None   # the fast path's compiled stages (`use`); None: eager

@@ -101,8 +101,12 @@ def render_prompt(processor: Any, visuals: int | Sequence[Any], question: str) -
 
     A template with no video branch (a folder saved before videos) renders a video as nothing, so a prompt
     with a video falls back to `QWEN_CHAT_TEMPLATE`, Qwen's own layout, for that template."""
-    messages = build_messages(visuals, question)
-    has_video = any(c["type"] == "video" for c in messages[0]["content"])
+    return render_messages(processor, build_messages(visuals, question))
+
+
+def render_messages(processor: Any, messages: list[dict[str, Any]]) -> str:
+    """`render_prompt` for a whole chat (`arr_coc.conversation.Conversation.messages`)."""
+    has_video = any(c["type"] == "video" for m in messages if isinstance(m["content"], list) for c in m["content"])
 
     def usable(template: Any) -> bool:
         return bool(template) and not (has_video and isinstance(template, str) and "video" not in template)
@@ -155,8 +159,19 @@ def encode_prompts(processor: Any, images: Sequence[Sequence[Any]], questions: S
     between two special tokens, where tokenizers split the text anyway (tests/test_fuzz.py checks this on
     every family and the embedded model).
     """
+    from ..conversation import Conversation
+
     tok = getattr(processor, "tokenizer", processor)
-    texts = [render_prompt(processor, list(ims), "") for ims in images]
+    texts = []
+    for ims, question in zip(images, questions):
+        if not isinstance(question, Conversation):
+            texts.append(render_prompt(processor, list(ims), ""))
+            continue
+        kinds = ["video" if isinstance(v, Clip) else "image" for v in ims]
+        if kinds != question.visuals:
+            raise ValueError(f"the conversation shows {question.visuals} but got visuals {kinds}: pass its images "
+                             "and clips in the order they appear")
+        texts.append(render_messages(processor, list(question.messages)))
     flat = [im for ims in images for im in ims if not isinstance(im, Clip)]
     clips = [v for ims in images for v in ims if isinstance(v, Clip)]
     kw: dict[str, Any] = {"text": texts, "padding": True, "padding_side": "left", "return_tensors": "pt"}
@@ -173,6 +188,9 @@ def encode_prompts(processor: Any, images: Sequence[Sequence[Any]], questions: S
     rows_of = [k for k, v in tensors.items() if v.dim() >= 2 and tuple(v.shape[:2]) == tuple(ids.shape)]
     rows: list[dict[str, torch.Tensor]] = []
     for b, question in enumerate(questions):
+        if isinstance(question, Conversation):      # rendered and tokenized whole, as a chat server does
+            rows.append({k: tensors[k][b][mask[b].bool()] for k in rows_of})
+            continue
         q = torch.tensor(tok(question, add_special_tokens=False, split_special_tokens=True)["input_ids"],
                          dtype=ids.dtype)
         keep = mask[b].bool()

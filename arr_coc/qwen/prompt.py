@@ -38,7 +38,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PromptTokens:
-    """The special token ids the pruning path reads a Qwen-VL prompt by."""
+    """The special token ids the pruning path reads a Qwen-VL prompt by.
+
+    user_turn: the ids that open a user turn, `<|im_start|>user\\n` as the tokenizer writes them (`user_header`);
+    empty: the prompt is read as one turn (the question rule below, before conversations)."""
 
     image: int          # <|image_pad|>
     video: int          # <|video_pad|>
@@ -46,28 +49,43 @@ class PromptTokens:
     im_end: int         # <|im_end|>
     pad: int            # what left-pads a row
     special: frozenset[int]
+    user_turn: tuple[int, ...] = ()
 
     def question(self, ids: Sequence[int]) -> list[int]:
-        """Question token ids of one unpadded row: text after the last <|vision_end|> up to <|im_end|>.
+        """Question token ids of one unpadded row: what the user asks now.
 
-        Qwen's template puts the images first in the user turn, so this is the question. When
-        nothing is there (question-first prompts), every non-special text token is used.
+        The turn read is the prompt's last user turn (from the last `user_turn` header up to its <|im_end|>; a
+        prompt without one, e.g. a raw prompt, is read whole). In it, the question is the text after the last
+        <|vision_end|> up to <|im_end|> (Qwen's template puts a turn's images first); where nothing is there (the
+        turn has no image, or asks before it), every non-special text token of the turn, its header left out.
+        So a follow-up turn of a chat is asked its own question, and a one-turn prompt reads as it always did.
         """
         ids = list(ids)
-        ends = [i for i, t in enumerate(ids) if t == self.vision_end]
+        turn = ids
+        n = len(self.user_turn)
+        if n:
+            heads = [i for i in range(len(ids) - n + 1) if tuple(ids[i:i + n]) == self.user_turn]
+            if heads:
+                turn = ids[heads[-1] + n:]
+                if self.im_end in turn:
+                    turn = turn[: turn.index(self.im_end) + 1]
+        ends = [i for i, t in enumerate(turn) if t == self.vision_end]
         seg: list[int] = []
         if ends:
-            for t in ids[ends[-1] + 1:]:
+            for t in turn[ends[-1] + 1:]:
                 if t == self.im_end:
                     break
                 seg.append(t)
         skip = self.special | {self.image, self.video, self.vision_end, self.im_end}
         seg = [t for t in seg if t not in skip]
         if not seg:
-            seg = [t for t in ids if t not in skip] or ids[-1:]
+            seg = [t for t in turn if t not in skip] or ids[-1:]
         return seg
 
 
+def user_header(tokenizer: Any) -> tuple[int, ...]:
+    """The ids that open a user turn in Qwen's chat template (`<|im_start|>user\\n`), as `tokenizer` writes them."""
+    return tuple(tokenizer("<|im_start|>user\n", add_special_tokens=False)["input_ids"])
 
 
 @dataclass(frozen=True)
@@ -256,5 +274,5 @@ def question_tokens(tokens: PromptTokens, prompt: Prompt) -> list[list[int]]:
     return [tokens.question(ids[b][mask[b]].tolist()) for b in range(prompt.rows)]
 
 
-__all__ = ["PromptTokens", "QwenPrompt", "Units", "pad_runs", "question_tokens", "read_prompt", "unit_pixels",
+__all__ = ["PromptTokens", "QwenPrompt", "user_header", "Units", "pad_runs", "question_tokens", "read_prompt", "unit_pixels",
            "visual_units"]

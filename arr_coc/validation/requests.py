@@ -20,7 +20,13 @@ from .limits import LIMITS, InputLimits
 def check_question(question: Any, limits: InputLimits = LIMITS) -> tuple[str, list[str]]:
     """A question -> (the text to ask, notes). Control characters (NUL, ...) are removed, with a note;
     blank or over-long questions are refused, and so is anything that is not text (a list or a dict an API
-    client sent used to be turned into its repr and answered)."""
+    client sent used to be turned into its repr and answered). A `Conversation` (several turns) is asked as it is:
+    its last user turn is checked as a question."""
+    from ..conversation import Conversation
+
+    if isinstance(question, Conversation):
+        check_question(question.question, limits)
+        return question, []
     if question is not None and not isinstance(question, str):
         raise InputError(f"The question must be text, not a {type(question).__name__}: send one question as a "
                          "string, e.g. \"What color is the circle?\"", "question_not_text")

@@ -18,6 +18,7 @@ Three mixins, each put in front of a family's vLLM class by `qwen.py` (Qwen2-VL)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -36,14 +37,13 @@ from vllm.multimodal.processing import PromptReplacement
 from ...pipeline.pure import choose
 from ...qwen.pixels import PatchImages
 from ...qwen.processing import IM_END, VISION_END
-from ...qwen.prompt import PromptTokens
-from .settings import (BUDGET_KEY, COUNT_KEY, QUESTION_KEY, ServeError, ServeSettings, check_family, check_lora,
-                       kept_count, kept_positions, place_kept_positions, prompt_positions, question_ids,
-                       refuse_clips, request_budget)
+from ...qwen.prompt import PromptTokens, user_header
+from .settings import (BUDGET_KEY, COUNT_KEY, PIXELS_KEY, PLUGIN_KEYS, QUESTION_KEY, SERVER_KEY, ServeError,
+                       ServeSettings, check_family, check_lora, check_picture, check_rows, kept_count, kept_positions,
+                       place_kept_positions, prompt_positions, question_ids, refuse_clips, request_budget,
+                       screen_request_kwargs, server_fingerprint)
 
-SHARE_KEY = "arr_coc_share"          # per image: the budget as a share, or -1 where it is a count
-FIELDS = (QUESTION_KEY, COUNT_KEY, SHARE_KEY)
-PLUGIN_KWARGS = (BUDGET_KEY, QUESTION_KEY)
+FIELDS = (QUESTION_KEY, COUNT_KEY)   # per image, batched, on the host
 log = logging.getLogger("arr_coc.serving.vllm")
 TRACE = os.environ.get("ARR_COC_VLLM_TRACE")    # a file: each image's kept cells appended there (tests)
 TIMING = os.environ.get("ARR_COC_VLLM_TIMING")  # a file: each encoder call's choice and tower seconds (benchmarks)
@@ -65,7 +65,28 @@ class ARRCOCInfo:
     def arr_coc_settings(self) -> ServeSettings:
         if not hasattr(self, "_arr_coc_settings"):
             self._arr_coc_settings = ServeSettings.of(self.get_hf_config())
+            self._arr_coc_server_kwargs = self._take_server_budget()
+            self._arr_coc_fingerprint = server_fingerprint(self._arr_coc_settings)
         return self._arr_coc_settings
+
+    def _take_server_budget(self) -> dict[str, Any]:
+        """The operator's default budget from `--mm-processor-kwargs` (vLLM merges those into transformers'
+        call after the plugin reads a request, context.py:376-400): taken out of the server's kwargs, so that it is
+        the plugin's default and never reaches transformers' processor."""
+        mm = self.ctx.model_config.get_multimodal_config()
+        server = getattr(mm, "mm_processor_kwargs", None)
+        if isinstance(server, dict) and BUDGET_KEY in server:
+            return {BUDGET_KEY: server.pop(BUDGET_KEY)}
+        return {}
+
+    def arr_coc_request(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """A request's processor kwargs as the plugin serves them (`screen_request_kwargs`), with its budget (the
+        request's, else the server's), its question's ids and the server's fingerprint, all hashed by vLLM."""
+        settings = self.arr_coc_settings()
+        ours = screen_request_kwargs(kwargs)
+        ours[BUDGET_KEY] = request_budget(ours, settings, self._arr_coc_server_kwargs)
+        ours[SERVER_KEY] = self._arr_coc_fingerprint
+        return ours
 
     def arr_coc_tokens(self) -> PromptTokens:
         if not hasattr(self, "_arr_coc_tokens"):
@@ -73,19 +94,43 @@ class ARRCOCInfo:
             vocab = tok.get_vocab()
             self._arr_coc_tokens = PromptTokens(
                 image=int(cfg.image_token_id), video=int(cfg.video_token_id), vision_end=vocab[VISION_END],
-                im_end=vocab[IM_END], pad=0, special=frozenset(getattr(tok, "all_special_ids", []) or []))
+                im_end=vocab[IM_END], pad=0, special=frozenset(getattr(tok, "all_special_ids", []) or []),
+                user_turn=user_header(tok))
         return self._arr_coc_tokens
 
     def get_hf_processor(self, **kwargs: object) -> Any:
         """vLLM's processor with transformers' PIL image processor, the Hugging Face path's (the project runs
         without torchvision): the torchvision one's `pixel_values` differ from it by a float rounding (2e-7), which
         can move a cell's score across another's. Same settings (`to_dict`), swapped once per cached processor."""
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
         processor = super().get_hf_processor(**kwargs)
-        if not isinstance(processor.image_processor, Qwen2VLImageProcessorPil):
-            processor.image_processor = Qwen2VLImageProcessorPil.from_dict(processor.image_processor.to_dict())
+        exact = self.ctx.model_config.dtype != torch.float32
+        if not isinstance(processor.image_processor, _pil_processor(exact)):
+            processor.image_processor = _pil_processor(exact).from_dict(processor.image_processor.to_dict())
         return processor
+
+
+def _pil_processor(exact: bool) -> type:
+    """transformers' PIL image processor; exact=True (a server below float32): it also hands on its float32
+    patches as their bits (int32: vLLM casts every floating output to the model's dtype, context.py:345-374), so
+    that the choice reads the pictures the Hugging Face path reads, whatever dtype the tower runs in."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    if not exact:
+        return Qwen2VLImageProcessorPil
+    global _ExactPixels
+    if _ExactPixels is None:
+        class ExactPixels(Qwen2VLImageProcessorPil):
+            def __call__(self, *args: Any, **kwargs: Any) -> Any:
+                out = super().__call__(*args, **kwargs)
+                if "pixel_values" in out:
+                    out[PIXELS_KEY] = torch.as_tensor(out["pixel_values"]).to(torch.float32).view(torch.int32)
+                return out
+
+        _ExactPixels = ExactPixels
+    return _ExactPixels
+
+
+_ExactPixels: type | None = None
 
 
 class ARRCOCProcessor:
@@ -94,8 +139,7 @@ class ARRCOCProcessor:
     def apply(self, inputs: Any, timing_ctx: Any) -> Any:
         """The request's budget and question join the processor kwargs: vLLM hashes them with the image
         (processing/inputs.py:70-74), and they reach the HF call even on a cache miss without the prompt."""
-        kwargs = dict(inputs.hf_processor_mm_kwargs)
-        kwargs[BUDGET_KEY] = request_budget(kwargs, self.info.arr_coc_settings())
+        kwargs = self.info.arr_coc_request(inputs.hf_processor_mm_kwargs)
         kwargs[QUESTION_KEY] = question_ids(inputs.prompt, self.info.arr_coc_tokens())
         return super().apply(dataclasses.replace(inputs, hf_processor_mm_kwargs=kwargs), timing_ctx)
 
@@ -103,22 +147,28 @@ class ARRCOCProcessor:
         """transformers' processor without the plugin's kwargs, then the plugin's per-image fields beside
         `image_grid_thw`. Here, not in `_call_hf_processor` (processor.py:1287-1297): Qwen3-VL's override of this
         method (qwen3_vl.py:1420-1644) calls transformers' processor itself (line 1615)."""
-        ours = {k: hf_kwargs[k] for k in PLUGIN_KWARGS if k in hf_kwargs}
+        ours = {k: hf_kwargs[k] for k in PLUGIN_KEYS if k in hf_kwargs}
         out = super()._apply_hf_processor_main(mm_items, {k: v for k, v in hf_kwargs.items() if k not in ours})
         grid = out.get("image_grid_thw")
         if grid is None or QUESTION_KEY not in ours:
             return out
         merge = int(self.info.get_hf_config().vision_config.spatial_merge_size)
+        longest = int(self.info.ctx.model_config.max_model_len)
+        for i, g in enumerate(grid.tolist()):
+            check_picture(g, merge, longest, i)
         budget, n = ours[BUDGET_KEY], len(grid)
         out[QUESTION_KEY] = torch.tensor([list(ours[QUESTION_KEY])] * n, dtype=torch.long).reshape(n, -1)
+        # The one count: the placeholders written here and the rows the model keeps (`check_rows`).
         out[COUNT_KEY] = torch.tensor([kept_count(budget, g, merge) for g in grid.tolist()], dtype=torch.long)
-        out[SHARE_KEY] = torch.full((n,), float(budget) if isinstance(budget, float) else -1.0, dtype=torch.float64)
         return out
 
     def _get_mm_fields_config(self, hf_inputs: Any, hf_processor_mm_kwargs: Mapping[str, object]
                               ) -> Mapping[str, MultiModalFieldConfig]:
         fields = dict(super()._get_mm_fields_config(hf_inputs, hf_processor_mm_kwargs))
         fields.update({k: MultiModalFieldConfig.batched("image", keep_on_cpu=True) for k in FIELDS})
+        if PIXELS_KEY in hf_inputs:          # as pixel_values: each image's patch rows
+            grid = hf_inputs.get("image_grid_thw", torch.empty((0, 3)))
+            fields[PIXELS_KEY] = MultiModalFieldConfig.flat_from_sizes("image", grid.prod(-1))
         return fields
 
     def _get_prompt_updates(self, mm_items: Any, hf_processor_mm_kwargs: Mapping[str, Any],
@@ -139,10 +189,9 @@ def _trace(pixel_values: torch.Tensor, grid_thw: torch.Tensor, fields: Mapping[s
     rows = grid_thw.prod(-1).tolist()
     pieces = pixel_values.split([int(r) for r in rows])
     with open(TRACE, "a") as f:
-        for px, q, c, s, k in zip(pieces, _per_item(fields[QUESTION_KEY]), _per_item(fields[COUNT_KEY]),
-                                  _per_item(fields[SHARE_KEY]), kept):
+        for px, q, c, k in zip(pieces, _per_item(fields[QUESTION_KEY]), _per_item(fields[COUNT_KEY]), kept):
             f.write(json.dumps({"fingerprint": round(float(px.double().sum()), 3), "question": q.tolist(),
-                                "count": int(c), "share": float(s), "kept": k.tolist()}) + "\n")
+                                "count": int(c), "kept": k.tolist()}) + "\n")
 
 
 def _timing(images: int, choose_s: float, tower_s: float) -> None:
@@ -150,6 +199,24 @@ def _timing(images: int, choose_s: float, tower_s: float) -> None:
     inside the choice (`arr_coc_choose`) and in the tower (every cell after, the kept cells before)."""
     with open(TIMING, "a") as f:
         f.write(json.dumps({"images": images, "choose_s": choose_s, "tower_s": tower_s}) + "\n")
+
+
+def _float32_bits(bits: Any, device: torch.device) -> torch.Tensor:
+    """The processor's float32 patches from their int32 bits (`_pil_processor(exact=True)`), [P, C * T * p * p]."""
+    bits = torch.cat(list(bits)) if isinstance(bits, (list, tuple)) else bits
+    return bits.to(device).view(torch.float32)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Any:
+    """Build under `dtype` (vLLM builds a model under its serving dtype: the layer's parameters would be created,
+    and its float32 weights loaded, in bf16)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def _per_item(value: Any) -> list[torch.Tensor]:
@@ -216,7 +283,7 @@ class ARRCOCModel:
         path. The untrained layer is the one built after `torch.manual_seed(0)` (every worker the same one)."""
         from ...core.layer import build_layer
 
-        with torch.inference_mode(False), torch.random.fork_rng(devices=[]):
+        with torch.inference_mode(False), torch.random.fork_rng(devices=[]), _default_dtype(torch.float32):
             torch.manual_seed(0)
             layer = build_layer(self.arr_coc.layer, int(self.config.text_config.hidden_size))
         return layer.to(torch.float32).eval()
@@ -240,19 +307,23 @@ class ARRCOCModel:
         return self._arr_coc_image_processor
 
     def arr_coc_choose(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, questions: Any, counts: Any,
-                       shares: Any, tokens: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
-        """Kept cells per image: the pure choice at each image's budget, met exactly."""
+                       tokens: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
+        """Kept cells per image: the pure choice at the count the processor wrote placeholders for (one value, no
+        second rounding), each image alone (`run_selector`), checked against that count (`check_rows`)."""
         merge = int(self.config.vision_config.spatial_merge_size)
         thw = [tuple(int(v) for v in g) for g in grid_thw.tolist()]
         grid_hw = [(h // merge, w // merge) for _, h, w in thw]
-        budgets = [round(float(s), 12) if float(s) > 0 else int(c)
-                   for s, c in zip(_per_item(shares), _per_item(counts))]
+        budgets = [int(c) for c in _per_item(counts)]
         ids = [q.tolist() for q in _per_item(questions)]
         pad = getattr(self.config.text_config, "pad_token_id", None) or 0
         chosen = choose(PatchImages(pixel_values, thw, self._image_processor()), grid_hw, ids,
                         self.get_language_model().embed_input_ids, layer=self.arr_coc_layer, method="arr_coc",
-                        budget=budgets, budget_mode="exact", seed=0, pad_token_id=pad,
+                        budget=budgets, budget_mode="exact", seed=0, pad_token_id=pad, strict=True,
                         visual_tokens=None if tokens is None else list(tokens))
+        check_rows([k.numel() for k in chosen.kept], budgets)
+        if log.isEnabledFor(logging.DEBUG):
+            for i, (k, (h, w)) in enumerate(zip(chosen.kept, grid_hw)):
+                log.debug("ARR-COC: image %d kept %d of %d cells", i, k.numel(), h * w)
         return chosen.kept
 
     def encode_kept(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, kept: Sequence[torch.Tensor]
@@ -262,6 +333,7 @@ class ARRCOCModel:
 
     def embed_multimodal(self, **kwargs: object) -> Any:
         ours = {k: kwargs.pop(k, None) for k in FIELDS}
+        exact_bits = kwargs.pop(PIXELS_KEY, None)
         image = self._parse_and_validate_image_input(**kwargs)
         if image is None:
             return []
@@ -269,13 +341,14 @@ class ARRCOCModel:
         t0 = time.perf_counter()
         rows = None if before else self._process_image_input(image)      # after: the tower on every cell
         pixel_values, grid_thw = image["pixel_values"], image["image_grid_thw"]
+        exact = pixel_values if exact_bits is None else _float32_bits(exact_bits, pixel_values.device)
         width = int(self.config.text_config.hidden_size)                   # the token, without Qwen3's deepstack
         t1 = time.perf_counter()
-        kept = self.arr_coc_choose(pixel_values, grid_thw, ours[QUESTION_KEY], ours[COUNT_KEY], ours[SHARE_KEY],
+        kept = self.arr_coc_choose(exact, grid_thw, ours[QUESTION_KEY], ours[COUNT_KEY],
                                    None if rows is None else [r[:, :width] for r in rows])
         t2 = time.perf_counter()
         if TRACE:
-            _trace(pixel_values, grid_thw, ours, kept)
+            _trace(exact, grid_thw, ours, kept)
         t3 = time.perf_counter()
         feats = self.encode_kept(pixel_values, grid_thw, kept) if before else \
             [r[k.to(r.device)] for r, k in zip(rows, kept)]
@@ -310,9 +383,9 @@ class ARRCOCModel:
         embeds = [mm[:, :-4] for mm in multimodal_embeddings]
         kept = [mm[:, -4:].long() for mm in multimodal_embeddings]
         new, delta = place_kept_positions(ids, kept, mrope_positions, num_computed_tokens,
-                                          int(self.config.image_token_id), int(self.config.vision_start_token_id))
+                                          int(self.config.image_token_id))
         return embeds, new, delta
 
 
-__all__ = ["ARRCOCInfo", "ARRCOCModel", "ARRCOCProcessor", "FIELDS", "SHARE_KEY", "packed_bounds",
+__all__ = ["ARRCOCInfo", "ARRCOCModel", "ARRCOCProcessor", "FIELDS", "packed_bounds",
            "sequence_metadata"]

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -40,7 +41,10 @@ ARCHITECTURES: dict[str, str] = {
 BUDGET_KEY = "arr_coc_budget"        # per request, in mm_processor_kwargs
 QUESTION_KEY = "arr_coc_question"    # set by the plugin's processor: the question's token ids (part of the hash)
 COUNT_KEY = "arr_coc_count"          # per image: the kept count the processor wrote placeholders for
-PLUGIN_KEYS = (BUDGET_KEY, QUESTION_KEY)
+SERVER_KEY = "arr_coc_server"        # set by the plugin's processor: the server's layer, encode mode and adapter
+PIXELS_KEY = "arr_coc_pixels"        # per image, below float32 serving: the processor's float32 patches (bits)
+PLUGIN_KEYS = (BUDGET_KEY, QUESTION_KEY, SERVER_KEY)
+INTERNAL_KEYS = (QUESTION_KEY, COUNT_KEY, SERVER_KEY, PIXELS_KEY)   # a request's own are dropped, never read
 SETTINGS = ("layer", "encode", "budget", "method", "adapter")
 ENCODES = ("after", "before")         # the choice after the tower (on its tokens) or before it (then only the
                                       # chosen cells are encoded); "before"'s gist, margin and windows: not served
@@ -48,6 +52,10 @@ ENCODES = ("after", "before")         # the choice after the tower (on its token
 
 class ServeError(ValueError):
     """A server setting the plugin cannot serve; the message is one line that says what to write instead."""
+
+
+class RequestRefused(ValueError):
+    """A request the plugin will not serve (vLLM answers it 400 with this one line, and serves on)."""
 
 
 @dataclass(frozen=True)
@@ -176,12 +184,73 @@ def check_family(model_type: str | None, served: str) -> None:
                      f"{served!r}), and this one is {model_type!r}: {fix}")
 
 
-def request_budget(kwargs: Mapping[str, Any], settings: ServeSettings) -> Budget:
-    """A request's budget (`mm_processor_kwargs["arr_coc_budget"]`), else the server's default; BudgetError (one
-    line) for a bad one."""
-    if kwargs.get(BUDGET_KEY) is None:
-        return settings.default_budget()
-    return parse_budget(kwargs[BUDGET_KEY], BUDGET_KEY, wire=True)
+def request_budget(kwargs: Mapping[str, Any], settings: ServeSettings,
+                   server_kwargs: Mapping[str, Any] | None = None) -> Budget:
+    """A request's budget (`mm_processor_kwargs["arr_coc_budget"]`), else the server's default: the operator's
+    `--mm-processor-kwargs '{"arr_coc_budget": ...}'` (`server_kwargs`, as vLLM users give defaults), else
+    `--hf-overrides` "budget", else the layer's. BudgetError (one line) for a bad one."""
+    if kwargs.get(BUDGET_KEY) is not None:
+        return parse_budget(kwargs[BUDGET_KEY], BUDGET_KEY, wire=True)
+    if (server_kwargs or {}).get(BUDGET_KEY) is not None:
+        return parse_budget(server_kwargs[BUDGET_KEY], f"--mm-processor-kwargs {BUDGET_KEY}", wire=True)
+    return settings.default_budget()
+
+
+def screen_request_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A request's own `mm_processor_kwargs` as the plugin serves them: the budget, nothing else.
+
+    Every other key would change what is encoded, how large the picture becomes or how it is normalised
+    (`min_pixels`, `max_pixels`, `size`, `image_mean`, `do_normalize`, `patch_size`, `merge_size`, ...): those are
+    the server's (its checkpoint and `--mm-processor-kwargs`), so a request naming one is refused in one line
+    (RequestRefused: HTTP 400). The plugin's internal keys are dropped: a client cannot set them."""
+    foreign = sorted(str(k) for k in kwargs if k != BUDGET_KEY and k not in INTERNAL_KEYS)
+    if foreign:
+        raise RequestRefused(f"mm_processor_kwargs {foreign} refused: on this ARR-COC server a request sets "
+                             f"'{BUDGET_KEY}' only; the picture's size and normalisation are the server's "
+                             "(--mm-processor-kwargs)")
+    return {k: v for k, v in kwargs.items() if k == BUDGET_KEY}
+
+
+def check_picture(grid_thw: Sequence[int], merge: int, max_model_len: int, index: int) -> None:
+    """Refuse an image whose every-token prompt could not fit this server (more merged cells than max-model-len):
+    stock vLLM refuses it, and the choice would run over all of its cells, so no budget lets it in."""
+    t, h, w = (int(v) for v in grid_thw)
+    cells = t * (h // merge) * (w // merge)
+    if cells > max_model_len:
+        raise RequestRefused(f"image {index} is {cells:,} merged cells after resizing, more than this server's "
+                             f"max-model-len {max_model_len:,} admits at every token: send a "
+                             "smaller picture (the server's max_pixels bounds it)")
+
+
+def server_fingerprint(settings: ServeSettings) -> str:
+    """What a server serves, in every processed item's hash (vLLM's caches key on the processor's kwargs): the
+    layer's bytes, the encode mode and the adapter's bytes. Two servers that share a cache never mix rows."""
+    digest = hashlib.sha256(f"{settings.encode}|{settings.method}".encode())
+    for folder in (settings.layer, settings.adapter):
+        digest.update(b"|none" if folder is None else _folder_bytes(folder))
+    return digest.hexdigest()[:16]
+
+
+def _folder_bytes(folder: str) -> bytes:
+    digest = hashlib.sha256()
+    for root, dirs, files in sorted(os.walk(folder)):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            digest.update(os.path.relpath(path, folder).encode())
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.digest()
+
+
+def check_rows(rows: Sequence[int], counts: Sequence[int]) -> None:
+    """Each image's kept rows against the placeholders its prompt holds (one count, written by the processor):
+    a mismatch is a defect of the plugin, raised naming the image and both counts."""
+    for i, (got, want) in enumerate(zip(rows, counts)):
+        if int(got) != int(want):
+            raise RuntimeError(f"ARR-COC: image {i} of this encoder batch kept {int(got)} rows for {int(want)} "
+                               "placeholders (the processor's count); this is a plugin defect, please report it")
 
 
 def kept_count(budget: Budget, grid_thw: Sequence[int], merge: int) -> int:
@@ -230,25 +299,24 @@ def prompt_positions(n_tokens: int, images: Sequence[tuple[int, int, int, int]])
 
 
 def place_kept_positions(input_ids: torch.Tensor, kept: Sequence[torch.Tensor], positions: torch.Tensor,
-                         num_computed: int, image_token: int, vision_start: int) -> tuple[torch.Tensor, int]:
+                         num_computed: int, image_token: int) -> tuple[torch.Tensor, int]:
     """The prompt's positions with the pads of this prefill chunk at their kept cells' positions.
 
     input_ids [N] (the whole prompt), positions [3, N] (`prompt_positions`: the text's final, the pads'
     provisional), kept: this chunk's slices of its images' `kept_positions` rows ([K, >= 3], in prompt order, as
     vLLM hands them over: the part of each image inside the chunk). The slices fill the chunk's pads in order; a
-    pad's image starts one past its <|vision_start|>, whatever the chunk. The text never moves, so the decode delta
-    is the stock one. (vLLM's EVS helper, `evs.recompute_mrope_positions`, fails where a chunk ends between
-    <|vision_start|> and the first pad, evs.py:290-300.)"""
+    pad's image starts at its provisional temporal position (`prompt_positions` gives every pad of an image its
+    image's first position there, whatever the chunk, with or without a <|vision_start|> before it). The text
+    never moves, so the decode delta is the stock one. (vLLM's EVS helper, `evs.recompute_mrope_positions`, fails
+    where a chunk ends between <|vision_start|> and the first pad, evs.py:290-300.)"""
     out = positions.clone()
     total = sum(int(k.shape[0]) for k in kept)
     if total:
         ids = input_ids.to(torch.long)
         pads = torch.nonzero(ids == image_token).flatten()
         pads = pads[pads >= num_computed][:total]
-        starts = torch.nonzero(ids == vision_start).flatten()
-        opening = starts[torch.searchsorted(starts, pads) - 1]
         rel = torch.cat([k[:, :3] for k in kept]).to(out.device, torch.long)
-        out[:, pads] = (out[0, opening] + 1).unsqueeze(0) + rel[: len(pads)].T
+        out[:, pads] = out[0, pads].unsqueeze(0) + rel[: len(pads)].T
     n = int(input_ids.numel())
     return out, int(out.max()) + 1 - n if out.numel() else -n
 
@@ -264,13 +332,8 @@ def cell_rows(grid_thw: Sequence[Sequence[int]], kept: Sequence[torch.Tensor], m
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
-def check_budget_kwarg(kwargs: Mapping[str, Any]) -> None:
-    """Refuse a bad per-request budget before any work (BudgetError, one line)."""
-    if kwargs.get(BUDGET_KEY) is not None:
-        parse_budget(kwargs[BUDGET_KEY], BUDGET_KEY, wire=True)
-
-
 __all__ = ["ARCHITECTURES", "BUDGET_KEY", "BudgetError", "COUNT_KEY", "FAMILY_ARCHITECTURES", "FAMILY_NAMES",
-           "QUESTION_KEY", "ServeError", "ServeSettings", "cell_rows", "check_family", "check_lora", "kept_count",
+           "INTERNAL_KEYS", "PIXELS_KEY", "PLUGIN_KEYS", "QUESTION_KEY", "RequestRefused", "SERVER_KEY", "ServeError",
+           "ServeSettings", "cell_rows", "check_family", "check_lora", "check_picture", "check_rows", "kept_count",
            "kept_positions", "place_kept_positions", "prompt_positions", "question_ids", "refuse_clips",
-           "request_budget", "served_adapter"]
+           "request_budget", "screen_request_kwargs", "served_adapter", "server_fingerprint"]

@@ -1,0 +1,175 @@
+"""Requests as deployments send them, through the plugin offline (`LLM.chat` / `LLM.generate`), one engine.
+
+Run in the vLLM environment (`make vllm-env`); tests/test_vllm_deployments.py writes the requests and runs it:
+    HF_HUB_OFFLINE=1 .venv-vllm/bin/python scripts/vllm_requests.py --requests reqs.json --out got.json \\
+        --dtype bfloat16 --layer checkpoints/arr-coc-shapes-before --encode before
+
+The requests file is a list of {"name", "images": [paths], "budget": a budget or null (the server's), and one of
+"messages" (a chat: OpenAI's shape, an image part {"type": "image"} for each path in order), "prompt" (a raw
+prompt string), plus optional "mm_kwargs" (more processor kwargs: a hostile client's) and "alone" (send it by
+itself, after the batches, and then a normal request: an error must be that request's only)}. Requests without
+"alone" are sent together per budget, so the scheduler batches them as under load. Writes {"requests": [{"name",
+"answer", "token_ids", "prompt_tokens", "margins", "kept": per image its kept cells (from the plugin's trace) or
+null, "error": null or {"type", "message"}, "next_ok": whether the engine answered the next request}]}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from vllm_compare import architecture
+
+
+def image_keys(model: str, paths: list[str]) -> dict[str, tuple[float, tuple[int, int, int]]]:
+    """Each picture's trace key (its float32 pixel rows' sum under the PIL processor) and its patch grid."""
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    ip = AutoImageProcessor.from_pretrained(model, backend="pil")
+    out = {}
+    for p in sorted(set(paths)):
+        got = ip(images=[Image.open(p).convert("RGB")], return_tensors="pt")
+        out[p] = (round(float(got["pixel_values"].double().sum()), 3), tuple(got["image_grid_thw"][0].tolist()))
+    return out
+
+
+def vllm_input(req: dict) -> dict | list:
+    from PIL import Image
+
+    images = iter([Image.open(p).convert("RGB") for p in req["images"]])
+    if "prompt" in req:
+        data = list(images)
+        return {"prompt": req["prompt"], "multi_modal_data": {"image": data[0] if len(data) == 1 else data}}
+    chat = []
+    for m in req["messages"]:
+        content = m["content"]
+        if isinstance(content, list):
+            content = [{"type": "image_pil", "image_pil": next(images)} if c["type"] == "image" else c
+                       for c in content]
+        chat.append({"role": m["role"], "content": content})
+    return chat
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=Path, required=True)
+    ap.add_argument("--model", default="checkpoints/shapes-qwen2vl")
+    ap.add_argument("--layer", default="checkpoints/arr-coc-shapes-before")
+    ap.add_argument("--encode", default="before", choices=["after", "before"])
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--server-budget", default=None, help="the operator's default (--mm-processor-kwargs)")
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--prefix-caching", action="store_true")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+
+    trace = Path(tempfile.mkdtemp()) / "kept.jsonl"
+    os.environ["ARR_COC_VLLM_TRACE"] = str(trace)
+    from vllm import LLM, SamplingParams
+
+    from arr_coc.budget import parse_budget
+    from arr_coc.serving.vllm.settings import kept_count
+
+    reqs = json.loads(args.requests.read_text())
+    server_kw = {} if args.server_budget is None else {"mm_processor_kwargs": {"arr_coc_budget": args.server_budget}}
+    t0 = time.perf_counter()
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=2048, enforce_eager=True, seed=0,
+              kv_cache_memory_bytes=256 << 20, limit_mm_per_prompt={"image": 4},
+              enable_prefix_caching=args.prefix_caching, **server_kw,
+              hf_overrides={"architectures": [architecture(args.model)],
+                            "arr_coc": {"layer": args.layer, "encode": args.encode, "adapter": False}})
+    seconds = {"load": time.perf_counter() - t0}
+    greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=2)
+    results: dict[str, dict] = {}
+
+    def send(batch: list[dict], kwargs: dict) -> None:
+        chats = [r for r in batch if "messages" in r]
+        raws = [r for r in batch if "prompt" in r]
+        mm = {"mm_processor_kwargs": kwargs} if kwargs else {}
+        if chats:
+            for r, o in zip(chats, llm.chat([vllm_input(r) for r in chats], greedy, use_tqdm=False, **mm)):
+                results[r["name"]] = output(o)
+        if raws:
+            prompts = [{**vllm_input(r), **mm} for r in raws]
+            for r, o in zip(raws, llm.generate(prompts, greedy, use_tqdm=False)):
+                results[r["name"]] = output(o)
+
+    t0 = time.perf_counter()
+    together = [r for r in reqs if not r.get("alone")]
+    for budget in sorted({json.dumps(r.get("budget")) for r in together}):
+        batch = [r for r in together if json.dumps(r.get("budget")) == budget]
+        send(batch, {} if budget == "null" else {"arr_coc_budget": json.loads(budget)})
+    seconds["together"] = time.perf_counter() - t0
+    probe = next(r for r in together if "messages" in r)
+    for r in (r for r in reqs if r.get("alone")):
+        kwargs = dict(r.get("mm_kwargs", {}))
+        if r.get("budget") is not None:
+            kwargs["arr_coc_budget"] = r["budget"]
+        try:
+            send([r], kwargs)
+        except Exception as exc:  # noqa: BLE001 - what the client sees is the point
+            results[r["name"]] = {"error": {"type": type(exc).__name__, "message": str(exc).splitlines()[0][:400]}}
+        try:
+            send([{**probe, "name": "__probe"}], {"arr_coc_budget": "10%"})
+            results[r["name"]]["next_ok"] = bool(results["__probe"]["answer"])
+        except Exception as exc:  # noqa: BLE001
+            results[r["name"]]["next_ok"] = False
+            results[r["name"]]["next_error"] = f"{type(exc).__name__}: {exc}"[:400]
+            break
+    results.pop("__probe", None)
+    keys = image_keys(args.model, [p for r in reqs for p in r["images"]])
+    match_kept(reqs, results, trace, keys, args.model, args.server_budget, parse_budget, kept_count)
+    args.out.write_text(json.dumps({"requests": [{"name": r["name"], **results.get(r["name"], {})} for r in reqs],
+                                    "seconds": seconds}))
+    print(json.dumps(seconds))
+
+
+def output(o) -> dict:
+    step = o.outputs[0]
+    margins = [round(float(a - b), 6) for a, b in
+               (sorted((lp.logprob for lp in s.values()), reverse=True)[:2] for s in (step.logprobs or []))]
+    return {"answer": step.text, "token_ids": list(step.token_ids), "prompt_token_ids": list(o.prompt_token_ids),
+            "prompt_tokens": len(o.prompt_token_ids), "margins": margins, "error": None}
+
+
+def match_kept(reqs, results, trace, keys, model, server_budget, parse_budget, kept_count) -> None:
+    """Per request, per image, its kept cells in the trace by (picture, the prompt's question as the plugin reads
+    it, count); null where missing or ambiguous (a test then fails on it, by name)."""
+    from transformers import AutoTokenizer
+
+    from arr_coc.qwen.prompt import PromptTokens, user_header
+
+    tok = AutoTokenizer.from_pretrained(model)
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    vocab = tok.get_vocab()
+    tokens = PromptTokens(image=int(cfg["image_token_id"]), video=int(cfg["video_token_id"]),
+                          vision_end=vocab["<|vision_end|>"], im_end=vocab["<|im_end|>"], pad=0,
+                          special=frozenset(tok.all_special_ids), user_turn=user_header(tok))
+    seen: dict[tuple, list] = {}
+    for line in trace.read_text().splitlines() if trace.exists() else []:
+        t = json.loads(line)
+        seen.setdefault((t["fingerprint"], tuple(t["question"]), t["count"]), []).append(t["kept"])
+    default = parse_budget(server_budget or "0.25", wire=True)
+    for r in reqs:
+        got = results.get(r["name"])
+        if not got or got.get("error"):
+            continue
+        question = tuple(tokens.question(got.pop("prompt_token_ids")))
+        budget = default if r.get("budget") is None else parse_budget(r["budget"], wire=True)
+        kept = []
+        for p in r["images"]:
+            fp, grid = keys[p]
+            found = seen.get((fp, question, kept_count(budget, grid, 2)), [])
+            kept.append(found[0] if found and all(k == found[0] for k in found) else None)
+        got["kept"] = kept
+    for got in results.values():
+        got.pop("prompt_token_ids", None)
+
+
+if __name__ == "__main__":
+    main()
