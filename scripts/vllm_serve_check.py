@@ -29,9 +29,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(model: str, layer: str, budget: str, port: int, tp: int, log: Path, encode: str = "after",
-          adapter: bool = False) -> subprocess.Popen:
-    overrides = {"architectures": [ARCH], "arr_coc": {"layer": layer, "budget": budget, "encode": encode}}
+def start(model: str, layer: str, budget: str | None, port: int, tp: int, log: Path, encode: str = "after",
+          adapter: bool = False, dp: int = 1, operator_budget: str | None = None,
+          bare: bool = False) -> subprocess.Popen:
+    arr_coc = {"layer": layer, "encode": encode, **({} if budget is None else {"budget": budget})}
+    if bare:                        # the layer alone, its folder's adapter (if any) not served
+        arr_coc["adapter"] = False
+    overrides = {"architectures": [ARCH], "arr_coc": arr_coc}
+    # The operator's default budget as vLLM users give defaults (the plugin reads it; transformers never sees it).
+    operator = [] if operator_budget is None else \
+        ["--mm-processor-kwargs", json.dumps({"arr_coc_budget": operator_budget})]
     # The layer's LoRA adapter: vLLM's LoRA, on the tower too, run by every chat request with an image.
     lora = ["--enable-lora", "--enable-tower-connector-lora", "--max-lora-rank", "16", "--default-mm-loras",
             json.dumps({"image": os.path.abspath(os.path.join(layer, "adapter"))})] if adapter else []
@@ -41,8 +48,9 @@ def start(model: str, layer: str, budget: str, port: int, tp: int, log: Path, en
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
            "--port", str(port), "--trust-request-mm-kwargs", "--dtype", "float32", "--enforce-eager",
            "--max-model-len", "2048",
-           "--kv-cache-memory-bytes", str(256 << 20), "--limit-mm-per-prompt", '{"image": 1}',
-           "--hf-overrides", json.dumps(overrides), "--tensor-parallel-size", str(tp), *lora]
+           "--kv-cache-memory-bytes", str(256 << 20), "--limit-mm-per-prompt", json.dumps({"image": 4 if bare else 1}),
+           "--hf-overrides", json.dumps(overrides), "--tensor-parallel-size", str(tp), "--data-parallel-size",
+           str(dp), *operator, *lora]
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -70,17 +78,25 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--encode", default="after", choices=["after", "before"])
     ap.add_argument("--adapter", action="store_true", help="serve the layer folder's adapter/ (vLLM's LoRA)")
+    ap.add_argument("--dp", type=int, default=1, help="--data-parallel-size")
+    ap.add_argument("--operator-budget", default=None, help="the default budget as --mm-processor-kwargs gives it")
+    ap.add_argument("--requests", type=Path, default=None,
+                    help="send these requests instead (scripts/vllm_requests.py's format), 8 at a time")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
     import openai
 
     port, log = free_port(), args.out.with_suffix(".log")
-    proc = start(args.model, args.layer, args.budget, port, args.tp, log, args.encode, args.adapter)
+    proc = start(args.model, args.layer, None if args.requests else args.budget, port, args.tp, log, args.encode,
+                 args.adapter, args.dp, args.operator_budget, bare=args.requests is not None and not args.adapter)
     result: dict = {"answers": {}, "errors": {}, "usage": {}}
     try:
         result["ready_s"] = wait_ready(port, proc)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        if args.requests:
+            result["requests"] = send_all(client, args.model, json.loads(args.requests.read_text()))
+            return
         url = "data:image/png;base64," + base64.b64encode(Path(args.image).read_bytes()).decode()
         content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": args.question}]
         for name, budget in (("server", None), ("5%", "5%"), ("64", 64), ("bad", "1"), ("after bad", "10%")):
@@ -97,8 +113,47 @@ def main() -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, 15)
             proc.wait(timeout=60)
-    args.out.write_text(json.dumps(result, indent=1))
+        args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
+
+
+def send_all(client, model: str, reqs: list[dict]) -> dict[str, dict]:
+    """Each request as a client sends it (image parts as data URLs, its budget and any other kwargs in
+    mm_processor_kwargs), 8 in flight at once; then whether the server still answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(req: dict) -> tuple[str, dict]:
+        urls = iter("data:image/png;base64," + base64.b64encode(Path(p).read_bytes()).decode() for p in req["images"])
+        messages = []
+        for m in req["messages"]:
+            content = m["content"]
+            if isinstance(content, list):
+                content = [{"type": "image_url", "image_url": {"url": next(urls)}} if c["type"] == "image" else c
+                           for c in content]
+            messages.append({"role": m["role"], "content": content})
+        kwargs = dict(req.get("mm_kwargs", {}))
+        if req.get("budget") is not None:
+            kwargs["arr_coc_budget"] = req["budget"]
+        extra = {"extra_body": {"mm_processor_kwargs": kwargs}} if kwargs else {}
+        try:
+            r = client.chat.completions.create(model=model, temperature=0.0, max_tokens=16, messages=messages,
+                                               **extra)
+            return req["name"], {"answer": r.choices[0].message.content, "prompt_tokens": r.usage.prompt_tokens,
+                                 "error": None}
+        except openai_error() as e:
+            return req["name"], {"error": {"status": e.status_code, "message": str(e)[:400]}}
+
+    with ThreadPoolExecutor(8) as pool:
+        got = dict(pool.map(one, reqs))
+    name, after = one({**next(r for r in reqs if not r.get("mm_kwargs")), "name": "after"})
+    got["__after"] = after
+    return got
+
+
+def openai_error() -> type:
+    import openai
+
+    return openai.APIStatusError
 
 
 if __name__ == "__main__":

@@ -250,7 +250,55 @@ def test_odd_prompts_and_hostile_kwargs_are_answered_or_refused_in_one_line(conv
     if expect == "answer":
         assert got["error"] is None and got["token_ids"], got      # a raw prompt may end at once: still served
         assert got.get("kept") and all(k is not None and len(k) >= 1 for k in got["kept"]), got
-        assert got["prompt_tokens"] <= 40 + 52         # the text and at most 5% of 1,024 cells (the largest picture)
+        if fields.get("budget") != "1.0":             # the text and at most 5% of 1,024 cells (the largest picture)
+            assert got["prompt_tokens"] <= 40 + 52
     else:
         assert got["error"] is not None and expect in got["error"]["message"], got
         assert "\n" not in got["error"]["message"]
+
+
+# -- the OpenAI server: data parallel, the operator's default, hostile clients ---------------------------------
+
+HOSTILE = ("min_pixels", "max_pixels", "image_mean", "do_normalize", "merge_size", "bad budget")
+
+
+@pytest.fixture(scope="module")
+def server(items, conversations, tmp_path_factory):
+    """`vllm serve` with --data-parallel-size 2 and the operator's default budget (--mm-processor-kwargs 5%),
+    asked through the openai client, 8 requests in flight: the 40 two-turn chats (without a budget: the
+    operator's), two-image prompts, and the hostile kwargs."""
+    reqs, _ = conversations
+    sent = [{**r, "budget": None} for r in reqs if r["name"].startswith("two-") and not r["name"].endswith("again")]
+    sent += [r for r in reqs if r["name"].startswith("pair-")][:8]
+    sent += [{**r, "alone": False} for r in reqs if r["name"] in HOSTILE]
+    tmp = tmp_path_factory.mktemp("serve")
+    (tmp / "reqs.json").write_text(json.dumps(sent))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    cmd = [str(VLLM_PY), "scripts/vllm_serve_check.py", "--layer", LAYER, "--encode", "before", "--dp", "2",
+           "--operator-budget", "5%", "--requests", str(tmp / "reqs.json"), "--out", str(tmp / "serve.json")]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:] + (tmp / "serve.log").read_text()[-3000:]
+    return json.loads((tmp / "serve.json").read_text())["requests"]
+
+
+@needs_vllm
+def test_data_parallel_2_with_the_operators_budget_answers_as_one_worker(conversations, server):
+    """Two data-parallel engines (8 requests in flight), each chat without a budget at the operator's 5%: the same
+    answers and prompt tokens as one worker asked for 5% itself (the operator's default is honoured)."""
+    _, one = conversations
+    two = {n: r for n, r in server.items() if n.startswith("two-")}
+    assert len(two) == 40
+    assert {n: (r["answer"], r["prompt_tokens"]) for n, r in two.items()} == \
+        {n: (one[n]["answer"], one[n]["prompt_tokens"]) for n in two}
+    pairs = {n: r for n, r in server.items() if n.startswith("pair-")}
+    assert {n: r["answer"] for n, r in pairs.items()} == {n: one[n]["answer"] for n in pairs}
+    assert server["__after"]["error"] is None
+
+
+@needs_vllm
+@pytest.mark.parametrize("name", HOSTILE)
+def test_the_server_refuses_hostile_kwargs_with_400_and_one_line(server, name):
+    got = server[name]["error"]
+    assert got is not None and got["status"] == 400 and "\n" not in got["message"], server[name]
+    expect = "is not a budget" if name == "bad budget" else f"'{name}'"
+    assert expect in got["message"]
