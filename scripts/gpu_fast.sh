@@ -15,6 +15,16 @@ DTYPE=${DTYPE:-bfloat16}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 { pip show vllm 2>&1 || true; pip show sglang 2>&1 || true; } > "$OUT/serving_engines.txt"
+# First (issue 61): the vLLM plugin's requests on the card in bf16, under vLLM's second model runner (the CUDA
+# default) and the first, where vLLM is installed: kept cells per item in the JSON, to compare with the Hugging
+# Face path in bf16 (tests/test_vllm_deployments.py does it on the CPU runner).
+if [ "$DEVICE" = cuda ] && python -c "import vllm" 2>/dev/null; then
+  python -m arr_coc gen-data --out "$OUT/items" --split test --n 40 --seed 0
+  for v2 in 1 0; do
+    VLLM_USE_V2_MODEL_RUNNER=$v2 timeout 300 python scripts/vllm_requests.py --items "$OUT/items/test.jsonl" \
+        --n 40 --dtype bfloat16 --out "$OUT/vllm_runner_v2_$v2.json" || echo "runner v2=$v2 failed" >> "$OUT/vllm.txt"
+  done
+fi
 case $PRESET in qwen2-vl-2b) depth="--vision-layers 32 --lm-layers 28";; *) depth="";; esac
 for fast in off on; do
   python -m arr_coc bench --stages --preset "$PRESET" $depth --device "$DEVICE" --dtype "$DTYPE" --fast $fast \

@@ -57,7 +57,11 @@ def vllm_input(req: dict) -> dict | list:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--requests", type=Path, required=True)
+    ap.add_argument("--requests", type=Path, default=None)
+    ap.add_argument("--items", type=Path, default=None,
+                    help="or a gen-data test.jsonl: its first --n items, one chat each at every --budgets")
+    ap.add_argument("--n", type=int, default=40)
+    ap.add_argument("--budgets", default="0.05,0.1,0.25")
     ap.add_argument("--model", default="checkpoints/shapes-qwen2vl")
     ap.add_argument("--layer", default="checkpoints/arr-coc-shapes-before")
     ap.add_argument("--encode", default="before", choices=["after", "before"])
@@ -75,7 +79,7 @@ def main() -> None:
     from arr_coc.budget import parse_budget
     from arr_coc.serving.vllm.settings import kept_count
 
-    reqs = json.loads(args.requests.read_text())
+    reqs = json.loads(args.requests.read_text()) if args.requests else item_requests(args.items, args.n, args.budgets)
     server_kw = {} if args.server_budget is None else {"mm_processor_kwargs": {"arr_coc_budget": args.server_budget}}
     t0 = time.perf_counter()
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=2048, enforce_eager=True, seed=0,
@@ -127,6 +131,14 @@ def main() -> None:
     args.out.write_text(json.dumps({"requests": [{"name": r["name"], **results.get(r["name"], {})} for r in reqs],
                                     "seconds": seconds}))
     print(json.dumps(seconds))
+
+
+def item_requests(items: Path, n: int, budgets: str) -> list[dict]:
+    """One single-turn chat per generated item and budget (the GPU script's check; `--requests` for the tests')."""
+    listed = [json.loads(line) for line in items.read_text().splitlines() if line.strip()][:n]
+    return [{"name": f"{it['id']}@{b}", "images": [str(items.parent / it["image"])], "budget": b,
+             "messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": it["question"]}]}]}
+            for b in budgets.split(",") for it in listed]
 
 
 def output(o) -> dict:
