@@ -220,8 +220,9 @@ def test_cost_at_width_prices_each_item_as_the_bench_counted_it(tmp_path, monkey
 
 
 def test_stages_time_arr_cocs_own_work_and_count_what_a_gpu_would_launch(tmp_path, capsys):
-    """bench --stages: every stage timed, the layer's forward sync-free and batched (the same op count for one
-    image and for two), the whole ARR-COC pass cheaper than the reference's tower on this tiny model's image."""
+    """bench --stages: every stage timed, the layer's forward sync-free, each image chosen alone (batch invariance:
+    two images cost twice one image's ops, no more), the whole ARR-COC pass cheaper than the reference's tower on
+    this tiny model's image."""
     out = tmp_path / "stages.json"
     assert main(["bench", "--stages", "--preset", "tiny", "--sizes", "336", "--batches", "1,2", "--repeats", "1",
                  "--encode", "before", "--budgets", "0.25", "--out", str(out)]) == 0
@@ -230,11 +231,11 @@ def test_stages_time_arr_cocs_own_work_and_count_what_a_gpu_would_launch(tmp_pat
     for row in (one, two):
         for stage in ("question", "unpatchify", "texture", "scorers", "allocator", "read", "packing", "vision"):
             assert row["arr_coc_ms"][stage] > 0, stage
-        assert row["layer_syncs"] == 0 and row["layer_uploads"] <= 4
+        assert row["layer_syncs"] == 0 and row["layer_uploads"] <= 4 * row["batch"]
         assert row["own_ms"] == pytest.approx(sum(row["arr_coc_ms"][s] for s in
                                                   ("question", "unpatchify", "texture", "scorers", "allocator", "read",
                                                    "packing")))
-    assert two["layer_ops"] <= 1.25 * one["layer_ops"]           # two images: not twice the launches
+    assert two["layer_ops"] <= 2.05 * one["layer_ops"]           # two images: each its own pass, nothing more
     assert two["kept_per_image"] < two["cells_per_image"]
     assert "| 336 | 2 |" in capsys.readouterr().out
     assert main(["bench", "--model", "checkpoints/shapes-qwen2vl", "--out", str(tmp_path / "x.json")]) == 2

@@ -156,7 +156,8 @@ def test_every_selector_runs_with_the_vlm_on_the_device_the_caller_chose(tiny_vl
 
 def test_the_shipped_layers_keep_the_cells_the_per_image_cpu_layer_kept():
     """Both encode modes, the README's budgets, exact / mean / adaptive budgets, batches of one size and of four
-    sizes: every item keeps exactly the recorded cells (tests/fixtures/make_kept_cells.py)."""
+    sizes: every item keeps exactly the recorded cells (tests/fixtures/make_kept_cells.py, re-recorded when each
+    image came to be chosen alone)."""
     import sys
 
     sys.path.insert(0, str(FIXTURE.parent))

@@ -377,18 +377,30 @@ def test_cli_ask_json(tiny_vlm, make_image, tmp_path, capsys):
         cli_ask.run(missing)
 
 
+def _joined(parts):
+    """The contexts a selector saw, one per image, read as one (the fields this test checks)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(item_of_image=[r for c in parts for r in c.item_of_image],
+                           query_embeds=[q for c in parts for q in c.query_embeds],
+                           grid_hw=[g for c in parts for g in c.grid_hw], images=[im for c in parts for im in c.images],
+                           visual_tokens=[t for c in parts for t in c.visual_tokens],
+                           counts=[k for c in parts for k in c.counts])
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_selectors_see_question_embeddings_texture_image_and_tokens(tiny_vlm, make_image, family):
     w = _wrapper(tiny_vlm, family)
-    seen = {}
+    seen = []
 
     def capture(ctx):
-        seen["ctx"] = ctx
+        seen.append(ctx)
         return get_selector("grid")(ctx)
 
     w.generate([[make_image(120, 150, 0), make_image(90, 200, 1)], make_image(64, 64, 2)], [Q, Q2],
                method=capture, budget=0.25, max_new_tokens=1)
-    ctx = seen["ctx"]
+    assert [len(c) for c in seen] == [1, 1, 1]          # each image chosen alone (batch invariance)
+    ctx = _joined(seen)
     embed = w.model.get_input_embeddings()
     unit = 32 if family == "qwen3_vl" else 28
     assert ctx.item_of_image == [0, 0, 1]

@@ -24,7 +24,7 @@ from ..stopwatch import lap
 from ..core.temporal import minimum_count
 from .backend import MissingCapability, VLMBackend
 from .prompt import Prompt
-from .selection import Selection, SelectionContext, Selector
+from .selection import Selection, SelectionContext, Selector, method_info, reads_tower_attention
 
 if TYPE_CHECKING:
     from .context import RequestContext
@@ -56,6 +56,11 @@ class PerImageOutputs:
         for which, out in outs:
             for j, i in enumerate(which):
                 self.where[i] = (out, j)
+
+    def piece(self, i: int) -> Any:
+        """Unit i's own output (its part's, sliced to it), or None where it has none."""
+        out, j = self.where.get(i, (None, 0))
+        return None if out is None else slice_output(out, [j])
 
     def slice(self, imgs: list[int]) -> Any:
         pieces = [self.where.get(i) for i in imgs]
@@ -244,11 +249,22 @@ def independent_units(ctx: SelectionContext) -> list[list[int]]:
     return groups
 
 
+def chooses_alone(fn: Selector, name: str) -> bool:
+    """Whether a selector runs on each independent part alone: every one but those that read the VLM's own
+    attention (FastV, VisionZip: a pass of the model over the whole batch, which they read per image)."""
+    if reads_tower_attention(fn):
+        return False
+    try:
+        return method_info(name).vlm is None
+    except ValueError:
+        return True
+
+
 def run_selector(fn: Selector, ctx: SelectionContext, name: str, strict: bool = False) -> Choice:
     """Run the selector on each independent part of the batch (`independent_units`: an image, a clip) alone, so
     a unit keeps the same cells whatever shares its batch (the same arithmetic on the same shapes: no padding to
     another picture's canvas or another question's length, no kernel chosen by the batch size); a part that
-    fails keeps all.
+    fails keeps all. Selectors that read the VLM's attention run on the batch (`chooses_alone`).
 
     A `BudgetError` (the caller asked for something impossible) and a `MissingCapability` (the selector needs a
     service this backend lacks) always propagate, and so does every error with strict=True (the evaluation: a
@@ -258,7 +274,7 @@ def run_selector(fn: Selector, ctx: SelectionContext, name: str, strict: bool = 
     fallback: list[str | None] = [None] * N
     errors: list[str | None] = [None] * N
     replaced: list[torch.Tensor | None] = [None] * N
-    parts = independent_units(ctx)
+    parts = independent_units(ctx) if chooses_alone(fn, name) else [list(range(N))]
     groups = []
     for which in parts:
         try:
@@ -288,8 +304,48 @@ def run_selector(fn: Selector, ctx: SelectionContext, name: str, strict: bool = 
     if len(outs) == 1 and outs[0][1] is not None and len(outs[0][0]) == N:
         arr_out = outs[0][1]
     elif any(o is not None for _, o in outs):
-        arr_out = PerImageOutputs(N, outs)
+        arr_out = merged_output(N, outs)
     return Choice(kept, arr_out, fallback, errors, replaced)
+
+
+def merged_output(n: int, outs: list[tuple[list[int], Any]]) -> Any:
+    """One selector output for the batch from its parts' (each image chosen alone), as if the batch had been one
+    call: per-image lists joined, batch-first maps padded to the largest grid (each image valid in its top-left,
+    as a batched call pads them) and put in unit order. Outputs that cannot be joined so (another type, a clip's
+    temporal signals, a part that failed) stay in pieces (`PerImageOutputs`)."""
+    pieces = [o for _, o in outs]
+    first = pieces[0]
+    joinable = (all(o is not None and type(o) is type(first) for o in pieces) and dataclasses.is_dataclass(first)
+                and isinstance(getattr(first, "kept_indices", None), list)
+                and all(getattr(o, "temporal", None) is None for o in pieces)
+                and sorted(i for which, _ in outs for i in which) == list(range(n)))
+    if not joinable:
+        return PerImageOutputs(n, outs)
+    order = [i for which, _ in outs for i in which]
+    back = torch.as_tensor(np.argsort(order, kind="stable"))
+    changes = {}
+    for f in dataclasses.fields(first):
+        if f.name == "channel_names":  # per channel, not per image
+            continue
+        values = [getattr(o, f.name) for o in pieces]
+        sizes = [len(which) for which, _ in outs]
+        if isinstance(values[0], list) and all(isinstance(v, list) and len(v) == k for v, k in zip(values, sizes)):
+            joined = [x for v in values for x in v]
+            changes[f.name] = [joined[j] for j in back.tolist()]
+        elif isinstance(values[0], torch.Tensor) and all(isinstance(v, torch.Tensor) and v.dim() > 0
+                                                         and v.shape[0] == k for v, k in zip(values, sizes)):
+            changes[f.name] = _padded_cat(values).index_select(0, back.to(values[0].device))
+    return dataclasses.replace(first, **changes)
+
+
+def _padded_cat(values: list[torch.Tensor]) -> torch.Tensor:
+    """Batch-first tensors of one rank, each zero-padded at the end of every other dim to the largest, joined."""
+    shape = [max(v.shape[d] for v in values) for d in range(1, values[0].dim())]
+    padded = []
+    for v in values:
+        pad = [x for d in reversed(range(1, v.dim())) for x in (0, shape[d - 1] - v.shape[d])]
+        padded.append(torch.nn.functional.pad(v, pad) if any(pad) else v)
+    return torch.cat(padded)
 
 
 __all__ = ["Choice", "PerImageOutputs", "SelectorFailed", "as_selection", "context", "every_token_units",

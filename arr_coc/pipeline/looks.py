@@ -34,7 +34,7 @@ from ..saccade import SaccadeConfig, decide, grown, saccade_cells, strength, unc
 from ..stopwatch import lap
 from .backend import PrunedPrompt, RemembersTower, adapted as adapted_on, has
 from .context import RequestContext
-from .choose import as_selection, context, slice_output
+from .choose import PerImageOutputs, as_selection, context, slice_output
 from .fovea import reads
 from .look import Prepared, prepare
 from .trace import Look, Trace
@@ -101,13 +101,19 @@ def relevance_maps(first: Prepared, units: list[int]) -> dict[int, np.ndarray]:
     if out is None:
         raise ValueError("a saccade aims by the selector's relevance map, and this selector has none: use "
                          "method='arr_coc' (or a trained layer) with passes > 1")
+    if isinstance(out, PerImageOutputs):        # each image chosen alone (`run_selector`): its own output
+        return {i: relevance_maps_of(out.piece(i), [0], [first.batch.grid_hw[i]])[0] for i in units}
     sliced = out if isinstance(out, ARRCOCOutput) else slice_output(out, units)
     pick = units if sliced is out else list(range(len(units)))
-    if sliced is None or sliced.relevance is None:
+    return dict(zip(units, relevance_maps_of(sliced, pick, [first.batch.grid_hw[i] for i in units])))
+
+
+def relevance_maps_of(out: Any, pick: list[int], grid_hw: list[tuple[int, int]]) -> list[np.ndarray]:
+    """The relevance maps of images `pick` of one selector output, float[h * w] raster each."""
+    if out is None or getattr(out, "relevance", None) is None:
         raise ValueError("the selector's relevance map is missing for an image that would look again")
-    maps = sliced.relevance[torch.as_tensor(pick, device=sliced.relevance.device)].float().cpu().numpy()
-    return {i: maps[j, :h, :w].reshape(-1) for j, (i, (h, w)) in enumerate(
-        zip(units, (first.batch.grid_hw[i] for i in units)))}
+    maps = out.relevance[torch.as_tensor(pick, device=out.relevance.device)].float().cpu().numpy()
+    return [maps[j, :h, :w].reshape(-1) for j, (h, w) in enumerate(grid_hw)]
 
 
 class Looker:

@@ -29,7 +29,7 @@ from ..encode import EncodeConfig
 from ..execution import Execution
 from ..validation.limits import InputLimits, limits_for
 from ..pipeline.backend import by_flag
-from ..pipeline.prompt import Prompt
+from ..pipeline.prompt import IMAGE, Prompt
 from ..pipeline.tokens import VisualRows
 from ..stopwatch import Stopwatch
 from .attention import LastBlockRecorder, attention_received, encoder_output, last_token_attention
@@ -246,6 +246,29 @@ class QwenBackend:
     def encode_cells(self, prompt: Prompt, units: Sequence[int], cells: Sequence[np.ndarray],
                      clock: Stopwatch | None = None) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         native, units = prompt.native, list(units)
+        kinds = native.units.kind
+        calls = [c for c in ([j for j, u in enumerate(units) if kinds[u] == IMAGE],
+                             [j for j, u in enumerate(units) if kinds[u] != IMAGE]) if c]
+        if len(calls) == 1:
+            return self._encode_packed(prompt, units, cells, clock)
+        # Images and video groups in separate calls, as the stock model encodes them (a matrix product's rounding
+        # can depend on how many rows it is given): keep-all equals the stock model bit for bit.
+        done = [(c, self._encode_packed(prompt, [units[j] for j in c], [cells[j] for j in c], clock)) for c in calls]
+        tokens: list[torch.Tensor | None] = [None] * len(units)
+        deep: list[list[torch.Tensor | None]] | None = None
+        for c, (out, layers) in done:
+            for j, piece in zip(c, out.split([len(cells[j]) for j in c])):
+                tokens[j] = piece
+            if layers is not None:
+                deep = deep or [[None] * len(units) for _ in layers]
+                for d, layer in zip(deep, layers):
+                    for j, piece in zip(c, layer.split([len(cells[j]) for j in c])):
+                        d[j] = piece
+        return torch.cat(tokens), None if deep is None else [torch.cat(d) for d in deep]
+
+    def _encode_packed(self, prompt: Prompt, units: list[int], cells: Sequence[np.ndarray],
+                       clock: Stopwatch | None) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        native = prompt.native
         pixels = native.inputs["pixel_values"]
         if units != list(range(len(prompt.grid_hw))):
             pixels = _patch_rows(pixels, native.grid_thw, units)

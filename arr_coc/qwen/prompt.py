@@ -216,6 +216,36 @@ class QwenPrompt:
         return self.units.spans
 
 
+def encode_by_kind(model: PreTrainedModel, pixel_values: torch.Tensor, units: Units
+                   ) -> tuple[tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]] | None, type]:
+    """The tower on every unit as the stock model calls it: one call for the batch's images, one for its videos'
+    temporal groups (each group a picture: the same arithmetic, see the module docstring), so that every cell's
+    features are the stock model's bit for bit (a matrix product's rounding can depend on how many rows it is
+    given). pixel_values: every unit's patches in unit order. -> (per unit [n_i, D], per deepstack layer the same,
+    or None; the encoder's output type)."""
+    kinds = [IMAGE if k == IMAGE else VIDEO for k in units.kind]
+    calls = [[i for i, k in enumerate(kinds) if k == kind] for kind in (IMAGE, VIDEO)]
+    calls = [c for c in calls if c]
+    sizes = units.grid_thw.prod(-1).tolist()
+    pieces = pixel_values.split(sizes) if len(calls) > 1 else None
+    feats: list[torch.Tensor | None] = [None] * len(kinds)
+    deep: list[list[torch.Tensor | None]] | None = None
+    enc = None
+    for which in calls:
+        px = pixel_values if pieces is None else torch.cat([pieces[i] for i in which])
+        grid = units.grid_thw[which].to(pixel_values.device)
+        enc = model.model.get_image_features(px, grid, return_dict=True)
+        for i, f in zip(which, enc.pooler_output):
+            feats[i] = f
+        layers = getattr(enc, "deepstack_features", None)
+        if layers is not None:
+            deep = deep or [[None] * len(kinds) for _ in layers]
+            for d, layer in zip(deep, layers):
+                for i, f in zip(which, layer):
+                    d[i] = f
+    return tuple(feats), None if deep is None else [tuple(d) for d in deep], type(enc)
+
+
 def read_prompt(model: PreTrainedModel, tokens: PromptTokens, inputs: Mapping[str, Any], encode_all: bool,
                 encoder_output_cls: type, clock: Stopwatch | None = None, encode: Callable | None = None) -> Prompt:
     """Units, unpruned M-RoPE positions and grids of the processor's tensors; with encode_all, the vision tower
@@ -246,12 +276,8 @@ def read_prompt(model: PreTrainedModel, tokens: PromptTokens, inputs: Mapping[st
         feats, deep = encode(inputs["pixel_values"], units.grid_thw)       # (Tensor[n_i, D], ...)
         visual = VisualRows.every_cell(feats, deep)
     elif encode_all:
-        enc = model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"], return_dict=True)
-        feats = tuple(enc.pooler_output)                                  # (Tensor[n_i, D], ...)
-        deep = getattr(enc, "deepstack_features", None)
-        deep = [tuple(layer) for layer in deep] if deep is not None else None
+        feats, deep, encoder_output_cls = encode_by_kind(model, inputs["pixel_values"], units)
         visual = VisualRows.every_cell(feats, deep)
-        encoder_output_cls = type(enc)
     vision_s = time.perf_counter() - t0
     lap(clock, "vision")
     checkpoint("vision")

@@ -61,7 +61,8 @@ def collect(wrapper: ARRCOCQwen, records: Sequence[VQARecord], budget: float, sa
         counted = CountedSelector(get_selector(method), method)
         looked = wrapper.answer(inputs, Pruning.of(counted, budget, None, encode, strict=True), max_new_tokens=8)
         per_call = counted.flops_per_call() or []        # [first look, "grow": choosing again]
-        selector = [sum(per_call[:1]) / len(batch), sum(per_call[1:]) / len(batch)]
+        first = len(batch)                               # the first look: one call per item (each chosen alone)
+        selector = [sum(per_call[:first]) / len(batch), sum(per_call[first:]) / len(batch)]
         traces, prompt = looked.traces, looked.first.batch
         first_only = [dataclasses.replace(tr, looks=tr.looks[:1]) for tr in traces]
         vision_1 = vision_flops(backend, prompt, first_only, 0.0, memo)
