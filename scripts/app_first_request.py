@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))   # the app's package sits in the checkout beside the library, not in the installed wheel
 
 
 def main() -> None:
