@@ -79,9 +79,10 @@ def tree_files() -> list[str]:
         out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
                              capture_output=True, text=True, check=True)
         return [f for f in out.stdout.split("\0") if f and (ROOT / f).is_file()]
-    skip = {".git", ".venv", ".venv-vllm", "__pycache__", "build", "dist", "runs", "data", ".pytest_cache"}
+    top = {".git", ".venv", ".venv-vllm", "build", "dist", "runs", "data", ".pytest_cache"}   # .gitignore's, at the top
     return [p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*")
-            if p.is_file() and not skip & set(p.relative_to(ROOT).parts) and ".egg-info" not in str(p)]
+            if p.is_file() and p.relative_to(ROOT).parts[0] not in top and "__pycache__" not in p.parts
+            and ".egg-info" not in str(p)]
 
 
 @pytest.fixture(scope="module")
