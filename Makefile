@@ -61,8 +61,12 @@ $(VLLM_BASE): requirements-vllm.txt
 	$(VLLM_PIP) uninstall --quiet -y torchaudio torchcodec
 	@touch $(VLLM_BASE)
 
-# The project, editable, so that the plugin's entry point exists (again only when pyproject.toml changes).
-$(VLLM_STAMP): $(VLLM_BASE) pyproject.toml
+# The project, editable, so that the plugin's entry point exists (again only when pyproject.toml changes). vLLM
+# brings every dependency pyproject.toml declares but peft and accelerate (the Hugging Face path's adapters): those
+# at constraints.txt's pins, then the project without dependencies, so that a range vLLM's pins do not satisfy
+# fails tests/test_install.py instead of pip quietly changing vLLM's packages here (a newer torch: GBs).
+$(VLLM_STAMP): $(VLLM_BASE) pyproject.toml constraints.txt
+	$(VLLM_PIP) install --quiet $$(grep -E '^(peft|accelerate)==' constraints.txt)
 	$(VLLM_PIP) install --quiet --no-deps -e .
 	@touch $(VLLM_STAMP)
 

@@ -11,12 +11,12 @@ balancer's weights, every texture channel by name, and the trace as JSON.
     python app.py --model Qwen/Qwen2-VL-2B-Instruct --device cuda --port 7861
     make run ARGS="--port 7861"
 
-This file is the entry point (a Hugging Face Space runs it); the app is the `microscope` package.
+This file is the entry point (a Hugging Face Space runs it); the app is the `arr_coc_microscope` package.
 Nothing is loaded at import time. The main event is `ask` (see docs/APP.md for its inputs and outputs
 and a gradio_client example).
 """
 
-from microscope.server import main
+from arr_coc_microscope.server import main
 
 if __name__ == "__main__":
     main()

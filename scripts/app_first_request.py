@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))   # the app's package sits in the checkout beside the library, not in the installed wheel
 
 
 def main() -> None:
     from arr_coc.shapes import make_item
-    from microscope.handler import ask
-    from microscope.server import add_layers, load, parse_args, shipped_before_layer, warm_up
+    from arr_coc_microscope.handler import ask
+    from arr_coc_microscope.server import add_layers, load, parse_args, shipped_before_layer, warm_up
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--no-warm-up", dest="warm", action="store_false")

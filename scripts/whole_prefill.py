@@ -5,7 +5,7 @@ r"""The whole prefill's wall time as the microscope reports it, per configuratio
 For each item (one at a time, as the app runs them): `generate` with every token (the baseline), then ARR-COC
 after the tower and before it at --budget, with the shipped layer of each mode; the whole prefill is
 vision tower + ARR-COC's own work (selection + packing) + LM prefill, from each run's Trace
-(microscope/readout.py: `whole_prefill_s`). Prints medians over the items and each configuration's median
+(arr_coc_microscope/readout.py: `whole_prefill_s`). Prints medians over the items and each configuration's median
 share of the baseline (per item, the configuration's time over the baseline's).
 """
 

@@ -178,7 +178,7 @@ def leaky_main(argv: list[str]) -> None:
     assert argv[0] == "--leak-mib", argv
     size = int(float(argv[1]) * 2**20)
     sys.path.insert(0, str(ROOT))
-    from microscope import handler, server
+    from arr_coc_microscope import handler, server
 
     kept: list[bytearray] = []
     ask = handler.ask
@@ -200,7 +200,7 @@ def predict(client, image, question, arr_coc=True, budget=0.25, adaptive=False, 
 
     out = client.predict(handle_file(image) if image else None, question, arr_coc, budget, adaptive, method,
                          api_name="/ask")
-    from microscope import handler
+    from arr_coc_microscope import handler
 
     return dict(zip(handler.OUTPUT_NAMES, out))
 

@@ -440,9 +440,9 @@ def test_eval_runs_the_trained_layers_own_adapter_by_default_for_its_rows_only(t
 
 def test_the_page_offers_a_layer_with_and_without_its_shipped_adapter_side_by_side():
     from arr_coc.shapes import make_item
-    from microscope.configs import layer_for_mode
-    from microscope.handler import ask
-    from microscope.server import add_layers, load, parse_args, shipped_before_layer
+    from arr_coc_microscope.configs import layer_for_mode
+    from arr_coc_microscope.handler import ask
+    from arr_coc_microscope.server import add_layers, load, parse_args, shipped_before_layer
 
     scope = load(None, device="cpu")
     scope.count_flops = False                                                  # not what this test is about

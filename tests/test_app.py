@@ -1,4 +1,4 @@
-"""The microscope (app.py, the microscope package): direct handler calls, gradio_client against a live
+"""The microscope (app.py, the arr_coc_microscope package): direct handler calls, gradio_client against a live
 app, a small load test, and a memory check with its negative control.
 
 Most tests use a tiny random Qwen2-VL saved to a temp folder (fast, answers are gibberish but
@@ -22,7 +22,7 @@ from _app_server import ROOT, check_full_answer as _check_full_answer, free_port
     save_tiny_model, scene
 
 import app  # noqa: E402  (app.py at the repository root, the entry point; importing it loads nothing)
-from microscope import handler, inputs, page, readout, server  # noqa: E402
+from arr_coc_microscope import handler, inputs, page, readout, server  # noqa: E402
 
 ELEM_IDS = ("image", "question", "arr-toggle", "budget", "method", "encode", "layer", "compare-layer", "compare-encode",
             "gist", "margin", "periphery", "run", "answer-baseline", "answer-arr", "answer-compare", "stats", "heatmap",
@@ -80,7 +80,7 @@ def test_parse_args_defaults_are_local_and_offline_only_for_local_models(tmp_pat
     assert server.parse_args(["--model", "x", "--device", "cpu", "--port", "7999", "--share"]).share is True
     code = (
         "import os, sys, app\n"
-        "from microscope.server import set_environment\n"
+        "from arr_coc_microscope.server import set_environment\n"
         "seen = [os.environ.get('HF_HUB_OFFLINE'), os.environ.get('GRADIO_ANALYTICS_ENABLED')]\n"
         "set_environment('Qwen/Qwen2-VL-2B-Instruct')\n"
         "seen += [os.environ.get('HF_HUB_OFFLINE'), os.environ.get('GRADIO_ANALYTICS_ENABLED')]\n"
@@ -146,7 +146,7 @@ def test_page_has_every_hook_and_the_ask_api(scope):
     assert "arr_coc_adaptive" not in choices   # adaptive is the checkbox
     assert [d.get("api_name") for d in config["dependencies"]].count("ask") == 1
     # Gradio writes .pyi stubs next to modules that subclass components
-    assert not (ROOT / "app.pyi").exists() and not list((ROOT / "microscope").glob("*.pyi"))
+    assert not (ROOT / "app.pyi").exists() and not list((ROOT / "arr_coc_microscope").glob("*.pyi"))
 
 
 def test_method_list_follows_the_registry_at_start_up(tiny_dir):

@@ -20,7 +20,7 @@ from _app_server import free_port, save_tiny_model, scene
 
 from arr_coc import viz  # noqa: E402
 from arr_coc.pipeline.trace import FOVEAL, GIST_ONLY, GRID_REASON, NOT_ENCODED, PERIPHERY, UNREAD, Trace  # noqa: E402
-from microscope import configs, handler, page, server  # noqa: E402
+from arr_coc_microscope import configs, handler, page, server  # noqa: E402
 
 Q = "What color is the circle?"
 

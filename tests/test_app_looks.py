@@ -15,7 +15,7 @@ import torch
 from _app_server import save_tiny_model, scene
 
 from arr_coc.pipeline.trace import Look, Trace  # noqa: E402
-from microscope import configs, handler, readout, server  # noqa: E402
+from arr_coc_microscope import configs, handler, readout, server  # noqa: E402
 
 Q = "What color is the circle?"
 
@@ -153,7 +153,7 @@ def test_the_page_sends_the_looks_to_the_wrapper(scope, image, tmp_path):
 
     from _app_server import free_port
     from arr_coc.saccade import THRESHOLD_INIT
-    from microscope import page
+    from arr_coc_microscope import page
 
     demo = page.build_demo(scope, examples=[])
     props = {c["props"].get("elem_id"): c["props"] for c in demo.get_config_file()["components"]

@@ -14,7 +14,7 @@ import pytest
 
 from _app_server import ROOT, AppProcess
 
-from microscope.page import read_examples  # noqa: E402
+from arr_coc_microscope.page import read_examples  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",

@@ -167,7 +167,7 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def scope(tiny_dir):
-    from microscope import server
+    from arr_coc_microscope import server
 
     return server.load(str(tiny_dir), device="cpu", max_new_tokens=6)
 
@@ -199,7 +199,7 @@ class Gate:
 
 
 def test_the_handler_stops_a_cancelled_request_and_frees_its_memory(scope, good_image, monkeypatch):
-    from microscope import handler
+    from arr_coc_microscope import handler
 
     gate = Gate()
     monkeypatch.setitem(SELECTORS, "gate", gate)
@@ -222,15 +222,15 @@ def test_the_handler_stops_a_cancelled_request_and_frees_its_memory(scope, good_
 
 
 def _ask_in(token, scope, image):
-    from microscope import handler
+    from arr_coc_microscope import handler
 
     with cancellable(token):
         return handler.ask(scope, image, Q, True, 0.5, False, "gate")
 
 
 def test_a_full_server_says_busy_and_the_next_request_is_served(scope, good_image, monkeypatch):
-    from microscope import handler
-    from microscope.admission import Admission
+    from arr_coc_microscope import handler
+    from arr_coc_microscope.admission import Admission
 
     full = Admission(max_requests=1, max_pixels=10**9)
     monkeypatch.setattr(scope, "admission", full)
@@ -253,7 +253,7 @@ def _serve(scope, enforce: bool, monkeypatch):
     from gradio_client import Client
 
     from arr_coc import cancel
-    from microscope import page, server
+    from arr_coc_microscope import page, server
 
     if not enforce:   # the negative control: the same app with its cancellation checks off
         monkeypatch.setattr(cancel, "CancelToken", lambda: CancelToken(enforce=False))
@@ -338,7 +338,7 @@ def test_a_disconnected_client_stops_the_servers_work(scope, good_image, monkeyp
 
 def test_a_cancel_sent_before_the_client_knew_the_request_id_still_stops_it(scope, good_image, monkeypatch):
     """gradio_client posts /reset with the request's id when it was cancelled before it learned the id;
-    Gradio 6 ignores that, the app treats it as /cancel (microscope.lifetime.ResetMeansCancel)."""
+    Gradio 6 ignores that, the app treats it as /cancel (arr_coc_microscope.lifetime.ResetMeansCancel)."""
     import httpx
     from gradio_client import handle_file
 

@@ -90,8 +90,8 @@ def test_the_check_catches_the_old_fallback(wrapper, monkeypatch):
 
 def test_ask_and_the_app_keep_to_the_budget_and_say_when_the_minimum_applies(wrapper, tiny_dir, tmp_path, capsys,
                                                                              monkeypatch):
-    from microscope import server
-    from microscope.handler import ask
+    from arr_coc_microscope import server
+    from arr_coc_microscope.handler import ask
 
     path = _gif(tmp_path / "clip.gif", _frames(16, 56))
     monkeypatch.setattr(ARRCOCQwen, "from_pretrained", classmethod(lambda cls, *a, **k: wrapper))
@@ -114,8 +114,8 @@ def test_ask_and_the_app_keep_to_the_budget_and_say_when_the_minimum_applies(wra
 def test_a_gif_path_is_the_same_clip_through_generate_ask_and_the_app(wrapper, tiny_dir, tmp_path, capsys,
                                                                       monkeypatch):
     from arr_coc.cli import main
-    from microscope import server
-    from microscope.handler import ask
+    from arr_coc_microscope import server
+    from arr_coc_microscope.handler import ask
 
     frames = _frames(8, 56)
     frames[4:] = [frames[4]] * 4                   # an encoder merges these: 5 stored frames, 8 shown
@@ -170,7 +170,7 @@ def test_the_page_names_the_clip_model_relative_to_the_app_s_folder(tiny_dir, mo
     import os
 
     from arr_coc.paths import default_model_path
-    from microscope import page, server
+    from arr_coc_microscope import page, server
 
     path = default_model_path(video=True)
     if path is None or path == default_model_path():
@@ -234,8 +234,8 @@ def _zero_fps_avi(path: Path) -> Path:
 
 
 def test_the_app_answers_a_clip_with_the_clip_model_and_an_image_with_the_image_model(tiny_dir, tmp_path):
-    from microscope import server
-    from microscope.handler import ask
+    from arr_coc_microscope import server
+    from arr_coc_microscope.handler import ask
 
     clip_dir = save_tiny_model(tmp_path / "clip_model", family="qwen2_vl")
     scope = server.load(str(tiny_dir), device="cpu", max_new_tokens=1)
@@ -261,8 +261,8 @@ def test_the_app_answers_a_clip_with_the_clip_model_and_an_image_with_the_image_
 
 
 def test_an_image_and_a_clip_together_are_refused_and_the_page_clears_the_other_box(tiny_dir, tmp_path):
-    from microscope import page, server
-    from microscope.handler import ask
+    from arr_coc_microscope import page, server
+    from arr_coc_microscope.handler import ask
 
     scope = server.load(str(tiny_dir), device="cpu", max_new_tokens=1)
     picture = tmp_path / "p.png"

@@ -45,7 +45,7 @@ def wrapper(tiny_dir):
 
 @pytest.fixture(scope="module")
 def scope(tiny_dir):
-    from microscope import server
+    from arr_coc_microscope import server
 
     scope = server.load(str(tiny_dir), device="cpu", max_new_tokens=2)
     scope.count_flops = False
@@ -136,7 +136,7 @@ def test_a_turned_jpeg_and_its_upright_png_get_the_same_grid_cells_and_answer_ev
         photos, orientation, wrapper, scope, tiny_dir, capsys, monkeypatch):
     """Through `ask`, the app's handler and `generate`: the same grid (tall: 6 x 4 cells), the same kept cells
     and the same answer for the tagged JPEG as for the upright PNG."""
-    from microscope import handler
+    from arr_coc_microscope import handler
 
     jpeg, png = photos[orientation]
     seen = {}
@@ -308,7 +308,7 @@ def test_the_foreign_script_note_is_only_for_foreign_characters():
 @pytest.mark.parametrize("blank,named", [("pruned", "for config A"), ("none", "for the baseline"),
                                          ("all", "for the baseline and config A")])
 def test_the_app_names_the_run_whose_answer_was_empty(scope, monkeypatch, blank, named):
-    from microscope import handler
+    from arr_coc_microscope import handler
 
     real = handler._generate
 
@@ -333,7 +333,7 @@ def test_the_app_names_the_run_whose_answer_was_empty(scope, monkeypatch, blank,
 @pytest.mark.parametrize("question", [["What color is the circle?"], {"q": "What color?"}, 5, b"What color?"])
 def test_a_question_that_is_not_text_is_refused_by_the_validator_and_the_handler(question, scope):
     from arr_coc.validation.requests import check_question
-    from microscope import handler
+    from arr_coc_microscope import handler
 
     with pytest.raises(InputError, match="The question must be text, not a") as info:
         check_question(question)
@@ -347,7 +347,7 @@ def test_a_question_that_is_not_text_is_refused_by_the_validator_and_the_handler
 def test_a_budget_is_plain_ascii_digits_everywhere(text, scope):
     """Python's float() and int() read underscores and other scripts' digits; the one parser does not."""
     from arr_coc.budget import BudgetError, parse_budget
-    from microscope import handler
+    from arr_coc_microscope import handler
 
     with pytest.raises(BudgetError, match="is not a budget") as info:
         parse_budget(text)
@@ -358,7 +358,7 @@ def test_a_budget_is_plain_ascii_digits_everywhere(text, scope):
 def test_the_whole_number_1_follows_one_rule_on_the_command_line_and_the_api(scope):
     """JSON cannot tell 1 from 1.0, so the API reads a whole number as the command line reads its text."""
     from arr_coc.budget import BudgetError, parse_budget
-    from microscope import handler
+    from arr_coc_microscope import handler
 
     with pytest.raises(BudgetError, match="ambiguous") as info:
         parse_budget("1")
@@ -374,7 +374,7 @@ def test_the_page_sends_the_sliders_maximum_as_text(tmp_path):
     import shutil
     import subprocess
 
-    from microscope.page import slider_max_as_text
+    from arr_coc_microscope.page import slider_max_as_text
 
     node = shutil.which("node")
     if node is None:

@@ -83,8 +83,8 @@ def test_encode_before_gets_the_layer_trained_for_it_unless_a_gist_or_a_layer_is
 
 def test_the_app_compares_after_and_before_each_with_its_shipped_layer():
     from arr_coc.paths import SHIPPED_BEFORE_LAYER
-    from microscope import configs, server
-    from microscope.handler import Microscope
+    from arr_coc_microscope import configs, server
+    from arr_coc_microscope.handler import Microscope
 
     scope = Microscope(wrapper=None, model_name="embedded", methods=["arr_coc"])
     assert server.shipped_before_layer(scope, server.parse_args([])) == [SHIPPED_BEFORE_LAYER]
@@ -204,7 +204,7 @@ def test_the_shipped_before_layer_spends_its_budget_where_the_question_needs_it(
     from arr_coc.paths import SHIPPED_BEFORE_LAYER
     from arr_coc.qwen import ARRCOCQwen
     from arr_coc.encode import EncodeConfig
-    from microscope import readout
+    from arr_coc_microscope import readout
 
     items = [make_item(3, "test", i) for i in range(80)]
     by_kind = {kind: [(image, record["question"]) for image, record, _ in items if record["type"] == kind][:8]

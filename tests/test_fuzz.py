@@ -236,7 +236,7 @@ def wrapper(tiny_dir):
 def live(tiny_dir):
     from gradio_client import Client
 
-    from microscope import page, server
+    from arr_coc_microscope import page, server
 
     scope = server.load(str(tiny_dir), device="cpu", max_new_tokens=4)
     demo = page.build_demo(scope, examples=[])
@@ -270,7 +270,7 @@ def cli(wrapper, tiny_dir, capsys, monkeypatch, image: str, question: str, budge
 def api(client, image: str | None, question: str, budget: Any = None, method: Any = None) -> dict:
     from gradio_client import handle_file
 
-    from microscope.handler import OUTPUT_NAMES
+    from arr_coc_microscope.handler import OUTPUT_NAMES
 
     kw = {"budget": budget} if budget is not None else {}
     kw.update({"method": method} if method is not None else {})

@@ -250,7 +250,7 @@ def test_generate_in_bfloat16_fills_every_trace_field(family, model_dirs, make_i
 
 
 def test_the_app_takes_the_same_options_and_loads_in_bfloat16(model_dirs):
-    from microscope import server
+    from arr_coc_microscope import server
 
     args = server.parse_args(["--dtype", "bfloat16", "--attn-implementation", "eager", "--device", "cpu"])
     assert (args.device, args.dtype, args.attn_implementation) == ("cpu", "bfloat16", "eager")
@@ -280,7 +280,7 @@ def test_nothing_forces_the_hub_offline_for_a_hub_id(monkeypatch, image_file, sp
     import transformers
 
     from arr_coc.qwen import ARRCOCQwen, HubUnreachable
-    from microscope import server
+    from arr_coc_microscope import server
 
     seen: list[str | None] = []
 

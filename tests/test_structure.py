@@ -2,7 +2,7 @@
 
 - no import cycle of any kind: between files, counting imports at the top, inside functions and under
   `if TYPE_CHECKING:` (a type-only or lazy import that closes a circle still ties the two files together),
-  between packages (a subpackage or a top-level module of `arr_coc` is one node; `microscope` is one), and
+  between packages (a subpackage or a top-level module of `arr_coc` is one node; `arr_coc_microscope` is one), and
   between a package and its own subpackages (`arr_coc.shapes` <-> `arr_coc.shapes.video`: each folder's own
   modules are one node, each subfolder another);
 - the layering DESIGN.md states, read off the imports: the core knows nothing of the pipeline, a backend or the
@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("arr_coc", "microscope")   # the library and the app package
+APP = "arr_coc_microscope"   # the app's package (under the project's name: PyPI's `microscope` is another package)
+PACKAGES = ("arr_coc", APP)   # the library and the app package
 MAX_FUNCTION_LINES = 80
 
 # The core (`arr_coc/core/`: the layer and what it is made of) and the small owners beside it. They import
@@ -34,7 +35,7 @@ CORE_MODULES = ("config", "texture", "spectral", "kmeans", "components", "extent
 CORE = {f"arr_coc.core.{m}" for m in CORE_MODULES} | {"arr_coc.core"} | {f"arr_coc.{m}" for m in (
     "viz", "saccade", "resolution", "budget", "stopwatch", "errors", "geometry", "cancel", "schedule", "lazy")}
 ABOVE_THE_CORE = ("arr_coc.pipeline", "arr_coc.qwen", "arr_coc.methods", "arr_coc.evaluation", "arr_coc.training",
-                  "arr_coc.harness", "arr_coc.cli", "arr_coc.shapes", "arr_coc.data", "microscope")
+                  "arr_coc.harness", "arr_coc.cli", "arr_coc.shapes", "arr_coc.data", APP)
 # Where a Hugging Face Qwen-VL model's internals may be reached: the backend, the embedded model's builder and
 # trainer (it makes a Qwen2-VL), and the bench, which builds random Qwen models at real widths.
 HF_INTERNALS = re.compile(r"\.model\.model\b|\.language_model\b|get_image_features|get_rope_index|"
@@ -237,16 +238,16 @@ def test_the_layers_import_only_downwards():
             bad[module] = reaches(module, ABOVE_THE_CORE)
         elif module.startswith("arr_coc.pipeline"):   # backend-agnostic: no backend, no method, nothing above it
             bad[module] = reaches(module, ("arr_coc.qwen", "arr_coc.methods", "arr_coc.evaluation",
-                                           "arr_coc.training", "arr_coc.harness", "arr_coc.cli", "microscope"))
+                                           "arr_coc.training", "arr_coc.harness", "arr_coc.cli", APP))
         elif module.startswith("arr_coc.validation"):  # the pipeline runs the validator: it knows no pipeline
             bad[module] = reaches(module, ("arr_coc.pipeline", "arr_coc.qwen", "arr_coc.methods", "arr_coc.evaluation",
-                                           "arr_coc.training", "arr_coc.harness", "arr_coc.cli", "microscope"))
+                                           "arr_coc.training", "arr_coc.harness", "arr_coc.cli", APP))
         elif module.startswith("arr_coc.methods"):     # selectors read a typed context, never a backend
-            bad[module] = reaches(module, ("arr_coc.qwen", "arr_coc.evaluation", "arr_coc.cli", "microscope"))
-        elif module.startswith("arr_coc") and not module.startswith(("arr_coc.cli", "arr_coc.__main__")):
-            bad[module] = reaches(module, ("arr_coc.cli", "microscope"))
-        elif module.startswith("microscope"):          # the app uses the library, not the command line
+            bad[module] = reaches(module, ("arr_coc.qwen", "arr_coc.evaluation", "arr_coc.cli", APP))
+        elif module.startswith(APP):                   # the app uses the library, not the command line
             bad[module] = reaches(module, ("arr_coc.cli",))
+        elif module.startswith("arr_coc") and not module.startswith(("arr_coc.cli", "arr_coc.__main__")):
+            bad[module] = reaches(module, ("arr_coc.cli", APP))     # the library never imports the app
     assert {m: d for m, d in bad.items() if d} == {}
 
 
@@ -301,7 +302,7 @@ def test_every_name_the_scripts_and_the_app_import_from_the_library_exists():
     import importlib
 
     missing = []
-    for path in [*(ROOT / "scripts").glob("*.py"), ROOT / "app.py", *(ROOT / "microscope").glob("*.py"),
+    for path in [*(ROOT / "scripts").glob("*.py"), ROOT / "app.py", *(ROOT / APP).glob("*.py"),
                  ROOT / "assets" / "examples" / "make_examples.py"]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("arr_coc"):

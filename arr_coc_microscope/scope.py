@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from arr_coc.validation.limits import LIMITS, InputLimits
-from microscope.admission import Admission
+from arr_coc_microscope.admission import Admission
 
 if TYPE_CHECKING:
     from arr_coc import ARRCOCQwen, Trace
@@ -49,7 +49,7 @@ def encode_text(encode: EncodeConfig) -> str:
 
 @dataclass
 class Microscope:
-    """What the handlers share: read-only after `microscope.server.load()` (the lock only serialises model calls)."""
+    """What the handlers share: read-only after `server.load()` (the lock only serialises model calls)."""
 
     wrapper: ARRCOCQwen
     model_name: str

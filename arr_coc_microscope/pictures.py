@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-    from microscope.asked import Asked
+    from arr_coc_microscope.asked import Asked
 
 STRIP_HEIGHT = 160   # px per group picture in a clip's strips
 

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 from arr_coc.runtime import add_arguments as add_runtime
 from arr_coc.runtime import add_fast_argument as add_fast
 from arr_coc.validation.limits import LIMITS
-from microscope.admission import Admission
-from microscope.configs import add_layers
-from microscope.handler import Microscope
-from microscope.inputs import reason
-from microscope.memory import limit_malloc_arenas
-from microscope.page import CSS, DEFAULT_CONCURRENCY, EXAMPLES_DIR, build_demo
+from arr_coc_microscope.admission import Admission
+from arr_coc_microscope.configs import add_layers
+from arr_coc_microscope.handler import Microscope
+from arr_coc_microscope.inputs import reason
+from arr_coc_microscope.memory import limit_malloc_arenas
+from arr_coc_microscope.page import CSS, DEFAULT_CONCURRENCY, EXAMPLES_DIR, build_demo
 
 if TYPE_CHECKING:
     import gradio as gr
@@ -163,7 +163,7 @@ def shipped_before_layer(scope: Microscope, args: argparse.Namespace) -> list[st
     """[the layer trained for encode="before"] when the page serves the embedded model with its shipped layer
     (config B then defaults to it, encoding before); [] otherwise. Marks it on the scope."""
     from arr_coc.paths import default_layer_path, is_embedded_model
-    from microscope.configs import layer_label
+    from arr_coc_microscope.configs import layer_label
 
     folder = default_layer_path("before")
     if args.arr_coc is not None or folder is None or not is_embedded_model(model_path(args.model)):
@@ -276,7 +276,7 @@ def warm_up(scope: Microscope) -> float:
     would otherwise pay: lazy builds, allocator growth, and on the fast path each stage's compile for that
     bucket). Returns the seconds it took; a failure is logged, never fatal."""
     from arr_coc.shapes import make_item
-    from microscope.handler import ask
+    from arr_coc_microscope.handler import ask
 
     t0 = time.perf_counter()
     image, record, _ = make_item(0, "warm-up", 0)
@@ -297,7 +297,7 @@ def serve(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, share: boo
     import gradio as gr
     from starlette.middleware import Middleware
 
-    from microscope.lifetime import ResetMeansCancel
+    from arr_coc_microscope.lifetime import ResetMeansCancel
 
     kwargs.setdefault("app_kwargs", {"middleware": [Middleware(ResetMeansCancel, blocks=demo)]})
     return demo.launch(server_name=host, server_port=port, share=share, css=CSS, theme=gr.themes.Soft(),

@@ -1,12 +1,12 @@
 """One request of the microscope, about an image or a clip: the baseline run, configs A and B, and what the page
 shows of them.
 
-`ask` checks the inputs (`microscope.inputs`, i.e. the library's one validator, and `microscope.configs` for the
-encoding and layer choices), admits the request by its pixels (`microscope.admission`), runs the same VLM up to
+`ask` checks the inputs (`arr_coc_microscope.inputs`, i.e. the library's one validator, and `.configs` for the
+encoding and layer choices), admits the request by its pixels (`.admission`), runs the same VLM up to
 three times through the pipeline (`ARRCOCQwen.respond`: method="none", every visual token; then config A: the
 chosen method, layer and encoding; then config B: ARR-COC with its own layer and encoding), counts their FLOPs
-off the clock (`arr_coc.evaluation.cost`, as `eval` counts them), draws the pictures (`microscope.pictures`) and
-writes them and the JSON trace (`microscope.readout`) into a fresh folder. A clip is a request like any other: it
+off the clock (`arr_coc.evaluation.cost`, as `eval` counts them), draws the pictures (`.pictures`) and
+writes them and the JSON trace (`.readout`) into a fresh folder. A clip is a request like any other: it
 replaces the image, its units are its temporal groups, and the pictures show them side by side. It never raises:
 a bad input or a failure comes back as `Result.error`, and a failing pruned run falls back to the baseline.
 
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from arr_coc.answer_notes import empty_answer_notes
-from microscope.asked import Asked, open_asked
-from microscope.configs import RunConfig, read_configs
-from microscope.inputs import InputError, check_method, check_question, read_budget, read_flag, reason
-from microscope.readout import stats_rows, trace_record
-from microscope.scope import MEMO_LIMIT, Microscope, Pruned, Run  # noqa: F401 - re-exported: the handler's types
+from arr_coc_microscope.asked import Asked, open_asked
+from arr_coc_microscope.configs import RunConfig, read_configs
+from arr_coc_microscope.inputs import InputError, check_method, check_question, read_budget, read_flag, reason
+from arr_coc_microscope.readout import stats_rows, trace_record
+from arr_coc_microscope.scope import MEMO_LIMIT, Microscope, Pruned, Run  # noqa: F401 - re-exported: its types
 
 if TYPE_CHECKING:
     from arr_coc import ARRCOCQwen
@@ -198,7 +198,7 @@ def _answer(scope: Microscope, asked: Asked, request: _Request) -> Result:
 def _result(scope: Microscope, asked: Asked, request: _Request, base: Run, pruned: list[Pruned],
             notes: list[str]) -> Result:
     """What the page shows: answers, the table, the pictures and the trace, written into a fresh folder."""
-    from microscope import pictures
+    from arr_coc_microscope import pictures
 
     first = pruned[0].run if pruned else None
     heatmap = pictures.relevance(asked, first.trace, scope.cell_px) if first is not None else None

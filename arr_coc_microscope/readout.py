@@ -23,8 +23,8 @@ from arr_coc.paths import shown_path
 if TYPE_CHECKING:
     from arr_coc import Trace
     from arr_coc.budget import Budget
-    from microscope.asked import Asked
-    from microscope.scope import Microscope, Pruned, Run
+    from arr_coc_microscope.asked import Asked
+    from arr_coc_microscope.scope import Microscope, Pruned, Run
 
 STATS_HEADERS = ["", "baseline", "config A", "config B"]
 

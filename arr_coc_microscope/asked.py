@@ -102,7 +102,7 @@ def open_asked(image: Any, video: Any, limits: InputLimits, sampling: dict[str, 
     from arr_coc.errors import InputError
     from arr_coc.validation.clips import check_clip
     from arr_coc.video.reading import is_clip_path
-    from microscope.inputs import Refused, Unreadable, open_upload
+    from arr_coc_microscope.inputs import Refused, Unreadable, open_upload
 
     if video and image:
         raise InputError("Both an image and a video were sent: ask about one of them (clear the other box, or pass "

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from arr_coc.errors import InputError
 
-from microscope.scope import Microscope, RunConfig, encode_text  # noqa: F401 - RunConfig, encode_text re-exported
+from arr_coc_microscope.scope import Microscope, RunConfig, encode_text  # noqa: F401 - re-exported
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def read_configs(scope: Microscope, method: str, encode: Any, layer: Any, compar
     """[A] or [A, B] as the request asks (None: the page's defaults); notes say what was adjusted."""
     from arr_coc.saccade import THRESHOLD_INIT
     from arr_coc.pipeline.selection import get_selector, selects_before_encoding
-    from microscope.inputs import read_flag
+    from arr_coc_microscope.inputs import read_flag
 
     names = list(scope.layers)
     b_layer, b_encode = scope.default_compare

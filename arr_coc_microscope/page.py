@@ -1,10 +1,10 @@
 """The microscope's page: the Gradio Blocks layout, its CSS and its examples.
 
-One event, `ask` (api_name="ask"), wired to `microscope.handler.ask`; its inputs and outputs are
+One event, `ask` (api_name="ask"), wired to `arr_coc_microscope.handler.ask`; its inputs and outputs are
 documented in docs/APP.md. Gradio is imported when the page is built, not before.
 
 The event is a coroutine that runs the handler on a worker thread under a cancellation token
-(`arr_coc.cancel`): when the client cancels or disconnects (`microscope.lifetime`), the token is
+(`arr_coc.cancel`): when the client cancels or disconnects (`arr_coc_microscope.lifetime`), the token is
 cancelled and the model work stops at its next step boundary; the coroutine waits for that (a few
 seconds at most), so the request's memory is free before its slot is.
 """
@@ -19,12 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from microscope import handler, lifetime
-from microscope.configs import ENCODE_CHOICES, MAX_LOOKS, MAX_MARGIN, OFF, THRESHOLD_RANGE, layer_for_mode
-from microscope.handler import OUTPUT_NAMES, Microscope
-from microscope.inputs import Refused, Unreadable, reason
-from microscope.memory import release_memory
-from microscope.readout import STATS_HEADERS
+from arr_coc_microscope import handler, lifetime
+from arr_coc_microscope.configs import ENCODE_CHOICES, MAX_LOOKS, MAX_MARGIN, OFF, THRESHOLD_RANGE, layer_for_mode
+from arr_coc_microscope.handler import OUTPUT_NAMES, Microscope
+from arr_coc_microscope.inputs import Refused, Unreadable, reason
+from arr_coc_microscope.memory import release_memory
+from arr_coc_microscope.readout import STATS_HEADERS
 
 if TYPE_CHECKING:
     import gradio as gr
