@@ -49,6 +49,7 @@ def main() -> None:
     ap.add_argument("--encode", default="after", choices=["after", "before"])
     ap.add_argument("--stock", action="store_true", help="stock vLLM, no plugin")
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--dtype", default="float32", help="the dtype vLLM builds and serves the model in")
     ap.add_argument("--chunk", type=int, default=None,
                     help="max_num_batched_tokens: prefill in chunks this long (an image's pads split across steps)")
     ap.add_argument("--one-process", action="store_true",
@@ -80,7 +81,7 @@ def main() -> None:
     lora = {} if args.lora is None else {"enable_lora": True, "enable_tower_connector_lora": True,
                                          "max_lora_rank": 16, "max_loras": 1}
     t0 = time.perf_counter()
-    llm = LLM(model=args.model, dtype="float32", max_model_len=2048, enforce_eager=True, seed=0,
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=2048, enforce_eager=True, seed=0,
               tensor_parallel_size=args.tp, max_num_batched_tokens=args.chunk,
               kv_cache_memory_bytes=256 << 20, limit_mm_per_prompt={"image": 1}, **lora, **extra, **extra_engine)
     seconds = {"load": time.perf_counter() - t0}

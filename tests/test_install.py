@@ -233,8 +233,11 @@ for name in examples:
     image = Image.open(root / "assets" / "examples" / name)
     answer, trace = vlm.generate(image, asked[name]["question"], budget=0.1, encode="before")
     got.append([name, answer, asked[name]["answer"], trace.kept_tokens, trace.total_tokens, bool(trace.adapter)])
+# Installed packages may live under the checkout too (CI's .venv is inside its clone): those are not the checkout's.
+sites = tuple(p + os.sep for p in sys.path if p.endswith(("site-packages", "dist-packages")))
 from_checkout = sorted(m for m, mod in list(sys.modules.items())
-                       if str(getattr(mod, "__file__", None) or "").startswith(str(root) + os.sep))
+                       if str(getattr(mod, "__file__", None) or "").startswith(str(root) + os.sep)
+                       and not str(getattr(mod, "__file__", None) or "").startswith(sites))
 print(json.dumps({"arr_coc": arr_coc.__file__, "sys_path": sys.path, "from_checkout": from_checkout, "got": got}))
 """
 

@@ -28,6 +28,7 @@ MODES = ("after", "before")
 BUDGETS = ("0.05", "0.1", "0.25")
 KEEP_ALL = "1.0"
 N_ITEMS = int(os.environ.get("ARR_COC_VLLM_FAMILY_ITEMS", "16"))
+N_BF16 = int(os.environ.get("ARR_COC_VLLM_FAMILY_BF16_ITEMS", "100"))
 MAX_TOKENS = 12
 
 needs_vllm = pytest.mark.skipif(not VLLM_PY.exists() and not os.environ.get("CI"),
@@ -89,9 +90,9 @@ def test_packed_windows_are_the_full_grids_windows_of_the_kept_cells():
 
 # -- served by vLLM ----------------------------------------------------------------------------------------------
 
-def _vllm(model: Path, items: Path, out: Path, *extra: str, check: bool = True) -> dict | str:
+def _vllm(model: Path, items: Path, out: Path, *extra: str, check: bool = True, n: int = N_ITEMS) -> dict | str:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [str(VLLM_PY), "scripts/vllm_compare.py", "--items", str(items), "--n", str(N_ITEMS), "--out", str(out),
+    cmd = [str(VLLM_PY), "scripts/vllm_compare.py", "--items", str(items), "--n", str(n), "--out", str(out),
            "--model", str(model), "--max-tokens", str(MAX_TOKENS), "--one-process", *extra]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     if not check:
@@ -115,7 +116,8 @@ def items(tmp_path_factory) -> Path:
     """Generated items at random canvas sizes (336-896 px a side): grids of several shapes."""
     tmp = tmp_path_factory.mktemp("family-items")
     subprocess.run([sys.executable, "-m", "arr_coc", "gen-data", "--out", str(tmp), "--split", "test", "--n",
-                    str(N_ITEMS), "--seed", "0", "--canvas", "random"], cwd=ROOT, check=True, capture_output=True)
+                    str(max(N_ITEMS, N_BF16)), "--seed", "0", "--canvas", "random"], cwd=ROOT, check=True,
+                   capture_output=True)
     return tmp / "test.jsonl"
 
 
@@ -138,7 +140,51 @@ def served(request, items, tmp_path_factory) -> Served:
     return Served(family, listed, {r["id"]: r for r in stock}, plugin, _hf(model, items, listed), eos)
 
 
-def _hf(model: Path, items: Path, listed: list[dict]) -> dict[tuple[str, str, str], dict]:
+@pytest.fixture(scope="module", params=FAMILIES)
+def served_bf16(request, items, tmp_path_factory) -> Served:
+    """Each family's tiny model served in bf16 (the model built under bf16, as deployments serve it), after and
+    before the tower, on N_BF16 items of random canvas sizes; the Hugging Face path in bf16 beside it (its layer
+    in float32, as `ARRCOC.from_pretrained(..., dtype=torch.bfloat16)` runs it)."""
+    import torch
+
+    from arr_coc.qwen.tiny import save_tiny_qwen
+
+    family = request.param
+    tmp = tmp_path_factory.mktemp(f"{family}-bf16")
+    model = Path(save_tiny_qwen(family, str(tmp / "model")))
+    plugin = {}
+    for mode in MODES:
+        rows = _vllm(model, items, tmp / f"{mode}.json", "--budgets", ",".join(BUDGETS), "--layer", "untrained",
+                     "--encode", mode, "--dtype", "bfloat16", "--margins", n=N_BF16)
+        plugin.update({(mode, r["budget"], r["id"]): r for r in rows})
+    listed = [json.loads(line) for line in items.read_text().splitlines()][:N_BF16]
+    config = json.loads((model / "config.json").read_text())
+    eos = {int(config["text_config"]["eos_token_id"]), int(config["text_config"]["pad_token_id"])}
+    return Served(family, listed, {}, plugin, _hf(model, items, listed, torch.bfloat16), eos)
+
+
+@needs_vllm
+def test_bf16_serving_keeps_the_hugging_face_paths_cells(served_bf16):
+    """Before the tower: every cell equal to the Hugging Face path in bf16, at every budget, on every item. After
+    the tower the choice reads the tower's bf16 tokens, vLLM's kernels against transformers': measured, most
+    equal. Answers: where they differ, the first differing token was a near-tie (its margin under 1 nat)."""
+    before = [(k, r["kept"] == served_bf16.hf[k]["kept"]) for k, r in served_bf16.plugin.items() if k[0] == "before"]
+    assert [k for k, same in before if not same] == [] and len(before) == len(BUDGETS) * N_BF16
+    after = [r["kept"] == served_bf16.hf[k]["kept"] for k, r in served_bf16.plugin.items() if k[0] == "after"]
+    print(f"{served_bf16.family} bf16 after the tower: {sum(after)} of {len(after)} items keep the same cells")
+    assert sum(after) >= 0.8 * len(after)
+    differ = []
+    for key, ours in served_bf16.plugin.items():
+        a, b = _answer(ours["token_ids"], served_bf16.eos), _answer(served_bf16.hf[key]["token_ids"], served_bf16.eos)
+        if a != b:
+            step = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            differ.append((key, ours["margins"][step] if step < len(ours["margins"]) else None))
+    print(f"{served_bf16.family} bf16 answers: {len(served_bf16.plugin) - len(differ)} of {len(served_bf16.plugin)} "
+          f"equal; margins where not: {sorted(m for _, m in differ if m is not None)}")
+    assert all(m is not None and m < 1.0 for _, m in differ), differ
+
+
+def _hf(model: Path, items: Path, listed: list[dict], dtype=None) -> dict[tuple[str, str, str], dict]:
     """The Hugging Face path at each budget, met exactly, after and before the tower, with the untrained layer
     built after torch.manual_seed(0) (the plugin's) and no adapter."""
     import torch
@@ -148,7 +194,7 @@ def _hf(model: Path, items: Path, listed: list[dict]) -> dict[tuple[str, str, st
     from arr_coc.budget import parse_budget
     from arr_coc.pipeline.request import Pruning
 
-    vlm = ARRCOC.from_pretrained(str(model), arr_coc=None, adapter=False)
+    vlm = ARRCOC.from_pretrained(str(model), arr_coc=None, adapter=False, dtype=dtype or "auto")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         vlm.layer                                           # built now, from seed 0
