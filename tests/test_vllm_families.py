@@ -142,9 +142,11 @@ def served(request, items, tmp_path_factory) -> Served:
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def served_bf16(request, items, tmp_path_factory) -> Served:
-    """Each family's tiny model served in bf16 (the model built under bf16, as deployments serve it), after and
-    before the tower, on N_BF16 items of random canvas sizes; the Hugging Face path in bf16 beside it (its layer
-    in float32, as `ARRCOC.from_pretrained(..., dtype=torch.bfloat16)` runs it)."""
+    """Each family's tiny model served in bf16 (the model built under bf16, as deployments serve it), before the
+    tower, on N_BF16 items of random canvas sizes; the Hugging Face path in bf16 beside it (its layer in float32,
+    as `ARRCOC.from_pretrained(..., dtype=torch.bfloat16)` runs it). After the tower the choice reads the tower's
+    bf16 tokens, vLLM's kernels against transformers': measured once with ARR_COC_VLLM_BF16_MODES=after,before
+    (docs/SERVING.md: 280 and 262 of 300 items kept the same cells), not run in every suite."""
     import torch
 
     from arr_coc.qwen.tiny import save_tiny_qwen
@@ -153,7 +155,7 @@ def served_bf16(request, items, tmp_path_factory) -> Served:
     tmp = tmp_path_factory.mktemp(f"{family}-bf16")
     model = Path(save_tiny_qwen(family, str(tmp / "model")))
     plugin = {}
-    for mode in MODES:
+    for mode in os.environ.get("ARR_COC_VLLM_BF16_MODES", "before").split(","):
         rows = _vllm(model, items, tmp / f"{mode}.json", "--budgets", ",".join(BUDGETS), "--layer", "untrained",
                      "--encode", mode, "--dtype", "bfloat16", "--margins", n=N_BF16)
         plugin.update({(mode, r["budget"], r["id"]): r for r in rows})
@@ -166,13 +168,14 @@ def served_bf16(request, items, tmp_path_factory) -> Served:
 @needs_vllm
 def test_bf16_serving_keeps_the_hugging_face_paths_cells(served_bf16):
     """Before the tower: every cell equal to the Hugging Face path in bf16, at every budget, on every item. After
-    the tower the choice reads the tower's bf16 tokens, vLLM's kernels against transformers': measured, most
-    equal. Answers: where they differ, the first differing token was a near-tie (its margin under 1 nat)."""
+    the tower (where measured) the choice reads the tower's bf16 tokens, vLLM's kernels against transformers':
+    most equal. Answers: where they differ, the first differing token was a near-tie (its margin under 1 nat)."""
     before = [(k, r["kept"] == served_bf16.hf[k]["kept"]) for k, r in served_bf16.plugin.items() if k[0] == "before"]
     assert [k for k, same in before if not same] == [] and len(before) == len(BUDGETS) * N_BF16
     after = [r["kept"] == served_bf16.hf[k]["kept"] for k, r in served_bf16.plugin.items() if k[0] == "after"]
-    print(f"{served_bf16.family} bf16 after the tower: {sum(after)} of {len(after)} items keep the same cells")
-    assert sum(after) >= 0.8 * len(after)
+    if after:
+        print(f"{served_bf16.family} bf16 after the tower: {sum(after)} of {len(after)} items keep the same cells")
+        assert sum(after) >= 0.8 * len(after)
     differ = []
     for key, ours in served_bf16.plugin.items():
         a, b = _answer(ours["token_ids"], served_bf16.eos), _answer(served_bf16.hf[key]["token_ids"], served_bf16.eos)
