@@ -296,6 +296,18 @@ def test_data_parallel_2_with_the_operators_budget_answers_as_one_worker(convers
 
 
 @needs_vllm
+def test_a_bad_operator_budget_stops_the_server_at_start_in_one_line(items, tmp_path):
+    reqs = [{"name": "one", "images": [items[0]["path"]], "budget": None, "messages": [_user(1, "What color?")]}]
+    (tmp_path / "reqs.json").write_text(json.dumps(reqs))
+    cmd = [str(VLLM_PY), "scripts/vllm_requests.py", "--requests", str(tmp_path / "reqs.json"), "--out",
+           str(tmp_path / "got.json"), "--layer", LAYER, "--encode", "before", "--server-budget", "lots"]
+    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+                          timeout=600)
+    said = done.stdout + done.stderr                    # the worker logs its error on stdout
+    assert done.returncode != 0 and "--mm-processor-kwargs arr_coc_budget 'lots' is not a budget" in said
+
+
+@needs_vllm
 @pytest.mark.parametrize("name", HOSTILE)
 def test_the_server_refuses_hostile_kwargs_with_400_and_one_line(server, name):
     got = server[name]["error"]

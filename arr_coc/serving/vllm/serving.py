@@ -262,6 +262,9 @@ class ARRCOCModel:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.arr_coc = ServeSettings.of(self.config)
         refuse_clips(vllm_config.model_config.multimodal_config.limit_per_prompt)
+        operator = getattr(vllm_config.model_config.multimodal_config, "mm_processor_kwargs", None) or {}
+        if operator.get(BUDGET_KEY) is not None:        # a bad default stops the server at start, in one line
+            request_budget({}, self.arr_coc, operator)
         for note in (self.arr_coc.layer_mode_note(), check_lora(self.arr_coc, vllm_config.lora_config)):
             if note:
                 log.warning(note)
