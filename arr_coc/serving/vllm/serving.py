@@ -18,13 +18,13 @@ Three mixins, each put in front of a family's vLLM class by `qwen.py` (Qwen2-VL)
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
+import functools
 from functools import partial
 from typing import Any
 
@@ -33,6 +33,7 @@ import torch
 
 from vllm.multimodal.inputs import MultiModalFieldConfig
 from vllm.multimodal.processing import PromptReplacement
+from vllm.utils.torch_utils import set_default_torch_dtype
 
 from ...pipeline.pure import choose
 from ...qwen.pixels import PatchImages
@@ -109,6 +110,7 @@ class ARRCOCInfo:
         return processor
 
 
+@functools.cache
 def _pil_processor(exact: bool) -> type:
     """transformers' PIL image processor; exact=True (a server below float32): it also hands on its float32
     patches as their bits (int32: vLLM casts every floating output to the model's dtype, context.py:345-374), so
@@ -117,20 +119,15 @@ def _pil_processor(exact: bool) -> type:
 
     if not exact:
         return Qwen2VLImageProcessorPil
-    global _ExactPixels
-    if _ExactPixels is None:
-        class ExactPixels(Qwen2VLImageProcessorPil):
-            def __call__(self, *args: Any, **kwargs: Any) -> Any:
-                out = super().__call__(*args, **kwargs)
-                if "pixel_values" in out:
-                    out[PIXELS_KEY] = torch.as_tensor(out["pixel_values"]).to(torch.float32).view(torch.int32)
-                return out
 
-        _ExactPixels = ExactPixels
-    return _ExactPixels
+    class ExactPixels(Qwen2VLImageProcessorPil):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            out = super().__call__(*args, **kwargs)
+            if "pixel_values" in out:
+                out[PIXELS_KEY] = torch.as_tensor(out["pixel_values"]).to(torch.float32).view(torch.int32)
+            return out
 
-
-_ExactPixels: type | None = None
+    return ExactPixels
 
 
 class ARRCOCProcessor:
@@ -207,18 +204,6 @@ def _float32_bits(bits: Any, device: torch.device) -> torch.Tensor:
     return bits.to(device).view(torch.float32)
 
 
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Any:
-    """Build under `dtype` (vLLM builds a model under its serving dtype: the layer's parameters would be created,
-    and its float32 weights loaded, in bf16)."""
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(before)
-
-
 def _per_item(value: Any) -> list[torch.Tensor]:
     """A batched field as one tensor per item (stacked when the shapes agreed, a list otherwise)."""
     return list(value) if isinstance(value, (list, tuple)) else list(value.unbind(0))
@@ -286,7 +271,8 @@ class ARRCOCModel:
         path. The untrained layer is the one built after `torch.manual_seed(0)` (every worker the same one)."""
         from ...core.layer import build_layer
 
-        with torch.inference_mode(False), torch.random.fork_rng(devices=[]), _default_dtype(torch.float32):
+        # vLLM builds the model under its serving dtype: the layer under float32 (its weights load as they are).
+        with torch.inference_mode(False), torch.random.fork_rng(devices=[]), set_default_torch_dtype(torch.float32):
             torch.manual_seed(0)
             layer = build_layer(self.arr_coc.layer, int(self.config.text_config.hidden_size))
         return layer.to(torch.float32).eval()
