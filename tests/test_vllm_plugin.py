@@ -19,8 +19,9 @@ import torch
 
 from arr_coc.budget import BudgetError
 from arr_coc.paths import LayerNotFound
-from arr_coc.serving.vllm.settings import (RequestRefused, ServeError, ServeSettings, cell_rows, check_lora,
-                                           check_picture, check_rows, kept_count, kept_positions,
+from arr_coc.serving.vllm.settings import (Placed, RequestRefused, ServeError, ServeSettings, cell_rows, check_lora,
+                                           check_picture, check_rows, clip_count, frame_units, kept_count,
+                                           kept_positions,
                                            place_kept_positions, prompt_positions, question_ids, refuse_clips,
                                            request_budget, screen_request_kwargs, server_fingerprint)
 
@@ -83,12 +84,15 @@ def test_the_layers_adapter_needs_vllms_lora_on_the_tower_or_is_refused_in_one_l
     assert check_lora(ServeSettings.of(Cfg({"layer": LAYER})), None) is None   # no adapter: nothing to check
 
 
-def test_a_server_started_for_clips_is_refused_in_one_line():
-    refuse_clips({"image": 1})
-    refuse_clips(None)
-    refuse_clips({"video": 0})
-    with pytest.raises(ServeError, match="prunes images, not clips"):
-        refuse_clips({"video": 1})
+def test_a_qwen3_vl_server_started_for_clips_is_refused_in_one_line():
+    """Qwen2-VL and Qwen2.5-VL clips are served; a Qwen3-VL server started to take clips stops in one line."""
+    for family in ("qwen2_vl", "qwen2_5_vl"):
+        refuse_clips({"video": 1}, family)
+    refuse_clips({"image": 1}, "qwen3_vl")
+    refuse_clips(None, "qwen3_vl")
+    refuse_clips({"video": 0}, "qwen3_vl")
+    with pytest.raises(ServeError, match="serves Qwen3-VL images, not its clips yet"):
+        refuse_clips({"video": 1}, "qwen3_vl")
 
 
 def test_a_requests_budget_is_the_projects_budget_and_the_default_the_layers():
@@ -148,6 +152,75 @@ def test_placeholders_are_the_budgets_count_of_merged_cells():
     assert kept_count(1.0, (1, 16, 24), 2) == 96
     with pytest.raises(ServeError, match="clip"):
         kept_count(0.1, (2, 32, 32), 2)
+
+
+@pytest.mark.parametrize("floor", [0, 1, 3])
+def test_a_clips_placeholders_are_what_the_space_time_choice_keeps(floor):
+    """`clip_count`, written before the choice runs, is the number of cells `allocate` keeps over the clip's
+    t * h * w cells, for every budget (a share, a count, below the one-per-group minimum, above every cell) and the
+    layer's `min_per_group`; a negative control: the image rule (`count_of` over the cells) is not."""
+    from arr_coc.budget import count_of
+    from arr_coc.core.temporal import allocate
+
+    g = torch.Generator().manual_seed(0)
+    differs = 0
+    for t, h, w in ((4, 24, 24), (1, 12, 16), (8, 4, 4), (3, 2, 2)):
+        n = (h // 2) * (w // 2)
+        for budget in (0.001, 0.03, 0.05, 0.1, 0.5, 1.0, 1, 3, 64, 10 ** 6):
+            score = torch.rand(t, h // 2, w // 2, generator=g)
+            kept = int(allocate(score, count_of(budget, t * n), floor).sum())
+            assert clip_count(budget, (t, h, w), 2, floor) == kept, (t, h, w, budget)
+            differs += count_of(budget, t * n) != kept
+    assert differs > 0
+
+
+def test_a_clip_is_its_frame_groups_and_its_cells_are_numbered_over_space_and_time():
+    units, clips, groups = frame_units([(4, 6, 8), (1, 4, 4)])
+    assert units == [(1, 6, 8)] * 4 + [(1, 4, 4)] and clips == [0, 0, 0, 0, 1] and groups == [0, 1, 2, 3, 0]
+    pos = kept_positions(torch.tensor([0, 13, 25, 47]), (3, 4), groups=4)             # 12 cells per group
+    assert pos.tolist() == [[0, 0, 0, 4], [1, 0, 1, 4], [2, 0, 1, 4], [3, 2, 3, 4]]
+    scaled = kept_positions(torch.tensor([0, 13, 25, 47]), (3, 4), groups=4, factor=2.5)   # Qwen2.5-VL's step
+    assert scaled[:, 0].tolist() == [0, 2, 5, 7] and scaled[0, 3] == 8                  # int(3 * 2.5) + 1
+
+
+def _stock_positions(n_tokens: int, items: list[tuple[int, int, int, int, float]]) -> torch.Tensor:
+    """vLLM's Qwen2-VL / Qwen2.5-VL `get_mrope_input_positions` (qwen2_vl.py:1354-1391) for every-token items
+    (offset, t, h, w, time factor), written out here as the reference the plugin's positions must meet."""
+    import numpy as np
+
+    pieces, st = [], 0
+    for offset, t, h, w, factor in items:
+        text_len, st_idx = offset - st, (pieces[-1].max() + 1 if pieces else 0)
+        pieces.append(np.broadcast_to(np.arange(text_len), (3, text_len)) + st_idx)
+        grid = np.indices((t, h, w))
+        if factor != 1.0:
+            grid[0] = (grid[0] * factor).astype(np.int64)
+        pieces.append(grid.reshape(3, -1) + text_len + st_idx)
+        st = offset + t * h * w
+    st_idx = pieces[-1].max() + 1
+    pieces.append(np.broadcast_to(np.arange(n_tokens - st), (3, n_tokens - st)) + st_idx)
+    return torch.from_numpy(np.concatenate(pieces, axis=1))
+
+
+@pytest.mark.parametrize("factor", [1.0, 0.5, 2.0, 2.5])
+def test_a_clip_kept_whole_sits_where_stock_vllm_puts_it_and_pruned_keeps_the_texts_positions(factor):
+    """An image then a clip (3 groups of 2x3 cells), text between and after: with every cell kept the placed
+    positions are vLLM's own; pruned, the kept cells keep theirs and the text does not move."""
+    image, video = 6, 7
+    ids = torch.tensor([1, 2] + [image] * 4 + [3] + [video] * 18 + [4, 5])
+    stock = _stock_positions(len(ids), [(2, 1, 2, 2, 1.0), (7, 3, 2, 3, factor)])
+    items = [Placed(2, 4, 2, 2), Placed(7, 18, 2, 3, 3, factor)]
+    kept = [kept_positions(torch.arange(4), (2, 2)), kept_positions(torch.arange(18), (2, 3), 3, factor)]
+    positions, delta = prompt_positions(len(ids), items)
+    placed, placed_delta = place_kept_positions(ids, kept, positions, 0, (image, video))
+    assert torch.equal(placed, stock) and placed_delta == delta == int(stock.max()) + 1 - len(ids)
+    cells = torch.tensor([1, 8, 17])                                       # one cell in each group
+    short = torch.tensor([1, 2] + [image] * 4 + [3] + [video] * 3 + [4, 5])
+    positions, _ = prompt_positions(len(short), [Placed(2, 4, 2, 2), Placed(7, 3, 2, 3, 3, factor)])
+    pruned, _ = place_kept_positions(short, [kept[0], kept_positions(cells, (2, 3), 3, factor)], positions, 0,
+                                     (image, video))
+    assert torch.equal(pruned[:, 7:10], stock[:, 7 + cells]) and torch.equal(pruned[:, -2:], stock[:, -2:])
+    assert not torch.equal(pruned[:, 7:10], positions[:, 7:10])          # the provisional ones were replaced
 
 
 def test_the_question_is_read_as_the_hugging_face_path_reads_it():

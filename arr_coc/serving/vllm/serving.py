@@ -39,12 +39,37 @@ from ...pipeline.pure import choose
 from ...qwen.pixels import PatchImages
 from ...qwen.processing import IM_END, VISION_END
 from ...qwen.prompt import PromptTokens, user_header
-from .settings import (BUDGET_KEY, COUNT_KEY, PIXELS_KEY, PLUGIN_KEYS, QUESTION_KEY, SERVER_KEY, ServeError,
-                       ServeSettings, check_family, check_lora, check_picture, check_rows, kept_count, kept_positions,
-                       place_kept_positions, prompt_positions, question_ids, refuse_clips, request_budget,
-                       screen_request_kwargs, server_fingerprint)
+from .settings import (BUDGET_KEY, CLIP_COUNT_KEY, CLIP_PIXELS_KEY, CLIP_QUESTION_KEY, CLIPLESS_FAMILIES, COUNT_KEY,
+                       PIXELS_KEY, PLUGIN_KEYS, QUESTION_KEY, SERVER_KEY, Placed, ServeError, ServeSettings,
+                       check_family, check_lora, check_picture, check_rows, clip_count, frame_units, kept_count,
+                       kept_positions, place_kept_positions, prompt_positions, question_ids, refuse_clips,
+                       request_budget, screen_request_kwargs, server_fingerprint)
 
-FIELDS = (QUESTION_KEY, COUNT_KEY)   # per image, batched, on the host
+
+@dataclasses.dataclass(frozen=True)
+class Media:
+    """What the plugin reads of one modality: its vLLM keys and the plugin's per-item fields beside them."""
+
+    modality: str            # vLLM's: "image" or "video"
+    name: str                # as messages name an item: "image" or "clip"
+    pixels: str              # the processor's patch rows
+    grid: str                # its [N, 3] patch grids
+    question: str            # per item: the question's token ids
+    count: str               # per item: the kept count its placeholders hold
+    exact: str               # per item, below float32 serving: the float32 patch rows' bits
+    token_id: str            # the config's pad token id attribute
+
+    @property
+    def fields(self) -> tuple[str, str]:
+        return self.question, self.count
+
+
+IMAGES = Media("image", "image", "pixel_values", "image_grid_thw", QUESTION_KEY, COUNT_KEY, PIXELS_KEY,
+               "image_token_id")
+CLIPS = Media("video", "clip", "pixel_values_videos", "video_grid_thw", CLIP_QUESTION_KEY, CLIP_COUNT_KEY,
+              CLIP_PIXELS_KEY, "video_token_id")
+MEDIA = (IMAGES, CLIPS)
+FIELDS = (QUESTION_KEY, COUNT_KEY)   # per image, batched, on the host (CLIPS.fields per clip)
 log = logging.getLogger("arr_coc.serving.vllm")
 TRACE = os.environ.get("ARR_COC_VLLM_TRACE")    # a file: each image's kept cells appended there (tests)
 TIMING = os.environ.get("ARR_COC_VLLM_TIMING")  # a file: each encoder call's choice and tower seconds (benchmarks)
@@ -60,8 +85,11 @@ class ARRCOCInfo:
         return super().get_hf_config()
 
     def get_supported_mm_limits(self) -> Mapping[str, int | None]:
-        """Images only (a clip is refused by vLLM at the request, as a modality this model does not take)."""
-        return {"image": None}
+        """Images, and clips where the family's are served (`settings.CLIPLESS_FAMILIES`: there vLLM refuses a clip
+        at the request, 400, as a modality this model does not take)."""
+        if self.family in CLIPLESS_FAMILIES:
+            return {"image": None}
+        return super().get_supported_mm_limits()
 
     def arr_coc_settings(self) -> ServeSettings:
         if not hasattr(self, "_arr_coc_settings"):
@@ -102,31 +130,42 @@ class ARRCOCInfo:
     def get_hf_processor(self, **kwargs: object) -> Any:
         """vLLM's processor with transformers' PIL image processor, the Hugging Face path's (the project runs
         without torchvision): the torchvision one's `pixel_values` differ from it by a float rounding (2e-7), which
-        can move a cell's score across another's. Same settings (`to_dict`), swapped once per cached processor."""
+        can move a cell's score across another's. Same settings (`to_dict`), swapped once per cached processor.
+        Below float32, both processors also hand on their float32 patches (`_exact_pixels`)."""
         processor = super().get_hf_processor(**kwargs)
         exact = self.ctx.model_config.dtype != torch.float32
         if not isinstance(processor.image_processor, _pil_processor(exact)):
             processor.image_processor = _pil_processor(exact).from_dict(processor.image_processor.to_dict())
+        videos = getattr(processor, "video_processor", None)
+        if exact and videos is not None and not getattr(type(videos), "arr_coc_exact", False):
+            videos.__class__ = _exact_pixels(type(videos), CLIPS)
         return processor
 
 
 @functools.cache
 def _pil_processor(exact: bool) -> type:
-    """transformers' PIL image processor; exact=True (a server below float32): it also hands on its float32
-    patches as their bits (int32: vLLM casts every floating output to the model's dtype, context.py:345-374), so
-    that the choice reads the pictures the Hugging Face path reads, whatever dtype the tower runs in."""
+    """transformers' PIL image processor; exact=True (a server below float32): with its float32 patches' bits."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    if not exact:
-        return Qwen2VLImageProcessorPil
+    return _exact_pixels(Qwen2VLImageProcessorPil, IMAGES) if exact else Qwen2VLImageProcessorPil
 
-    class ExactPixels(Qwen2VLImageProcessorPil):
+
+@functools.cache
+def _exact_pixels(base: type, media: Media) -> type:
+    """`base` (an image or video processor) that also hands on its float32 patches as their bits (int32: vLLM casts
+    every floating output to the model's dtype, context.py:345-374), so that the choice reads the pictures the
+    Hugging Face path reads, whatever dtype the tower runs in."""
+
+    class ExactPixels(base):
+        arr_coc_exact = True
+
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             out = super().__call__(*args, **kwargs)
-            if "pixel_values" in out:
-                out[PIXELS_KEY] = torch.as_tensor(out["pixel_values"]).to(torch.float32).view(torch.int32)
+            if media.pixels in out:
+                out[media.exact] = torch.as_tensor(out[media.pixels]).to(torch.float32).view(torch.int32)
             return out
 
+    ExactPixels.__name__ = ExactPixels.__qualname__ = f"Exact{base.__name__}"
     return ExactPixels
 
 
@@ -141,52 +180,66 @@ class ARRCOCProcessor:
         return super().apply(dataclasses.replace(inputs, hf_processor_mm_kwargs=kwargs), timing_ctx)
 
     def _apply_hf_processor_main(self, mm_items: Any, hf_kwargs: Mapping[str, object]) -> Any:
-        """transformers' processor without the plugin's kwargs, then the plugin's per-image fields beside
-        `image_grid_thw`. Here, not in `_call_hf_processor` (processor.py:1287-1297): Qwen3-VL's override of this
-        method (qwen3_vl.py:1420-1644) calls transformers' processor itself (line 1615)."""
+        """transformers' processor without the plugin's kwargs, then the plugin's per-item fields beside each
+        modality's grid (`_count_items`). Here, not in `_call_hf_processor` (processor.py:1287-1297): Qwen3-VL's
+        override of this method (qwen3_vl.py:1420-1644) calls transformers' processor itself (line 1615)."""
         ours = {k: hf_kwargs[k] for k in PLUGIN_KEYS if k in hf_kwargs}
         out = super()._apply_hf_processor_main(mm_items, {k: v for k, v in hf_kwargs.items() if k not in ours})
-        grid = out.get("image_grid_thw")
-        if grid is None or QUESTION_KEY not in ours:
-            return out
+        if QUESTION_KEY in ours:
+            for media in MEDIA:
+                if out.get(media.grid) is not None:
+                    self._count_items(out, media, ours)
+        return out
+
+    def _count_items(self, out: Any, media: Media, ours: Mapping[str, Any]) -> None:
+        """Each item's question ids and kept count (the one count: the placeholders written here and the rows the
+        model keeps, `check_rows`); an item no budget lets in is refused (`check_picture`)."""
+        grid = out[media.grid].tolist()
         merge = int(self.info.get_hf_config().vision_config.spatial_merge_size)
         longest = int(self.info.ctx.model_config.max_model_len)
-        for i, g in enumerate(grid.tolist()):
-            check_picture(g, merge, longest, i)
+        for i, g in enumerate(grid):
+            check_picture(g, merge, longest, i, media.name)
         budget, n = ours[BUDGET_KEY], len(grid)
-        out[QUESTION_KEY] = torch.tensor([list(ours[QUESTION_KEY])] * n, dtype=torch.long).reshape(n, -1)
-        # The one count: the placeholders written here and the rows the model keeps (`check_rows`).
-        out[COUNT_KEY] = torch.tensor([kept_count(budget, g, merge) for g in grid.tolist()], dtype=torch.long)
-        return out
+        if media is CLIPS:
+            floor = self.info.arr_coc_settings().min_per_group()
+            counts = [clip_count(budget, g, merge, floor) for g in grid]
+        else:
+            counts = [kept_count(budget, g, merge) for g in grid]
+        out[media.question] = torch.tensor([list(ours[QUESTION_KEY])] * n, dtype=torch.long).reshape(n, -1)
+        out[media.count] = torch.tensor(counts, dtype=torch.long)
 
     def _get_mm_fields_config(self, hf_inputs: Any, hf_processor_mm_kwargs: Mapping[str, object]
                               ) -> Mapping[str, MultiModalFieldConfig]:
         fields = dict(super()._get_mm_fields_config(hf_inputs, hf_processor_mm_kwargs))
-        fields.update({k: MultiModalFieldConfig.batched("image", keep_on_cpu=True) for k in FIELDS})
-        if PIXELS_KEY in hf_inputs:          # as pixel_values: each image's patch rows
-            grid = hf_inputs.get("image_grid_thw", torch.empty((0, 3)))
-            fields[PIXELS_KEY] = MultiModalFieldConfig.flat_from_sizes("image", grid.prod(-1))
+        for media in MEDIA:
+            fields.update({k: MultiModalFieldConfig.batched(media.modality, keep_on_cpu=True) for k in media.fields})
+            if media.exact in hf_inputs:          # as the patch rows: each item's rows
+                grid = hf_inputs.get(media.grid, torch.empty((0, 3)))
+                fields[media.exact] = MultiModalFieldConfig.flat_from_sizes(media.modality, grid.prod(-1))
         return fields
 
     def _get_prompt_updates(self, mm_items: Any, hf_processor_mm_kwargs: Mapping[str, Any],
                             out_mm_kwargs: Any) -> Sequence[PromptReplacement]:
-        """Each image's pads: its kept count (the stock count is grid_thw.prod() // merge**2, qwen2_vl.py:1260)."""
-        pad = int(self.info.get_hf_config().image_token_id)
+        """Each item's pads: its kept count (the stock count is grid_thw.prod() // merge**2, qwen2_vl.py:1260)."""
+        config = self.info.get_hf_config()
 
-        def replacement(item_idx: int) -> list[int]:
-            return [pad] * int(out_mm_kwargs["image"][item_idx][COUNT_KEY].data)
+        def replacement(item_idx: int, media: Media) -> list[int]:
+            pad = int(getattr(config, media.token_id))
+            return [pad] * int(out_mm_kwargs[media.modality][item_idx][media.count].data)
 
-        return [PromptReplacement(modality="image", target=[pad], replacement=partial(replacement))]
+        return [PromptReplacement(modality=m.modality, target=[int(getattr(config, m.token_id))],
+                                  replacement=partial(replacement, media=m)) for m in MEDIA]
 
 
-def _trace(pixel_values: torch.Tensor, grid_thw: torch.Tensor, fields: Mapping[str, Any],
+def _trace(pixel_values: torch.Tensor, grid_thw: torch.Tensor, questions: Any, counts: Any,
            kept: Sequence[torch.Tensor]) -> None:
-    """One JSON line per image to $ARR_COC_VLLM_TRACE (the tests' view of the kept cells): the image's
-    fingerprint (its pixel rows' float64 sum), its question's ids, its budget and its kept cells."""
+    """One JSON line per image or clip to $ARR_COC_VLLM_TRACE (the tests' view of the kept cells): the item's
+    fingerprint (its pixel rows' float64 sum), its question's ids, its budget and its kept cells (a clip's: raster
+    indices over its (t, h, w) cells)."""
     rows = grid_thw.prod(-1).tolist()
     pieces = pixel_values.split([int(r) for r in rows])
     with open(TRACE, "a") as f:
-        for px, q, c, k in zip(pieces, _per_item(fields[QUESTION_KEY]), _per_item(fields[COUNT_KEY]), kept):
+        for px, q, c, k in zip(pieces, _per_item(questions), _per_item(counts), kept):
             f.write(json.dumps({"fingerprint": round(float(px.double().sum()), 3), "question": q.tolist(),
                                 "count": int(c), "kept": k.tolist()}) + "\n")
 
@@ -202,6 +255,23 @@ def _float32_bits(bits: Any, device: torch.device) -> torch.Tensor:
     """The processor's float32 patches from their int32 bits (`_pil_processor(exact=True)`), [P, C * T * p * p]."""
     bits = torch.cat(list(bits)) if isinstance(bits, (list, tuple)) else bits
     return bits.to(device).view(torch.float32)
+
+
+def _rows(value: Any) -> torch.Tensor:
+    """A flat field (items' rows one after the other) as one tensor."""
+    return torch.cat(list(value)) if isinstance(value, (list, tuple)) else value
+
+
+def _item_cells(kept: Sequence[torch.Tensor], of_item: Sequence[int], cells: Sequence[int], n_items: int
+                ) -> list[torch.Tensor]:
+    """Per item its kept cells as raster indices over its (t, h, w) merged cells: a clip's units (its frame groups,
+    in order, `cells` each) offset by the cells before them; an image's are its one unit's."""
+    out: list[list[torch.Tensor]] = [[] for _ in range(n_items)]
+    before = [0] * n_items
+    for k, i, n in zip(kept, of_item, cells):
+        out[i].append(k.to(torch.long).cpu() + before[i])
+        before[i] += n
+    return [torch.cat(parts) for parts in out]
 
 
 def _per_item(value: Any) -> list[torch.Tensor]:
@@ -246,7 +316,7 @@ class ARRCOCModel:
         check_family(getattr(vllm_config.model_config.hf_config, "model_type", None), self.family)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.arr_coc = ServeSettings.of(self.config)
-        refuse_clips(vllm_config.model_config.multimodal_config.limit_per_prompt)
+        refuse_clips(vllm_config.model_config.multimodal_config.limit_per_prompt, self.family)
         operator = getattr(vllm_config.model_config.multimodal_config, "mm_processor_kwargs", None) or {}
         if operator.get(BUDGET_KEY) is not None:        # a bad default stops the server at start, in one line
             request_budget({}, self.arr_coc, operator)
@@ -295,71 +365,115 @@ class ARRCOCModel:
             self._arr_coc_image_processor = AutoImageProcessor.from_pretrained(self.model_config.model)
         return self._arr_coc_image_processor
 
-    def arr_coc_choose(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, questions: Any, counts: Any,
-                       tokens: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
-        """Kept cells per image: the pure choice at the count the processor wrote placeholders for (one value, no
-        second rounding), each image alone (`run_selector`), checked against that count (`check_rows`)."""
+    def _tokenizer(self) -> Any:
+        if getattr(self, "_arr_coc_tokenizer", None) is None:
+            from transformers import AutoTokenizer
+
+            self._arr_coc_tokenizer = AutoTokenizer.from_pretrained(self.model_config.tokenizer)
+        return self._arr_coc_tokenizer
+
+    def arr_coc_choose(self, pixel_values: torch.Tensor, unit_thw: Sequence[tuple[int, int, int]],
+                       questions: Sequence[list[int]], budgets: Sequence[int],
+                       tokens: Sequence[torch.Tensor] | None, clips: Sequence[int] | None = None,
+                       groups: Sequence[int] | None = None) -> list[torch.Tensor]:
+        """Kept cells per unit (an image, or a clip's frame group: `frame_units`): the pure choice at the count the
+        processor wrote placeholders for (a clip's: its count over space and time, one value, no second rounding),
+        each image and each clip alone (`run_selector`). A clip's allocator reads its question's words, decoded as
+        the Hugging Face path decodes them (`QwenBackend.decode_text`)."""
         merge = int(self.config.vision_config.spatial_merge_size)
-        thw = [tuple(int(v) for v in g) for g in grid_thw.tolist()]
-        grid_hw = [(h // merge, w // merge) for _, h, w in thw]
-        budgets = [int(c) for c in _per_item(counts)]
-        ids = [q.tolist() for q in _per_item(questions)]
+        grid_hw = [(h // merge, w // merge) for _, h, w in unit_thw]
         pad = getattr(self.config.text_config, "pad_token_id", None) or 0
-        chosen = choose(PatchImages(pixel_values, thw, self._image_processor()), grid_hw, ids,
+        texts = None if clips is None else [self._tokenizer().decode(q, skip_special_tokens=True) for q in questions]
+        chosen = choose(PatchImages(pixel_values, list(unit_thw), self._image_processor()), grid_hw, questions,
                         self.get_language_model().embed_input_ids, layer=self.arr_coc_layer, method="arr_coc",
-                        budget=budgets, budget_mode="exact", seed=0, pad_token_id=pad, strict=True,
-                        visual_tokens=None if tokens is None else list(tokens))
-        check_rows([k.numel() for k in chosen.kept], budgets)
-        if log.isEnabledFor(logging.DEBUG):
-            for i, (k, (h, w)) in enumerate(zip(chosen.kept, grid_hw)):
-                log.debug("ARR-COC: image %d kept %d of %d cells", i, k.numel(), h * w)
+                        budget=list(budgets), budget_mode="exact", seed=0, pad_token_id=pad, strict=True,
+                        visual_tokens=None if tokens is None else list(tokens), clips=clips, groups=groups,
+                        questions=texts)
         return chosen.kept
 
     def encode_kept(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, kept: Sequence[torch.Tensor]
                     ) -> list[torch.Tensor]:
-        """Per image [K_i, D'] rows of the tower on the kept cells only (the family's class)."""
+        """Per unit [K_i, D'] rows of the tower on the kept cells only (the family's class)."""
         raise NotImplementedError
 
     def embed_multimodal(self, **kwargs: object) -> Any:
-        ours = {k: kwargs.pop(k, None) for k in FIELDS}
-        exact_bits = kwargs.pop(PIXELS_KEY, None)
-        image = self._parse_and_validate_image_input(**kwargs)
-        if image is None:
+        """One modality per call (vLLM batches items of one modality, multimodal/utils.py:291-327)."""
+        media = CLIPS if kwargs.get(CLIPS.pixels) is not None else IMAGES
+        if kwargs.get(media.pixels) is None:
             return []
+        return tuple(self._embed(media, kwargs))
+
+    def _embed(self, media: Media, kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        """Per item [K, D' + 4]: its kept rows and their M-RoPE offsets (`kept_positions`). The choice runs per
+        unit (a clip's frame groups together, `frame_units`), after the tower (on every unit's tokens) or before it
+        (then the tower encodes the kept cells only)."""
+        ours = {k: kwargs.pop(k, None) for k in media.fields}
+        bits = kwargs.pop(media.exact, None)
+        factors = self._time_factors(kwargs) if media is CLIPS else None
+        pixel_values, grid_thw = _rows(kwargs[media.pixels]), kwargs[media.grid]
+        if not isinstance(grid_thw, torch.Tensor):
+            grid_thw = torch.stack([torch.as_tensor(g).reshape(3) for g in grid_thw])
+        items = [tuple(int(v) for v in g) for g in grid_thw.tolist()]
+        units, clips, groups = frame_units(items) if media is CLIPS else (items, None, None)
+        of_item = clips if clips is not None else list(range(len(items)))
+        counts = [int(c) for c in _per_item(ours[media.count])]
+        ids = [q.tolist() for q in _per_item(ours[media.question])]
+        unit_grid = torch.tensor(units, dtype=torch.long).reshape(-1, 3)
         before = self.arr_coc.encode == "before"
         t0 = time.perf_counter()
-        rows = None if before else self._process_image_input(image)      # after: the tower on every cell
-        pixel_values, grid_thw = image["pixel_values"], image["image_grid_thw"]
-        exact = pixel_values if exact_bits is None else _float32_bits(exact_bits, pixel_values.device)
+        rows = None if before else self._process_image_input(
+            self._parse_and_validate_image_input(pixel_values=pixel_values, image_grid_thw=unit_grid))
+        exact = pixel_values if bits is None else _float32_bits(bits, pixel_values.device)
         width = int(self.config.text_config.hidden_size)                   # the token, without Qwen3's deepstack
         t1 = time.perf_counter()
-        kept = self.arr_coc_choose(exact, grid_thw, ours[QUESTION_KEY], ours[COUNT_KEY],
-                                   None if rows is None else [r[:, :width] for r in rows])
+        kept = self.arr_coc_choose(exact, units, [ids[i] for i in of_item], [counts[i] for i in of_item],
+                                   None if rows is None else [r[:, :width] for r in rows], clips, groups)
         t2 = time.perf_counter()
+        check_rows([sum(int(k.numel()) for k, i in zip(kept, of_item) if i == j) for j in range(len(items))],
+                   counts, media.name)
+        merge = int(self.config.vision_config.spatial_merge_size)
+        per_item = _item_cells(kept, of_item, [h * w // merge ** 2 for _, h, w in units], len(items))
         if TRACE:
-            _trace(exact, grid_thw, ours, kept)
+            _trace(exact, grid_thw, ours[media.question], ours[media.count], per_item)
         t3 = time.perf_counter()
-        feats = self.encode_kept(pixel_values, grid_thw, kept) if before else \
+        feats = self.encode_kept(pixel_values, unit_grid, kept) if before else \
             [r[k.to(r.device)] for r, k in zip(rows, kept)]
         if TIMING:
-            _timing(len(kept), choose_s=t2 - t1, tower_s=(t1 - t0) + (time.perf_counter() - t3))
-        merge = int(self.config.vision_config.spatial_merge_size)
+            _timing(len(items), choose_s=t2 - t1, tower_s=(t1 - t0) + (time.perf_counter() - t3))
         out = []
-        for f, k, (_, h, w) in zip(feats, kept, grid_thw.tolist()):
-            out.append(torch.cat([f, kept_positions(k, (h // merge, w // merge)).to(f.device, f.dtype)], dim=1))
-        return tuple(out)
+        for j, ((t, h, w), cells) in enumerate(zip(items, per_item)):
+            f = torch.cat([feats[u] for u, i in enumerate(of_item) if i == j])
+            where = kept_positions(cells, (h // merge, w // merge), t, 1.0 if factors is None else factors[j])
+            out.append(torch.cat([f, where.to(f.device, f.dtype)], dim=1))
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("ARR-COC: %s %d kept %d of %d cells", media.name, j, cells.numel(), t * h * w // merge ** 2)
+        return out
+
+    def _time_factors(self, kwargs: Mapping[str, Any]) -> list[float]:
+        """Per clip, its frame groups' M-RoPE time step: `second_per_grid_ts` (Qwen2.5-VL's processor; 1.0 where
+        absent) times the tower's `tokens_per_second` (1.0 where absent), as vLLM's `iter_mm_grid_thw`."""
+        per_second = float(getattr(self.config.vision_config, "tokens_per_second", 1.0))
+        seconds = kwargs.get("second_per_grid_ts")
+        if seconds is None:
+            return [per_second] * len(kwargs[CLIPS.grid])
+        return [float(s) * per_second for s in _per_item(seconds)]
 
     # -- positions --------------------------------------------------------------------------------------------
 
     def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> tuple[torch.Tensor, int]:
-        """The text's final positions and the pads' provisional ones (`settings.prompt_positions`): for images the
-        three families' own rules agree (qwen2_vl.py:1354-1391, qwen2_5_vl.py:1371-1408, qwen3_vl.py:2888-2961)."""
+        """The text's final positions and the pads' provisional ones (`settings.prompt_positions`): the families'
+        own rules for images (qwen2_vl.py:1354-1391, qwen2_5_vl.py:1371-1408, qwen3_vl.py:2888-2961) and for clips
+        (a group's time step from `iter_mm_grid_thw`, qwen2_5_vl.py:1328-1369)."""
         merge = int(self.config.vision_config.spatial_merge_size)
-        images = []
+        per_second = float(getattr(self.config.vision_config, "tokens_per_second", 1.0))
+        items = []
         for f in mm_features:
-            _, h, w = (int(v) for v in f.data["image_grid_thw"].data.tolist())
-            images.append((f.mm_position.offset, f.mm_position.length, h // merge, w // merge))
-        return prompt_positions(len(input_tokens), images)
+            media = CLIPS if f.modality == "video" else IMAGES
+            t, h, w = (int(v) for v in f.data[media.grid].data.tolist())
+            seconds = f.data.get("second_per_grid_ts") if media is CLIPS else None
+            factor = (1.0 if seconds is None else float(seconds.data.item())) * per_second if media is CLIPS else 1.0
+            items.append(Placed(f.mm_position.offset, f.mm_position.length, h // merge, w // merge, t, factor))
+        return prompt_positions(len(input_tokens), items)
 
     def recompute_mrope_positions(self, input_ids: Any, multimodal_embeddings: Sequence[torch.Tensor],
                                   mrope_positions: torch.LongTensor, num_computed_tokens: int
@@ -371,8 +485,8 @@ class ARRCOCModel:
             torch.as_tensor(input_ids, dtype=torch.long, device=device)
         embeds = [mm[:, :-4] for mm in multimodal_embeddings]
         kept = [mm[:, -4:].long() for mm in multimodal_embeddings]
-        new, delta = place_kept_positions(ids, kept, mrope_positions, num_computed_tokens,
-                                          int(self.config.image_token_id))
+        pads = (int(self.config.image_token_id), int(self.config.video_token_id))
+        new, delta = place_kept_positions(ids, kept, mrope_positions, num_computed_tokens, pads)
         return embeds, new, delta
 
 

@@ -19,11 +19,14 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import numpy as np
 
 import torch
 
 from ...budget import Budget, BudgetError, count_of, parse_budget
+from ...core.temporal import minimum_count
 from ...paths import check_layer_folder
 
 # The checkpoint's model_type -> the architecture name a server asks for (hf_overrides "architectures").
@@ -43,8 +46,13 @@ QUESTION_KEY = "arr_coc_question"    # set by the plugin's processor: the questi
 COUNT_KEY = "arr_coc_count"          # per image: the kept count the processor wrote placeholders for
 SERVER_KEY = "arr_coc_server"        # set by the plugin's processor: the server's layer, encode mode and adapter
 PIXELS_KEY = "arr_coc_pixels"        # per image, below float32 serving: the processor's float32 patches (bits)
+CLIP_QUESTION_KEY = "arr_coc_clip_question"   # per clip, as QUESTION_KEY / COUNT_KEY / PIXELS_KEY per image
+CLIP_COUNT_KEY = "arr_coc_clip_count"
+CLIP_PIXELS_KEY = "arr_coc_clip_pixels"
 PLUGIN_KEYS = (BUDGET_KEY, QUESTION_KEY, SERVER_KEY)
-INTERNAL_KEYS = (QUESTION_KEY, COUNT_KEY, SERVER_KEY, PIXELS_KEY)   # a request's own are dropped, never read
+INTERNAL_KEYS = (QUESTION_KEY, COUNT_KEY, SERVER_KEY, PIXELS_KEY, CLIP_QUESTION_KEY, CLIP_COUNT_KEY,
+                 CLIP_PIXELS_KEY)   # a request's own are dropped, never read
+CLIPLESS_FAMILIES = ("qwen3_vl",)    # families whose clips the plugin does not serve yet (`refuse_clips`)
 SETTINGS = ("layer", "encode", "budget", "method", "adapter")
 ENCODES = ("after", "before")         # the choice after the tower (on its tokens) or before it (then only the
                                       # chosen cells are encoded); "before"'s gist, margin and windows: not served
@@ -105,6 +113,16 @@ class ServeSettings:
         with open(os.path.join(self.layer, "config.json")) as f:
             return parse_budget(json.load(f)["attending"]["budget"], "the layer's budget")
 
+    def min_per_group(self) -> int:
+        """The fewest cells each frame group of a clip keeps (the layer's `temporal.min_per_group`)."""
+        from ...core.config import TemporalConfig
+
+        if self.layer is None:
+            return TemporalConfig().min_per_group
+        with open(os.path.join(self.layer, "config.json")) as f:
+            temporal = json.load(f).get("temporal") or {}
+        return int(temporal.get("min_per_group", TemporalConfig().min_per_group))
+
     def layer_mode_note(self) -> str | None:
         """One line for the server's log when the layer would meet budgets otherwise than exactly (its "mean" or
         "adaptive" modes decide counts from relevance, after the model runs; vLLM sizes prompts before)."""
@@ -162,14 +180,18 @@ def check_lora(settings: ServeSettings, lora: Any) -> str | None:
             f"(offline: lora_request=LoRARequest(...); the server: {flags})")
 
 
-def refuse_clips(limit_per_prompt: Mapping[str, Any] | None) -> None:
-    """A server started to take clips (`--limit-mm-per-prompt '{"video": N}'`, N > 0) is refused in one line: the
-    plugin prunes images only (without the flag, vLLM answers a clip request 400: the model takes no video)."""
+def refuse_clips(limit_per_prompt: Mapping[str, Any] | None, family: str) -> None:
+    """A Qwen3-VL server started to take clips (`--limit-mm-per-prompt '{"video": N}'`, N > 0) is refused in one
+    line: Qwen3-VL writes each frame group's own timestamp and <|vision_start|> into the prompt, so its pads per
+    group are fixed before the choice spreads a clip's budget over time (docs/SERVING.md, "Clips"). Qwen2-VL and
+    Qwen2.5-VL clips are served (one run of pads per clip)."""
+    if family not in CLIPLESS_FAMILIES:
+        return
     video = (limit_per_prompt or {}).get("video")
     count = getattr(video, "count", video)          # vLLM 0.32 keeps {modality: int or a per-modality options object}
     if count:
-        raise ServeError("the ARR-COC plugin prunes images, not clips yet: start without \"video\" in "
-                         "--limit-mm-per-prompt (a clip request is then refused, 400)")
+        raise ServeError(f"the ARR-COC plugin serves {FAMILY_NAMES[family]} images, not its clips yet: start "
+                         "without \"video\" in --limit-mm-per-prompt (a clip request is then refused, 400)")
 
 
 def check_family(model_type: str | None, served: str) -> None:
@@ -211,15 +233,16 @@ def screen_request_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k == BUDGET_KEY}
 
 
-def check_picture(grid_thw: Sequence[int], merge: int, max_model_len: int, index: int) -> None:
-    """Refuse an image whose every-token prompt could not fit this server (more merged cells than max-model-len):
-    stock vLLM refuses it, and the choice would run over all of its cells, so no budget lets it in."""
+def check_picture(grid_thw: Sequence[int], merge: int, max_model_len: int, index: int, what: str = "image") -> None:
+    """Refuse an image (or clip) whose every-token prompt could not fit this server (more merged cells than
+    max-model-len): stock vLLM refuses it, and the choice would run over all of its cells, so no budget lets it in."""
     t, h, w = (int(v) for v in grid_thw)
     cells = t * (h // merge) * (w // merge)
     if cells > max_model_len:
-        raise RequestRefused(f"image {index} is {cells:,} merged cells after resizing, more than this server's "
+        limit = "max_pixels and frame count bound it" if what == "clip" else "max_pixels bounds it"
+        raise RequestRefused(f"{what} {index} is {cells:,} merged cells after resizing, more than this server's "
                              f"max-model-len {max_model_len:,} admits at every token: send a "
-                             "smaller picture (the server's max_pixels bounds it)")
+                             f"smaller {'clip' if what == 'clip' else 'picture'} (the server's {limit})")
 
 
 def server_fingerprint(settings: ServeSettings) -> str:
@@ -244,12 +267,12 @@ def _folder_bytes(folder: str) -> bytes:
     return digest.digest()
 
 
-def check_rows(rows: Sequence[int], counts: Sequence[int]) -> None:
-    """Each image's kept rows against the placeholders its prompt holds (one count, written by the processor):
-    a mismatch is a defect of the plugin, raised naming the image and both counts."""
+def check_rows(rows: Sequence[int], counts: Sequence[int], what: str = "image") -> None:
+    """Each image's (or clip's) kept rows against the placeholders its prompt holds (one count, written by the
+    processor): a mismatch is a defect of the plugin, raised naming the item and both counts."""
     for i, (got, want) in enumerate(zip(rows, counts)):
         if int(got) != int(want):
-            raise RuntimeError(f"ARR-COC: image {i} of this encoder batch kept {int(got)} rows for {int(want)} "
+            raise RuntimeError(f"ARR-COC: {what} {i} of this encoder batch kept {int(got)} rows for {int(want)} "
                                "placeholders (the processor's count); this is a plugin defect, please report it")
 
 
@@ -257,8 +280,17 @@ def kept_count(budget: Budget, grid_thw: Sequence[int], merge: int) -> int:
     """Placeholders for one image: its budget's count of its merged cells."""
     t, h, w = (int(v) for v in grid_thw)
     if t != 1:
-        raise ServeError("the vLLM plugin serves images; a clip is not served yet")
+        raise ServeError("kept_count counts an image's cells; a clip's are `clip_count`'s")
     return count_of(budget, (h // merge) * (w // merge))
+
+
+def clip_count(budget: Budget, grid_thw: Sequence[int], merge: int, min_per_group: int = 1) -> int:
+    """Placeholders for one clip: its budget's count of its t * h * w merged cells, at least `min_per_group` per
+    frame group (one at the least): exactly what the space-time choice keeps (`core.temporal.allocate`), known
+    before it runs, so a clip's count never waits for its scores."""
+    t, h, w = (int(v) for v in grid_thw)
+    n = (h // merge) * (w // merge)
+    return max(minimum_count(t, n, min_per_group), count_of(budget, t * n))
 
 
 def question_ids(prompt_ids: Sequence[int], tokens: Any) -> list[int]:
@@ -267,58 +299,103 @@ def question_ids(prompt_ids: Sequence[int], tokens: Any) -> list[int]:
     return tokens.question(list(prompt_ids))
 
 
-def kept_positions(kept: torch.Tensor, grid_hw: tuple[int, int]) -> torch.Tensor:
-    """[K, 4] long: each kept cell's (t, h, w) M-RoPE offsets within its image and the image's extent max(h, w)
-    (where the text after it starts, relative to the image's first position): vLLM's 4-channel convention for
-    pruned media (`evs.recompute_mrope_positions`)."""
+def time_positions(groups: torch.Tensor | int, factor: float) -> torch.Tensor | int:
+    """A frame group's M-RoPE temporal offset: its index times `factor` (Qwen2.5-VL: `second_per_grid_ts *
+    tokens_per_second`; 1 elsewhere), truncated to an integer as vLLM's `iter_mm_grid_thw` and transformers'
+    `get_rope_index` do."""
+    if isinstance(groups, int):
+        return int(np.int64(groups * factor)) if factor != 1.0 else groups
+    return groups if factor == 1.0 else torch.from_numpy((groups.numpy() * factor).astype(np.int64))
+
+
+def extent(grid_hw: tuple[int, int], groups: int = 1, factor: float = 1.0) -> int:
+    """Where the text after an image or clip continues, relative to its first position: one past its largest
+    offset, max(t_last + 1, h, w) (an image: max(h, w))."""
+    h, w = grid_hw
+    return max(time_positions(groups - 1, factor) + 1, h, w)
+
+
+def kept_positions(kept: torch.Tensor, grid_hw: tuple[int, int], groups: int = 1, factor: float = 1.0
+                   ) -> torch.Tensor:
+    """[K, 4] long: each kept cell's (t, h, w) M-RoPE offsets within its image or clip (kept: raster indices over
+    (t, h, w), a clip's groups one after the other) and the extent (`extent`: where the text after it starts,
+    relative to its first position): vLLM's 4-channel convention for pruned media (`evs.recompute_mrope_positions`)."""
     h, w = grid_hw
     kept = kept.to(torch.long).cpu()
     out = torch.empty((kept.numel(), 4), dtype=torch.long)
-    out[:, 0] = 0
-    out[:, 1] = kept // w
+    out[:, 0] = time_positions(kept // (h * w), factor)
+    out[:, 1] = kept % (h * w) // w
     out[:, 2] = kept % w
-    out[:, 3] = max(h, w)
+    out[:, 3] = extent(grid_hw, groups, factor)
     return out
 
 
-def prompt_positions(n_tokens: int, images: Sequence[tuple[int, int, int, int]]) -> tuple[torch.Tensor, int]:
-    """[3, n_tokens] M-RoPE positions of a prompt whose images (offset, pads, h, w: merged cells) each hold K pads,
-    and the decode delta (max + 1 - n_tokens). The text's are final: it continues from each image's first
-    position plus max(h, w), whatever the image kept, as if it kept all (the Hugging Face path's rule); the pads'
-    are provisional, the first K cells' (vLLM recomputes them from the kept cells after the encoder). With K = h * w
-    this is vLLM's own `get_mrope_input_positions` for images (qwen2_vl.py:1354-1391)."""
+class Placed(NamedTuple):
+    """An image's or clip's pads in a prompt: where they start, how many (its kept count), its merged grid, and
+    for a clip its frame groups and their time factor (`time_positions`)."""
+
+    offset: int
+    length: int
+    h: int
+    w: int
+    groups: int = 1
+    factor: float = 1.0
+
+
+def prompt_positions(n_tokens: int, items: Sequence[Sequence]) -> tuple[torch.Tensor, int]:
+    """[3, n_tokens] M-RoPE positions of a prompt whose images and clips (`Placed`, or (offset, pads, h, w)) each
+    hold K pads, and the decode delta (max + 1 - n_tokens). The text's are final: it continues from each item's
+    first position plus its `extent`, whatever the item kept, as if it kept all (the Hugging Face path's rule); the
+    pads' are provisional, the first K cells' of its first frame group, all at its first temporal position (vLLM
+    recomputes them from the kept cells after the encoder). With K = every cell of an image this is vLLM's own
+    `get_mrope_input_positions` (qwen2_vl.py:1354-1391)."""
     pieces, st, nxt = [], 0, 0
-    for offset, length, h, w in sorted(images):
-        text = torch.arange(offset - st).expand(3, -1) + nxt
-        base, cells = nxt + offset - st, torch.arange(length)
-        pieces += [text, torch.stack([torch.zeros_like(cells), cells // w, cells % w]) + base]
-        nxt, st = base + max(h, w), offset + length
+    for it in sorted(Placed(*x) for x in items):
+        text = torch.arange(it.offset - st).expand(3, -1) + nxt
+        base, cells = nxt + it.offset - st, torch.arange(it.length) % (it.h * it.w)
+        pieces += [text, torch.stack([torch.zeros_like(cells), cells // it.w, cells % it.w]) + base]
+        nxt, st = base + extent((it.h, it.w), it.groups, it.factor), it.offset + it.length
     pieces.append(torch.arange(n_tokens - st).expand(3, -1) + nxt)
     pos = torch.cat(pieces, dim=1).to(torch.long)
     return pos, int(pos.max()) + 1 - n_tokens if pos.numel() else 0
 
 
 def place_kept_positions(input_ids: torch.Tensor, kept: Sequence[torch.Tensor], positions: torch.Tensor,
-                         num_computed: int, image_token: int) -> tuple[torch.Tensor, int]:
+                         num_computed: int, pad_tokens: int | Sequence[int]) -> tuple[torch.Tensor, int]:
     """The prompt's positions with the pads of this prefill chunk at their kept cells' positions.
 
     input_ids [N] (the whole prompt), positions [3, N] (`prompt_positions`: the text's final, the pads'
-    provisional), kept: this chunk's slices of its images' `kept_positions` rows ([K, >= 3], in prompt order, as
-    vLLM hands them over: the part of each image inside the chunk). The slices fill the chunk's pads in order; a
-    pad's image starts at its provisional temporal position (`prompt_positions` gives every pad of an image its
-    image's first position there, whatever the chunk, with or without a <|vision_start|> before it). The text
-    never moves, so the decode delta is the stock one. (vLLM's EVS helper, `evs.recompute_mrope_positions`, fails
-    where a chunk ends between <|vision_start|> and the first pad, evs.py:290-300.)"""
+    provisional), kept: this chunk's slices of its images' and clips' `kept_positions` rows ([K, >= 3], in prompt
+    order, as vLLM hands them over: the part of each item inside the chunk); pad_tokens: the image and video pad
+    ids. The slices fill the chunk's pads in order; a pad's item starts at its provisional temporal position
+    (`prompt_positions` gives every pad of an item its item's first position there, whatever the chunk, with or
+    without a <|vision_start|> before it). The text never moves, so the decode delta is the stock one. (vLLM's EVS
+    helper, `evs.recompute_mrope_positions`, fails where a chunk ends between <|vision_start|> and the first pad,
+    evs.py:290-300.)"""
     out = positions.clone()
     total = sum(int(k.shape[0]) for k in kept)
     if total:
         ids = input_ids.to(torch.long)
-        pads = torch.nonzero(ids == image_token).flatten()
+        pads_of = torch.as_tensor([pad_tokens] if isinstance(pad_tokens, int) else list(pad_tokens), device=ids.device)
+        pads = torch.nonzero(torch.isin(ids, pads_of)).flatten()
         pads = pads[pads >= num_computed][:total]
         rel = torch.cat([k[:, :3] for k in kept]).to(out.device, torch.long)
         out[:, pads] = out[0, pads].unsqueeze(0) + rel[: len(pads)].T
     n = int(input_ids.numel())
     return out, int(out.max()) + 1 - n if out.numel() else -n
+
+
+def frame_units(grid_thw: Sequence[Sequence[int]]) -> tuple[list[tuple[int, int, int]], list[int], list[int]]:
+    """Clips as the choice and the tower read them: each frame group a picture of patch grid (1, h, w), in the
+    clip's row order (the processor writes a clip's patch rows group after group), as the Hugging Face path splits
+    them (`arr_coc.qwen.prompt.visual_units`; the towers attend within a group and give it the same rotary rows).
+    -> (per unit its grid, its clip's index, its group)."""
+    units, clips, groups = [], [], []
+    for c, (t, h, w) in enumerate(grid_thw):
+        units += [(1, int(h), int(w))] * int(t)
+        clips += [c] * int(t)
+        groups += list(range(int(t)))
+    return units, clips, groups
 
 
 def cell_rows(grid_thw: Sequence[Sequence[int]], kept: Sequence[torch.Tensor], merge: int) -> torch.Tensor:
@@ -333,7 +410,9 @@ def cell_rows(grid_thw: Sequence[Sequence[int]], kept: Sequence[torch.Tensor], m
 
 
 __all__ = ["ARCHITECTURES", "BUDGET_KEY", "BudgetError", "COUNT_KEY", "FAMILY_ARCHITECTURES", "FAMILY_NAMES",
-           "INTERNAL_KEYS", "PIXELS_KEY", "PLUGIN_KEYS", "QUESTION_KEY", "RequestRefused", "SERVER_KEY", "ServeError",
-           "ServeSettings", "cell_rows", "check_family", "check_lora", "check_picture", "check_rows", "kept_count",
+           "CLIP_COUNT_KEY", "CLIP_PIXELS_KEY", "CLIP_QUESTION_KEY", "CLIPLESS_FAMILIES",
+           "INTERNAL_KEYS", "PIXELS_KEY", "Placed", "PLUGIN_KEYS", "QUESTION_KEY", "RequestRefused", "SERVER_KEY", "ServeError",
+           "ServeSettings", "cell_rows", "clip_count", "extent", "frame_units", "check_family", "check_lora", "check_picture", "check_rows", "kept_count",
            "kept_positions", "place_kept_positions", "prompt_positions", "question_ids", "refuse_clips",
-           "request_budget", "screen_request_kwargs", "served_adapter", "server_fingerprint"]
+           "request_budget", "screen_request_kwargs", "served_adapter", "server_fingerprint",
+           "time_positions"]
