@@ -4,13 +4,15 @@ Run in the vLLM environment (`make vllm-env`); tests/test_vllm_deployments.py wr
     HF_HUB_OFFLINE=1 .venv-vllm/bin/python scripts/vllm_requests.py --requests reqs.json --out got.json \\
         --dtype bfloat16 --layer checkpoints/arr-coc-shapes-before --encode before
 
-The requests file is a list of {"name", "images": [paths], "budget": a budget or null (the server's), and one of
-"messages" (a chat: OpenAI's shape, an image part {"type": "image"} for each path in order), "prompt" (a raw
+The requests file is a list of {"name", "images": [paths], optional "clips": [.npy files of uint8 frames
+[N, H, W, 3], shown at 2 frames per second], "budget": a budget or null (the server's), and one of "messages" (a
+chat: OpenAI's shape, an image part {"type": "image"} for each image path and a {"type": "video"} part for each clip,
+in order; a chat with a clip is rendered with the checkpoint's chat template and sent as a prompt), "prompt" (a raw
 prompt string), plus optional "mm_kwargs" (more processor kwargs: a hostile client's) and "alone" (send it by
 itself, after the batches, and then a normal request: an error must be that request's only)}. Requests without
 "alone" are sent together per budget, so the scheduler batches them as under load. Writes {"requests": [{"name",
-"answer", "token_ids", "prompt_tokens", "margins", "kept": per image its kept cells (from the plugin's trace) or
-null, "error": null or {"type", "message"}, "next_ok": whether the engine answered the next request}]}.
+"answer", "token_ids", "prompt_tokens", "margins", "kept": per image, then per clip, its kept cells (from the
+plugin's trace; a clip's over its t * h * w cells) or null, "error": null or {"type", "message"}, "next_ok": whether the engine answered the next request}]}.
 """
 
 from __future__ import annotations
@@ -38,13 +40,48 @@ def image_keys(model: str, paths: list[str]) -> dict[str, tuple[float, tuple[int
     return out
 
 
-def vllm_input(req: dict) -> dict | list:
+def clip_frames(path: str):
+    import numpy as np
+
+    return np.load(path)
+
+
+def clip_item(frames, family: str):
+    """A clip as vLLM takes it: its frames, with their metadata where the family's processor reads it (Qwen2.5-VL:
+    `second_per_grid_ts` from the sampled fps), as `arr_coc.video.load_clip(frames)` describes them (2 fps)."""
+    if family != "qwen2_5_vl":
+        return frames
+    n = len(frames)
+    return frames, {"fps": 2.0, "duration": n / 2.0, "total_num_frames": n, "frames_indices": list(range(n)),
+                    "video_backend": "opencv", "do_sample_frames": False}
+
+
+def clip_keys(model: str, paths: list[str]) -> dict[str, tuple[float, tuple[int, int, int]]]:
+    """Each clip's trace key (its float32 patch rows' sum under the checkpoint's video processor) and grid."""
+    from transformers import AutoVideoProcessor
+
+    vp = AutoVideoProcessor.from_pretrained(model)
+    out = {}
+    for p in sorted(set(paths)):
+        got = vp(videos=[clip_frames(p)], do_sample_frames=False, return_tensors="pt")
+        out[p] = (round(float(got["pixel_values_videos"].double().sum()), 3), tuple(got["video_grid_thw"][0].tolist()))
+    return out
+
+
+def vllm_input(req: dict, model: str = "", family: str = "qwen2_vl") -> dict | list:
     from PIL import Image
 
     images = iter([Image.open(p).convert("RGB") for p in req["images"]])
-    if "prompt" in req:
-        data = list(images)
-        return {"prompt": req["prompt"], "multi_modal_data": {"image": data[0] if len(data) == 1 else data}}
+    clips = [clip_item(clip_frames(p), family) for p in req.get("clips", [])]
+    if "prompt" in req or clips:
+        data: dict = {}
+        pictures = list(images)
+        if pictures:
+            data["image"] = pictures[0] if len(pictures) == 1 else pictures
+        if clips:
+            data["video"] = clips[0] if len(clips) == 1 else clips
+        return {"prompt": req["prompt"] if "prompt" in req else render(model, req["messages"]),
+                "multi_modal_data": data}
     chat = []
     for m in req["messages"]:
         content = m["content"]
@@ -53,6 +90,15 @@ def vllm_input(req: dict) -> dict | list:
                        for c in content]
         chat.append({"role": m["role"], "content": content})
     return chat
+
+
+def render(model: str, messages: list[dict]) -> str:
+    """A chat with clips as vLLM's chat endpoint renders it: the checkpoint's chat template."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    template = (Path(model) / "chat_template.jinja").read_text()
+    return tok.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
 
 
 def main() -> None:
@@ -69,6 +115,9 @@ def main() -> None:
     ap.add_argument("--server-budget", default=None, help="the operator's default (--mm-processor-kwargs)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--prefix-caching", action="store_true")
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--max-batched-tokens", type=int, default=None, help="chunked prefill: tokens per step")
+    ap.add_argument("--stock", action="store_true", help="stock vLLM (the checkpoint's own architecture): no ARR-COC")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
@@ -77,29 +126,34 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     from arr_coc.budget import parse_budget
-    from arr_coc.serving.vllm.settings import kept_count
+    from arr_coc.serving.vllm.settings import ServeSettings, clip_count, kept_count
 
     reqs = json.loads(args.requests.read_text()) if args.requests else item_requests(args.items, args.n, args.budgets)
     server_kw = {} if args.server_budget is None else {"mm_processor_kwargs": {"arr_coc_budget": args.server_budget}}
     t0 = time.perf_counter()
-    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=2048, enforce_eager=True, seed=0,
-              kv_cache_memory_bytes=256 << 20, limit_mm_per_prompt={"image": 4},
+    clips = any(r.get("clips") for r in reqs)
+    family = json.loads((Path(args.model) / "config.json").read_text())["model_type"]
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, enforce_eager=True, seed=0,
+              kv_cache_memory_bytes=256 << 20, limit_mm_per_prompt={"image": 4, **({"video": 2} if clips else {})},
+              max_num_batched_tokens=args.max_batched_tokens,
               enable_prefix_caching=args.prefix_caching, **server_kw,
-              hf_overrides={"architectures": [architecture(args.model)],
-                            "arr_coc": {"layer": args.layer, "encode": args.encode, "adapter": False}})
+              hf_overrides={} if args.stock else {
+                  "architectures": [architecture(args.model)],
+                  "arr_coc": {"layer": args.layer, "encode": args.encode, "adapter": False}})
     seconds = {"load": time.perf_counter() - t0}
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=2)
     results: dict[str, dict] = {}
 
     def send(batch: list[dict], kwargs: dict) -> None:
-        chats = [r for r in batch if "messages" in r]
-        raws = [r for r in batch if "prompt" in r]
+        chats = [r for r in batch if "messages" in r and not r.get("clips")]
+        raws = [r for r in batch if "prompt" in r or r.get("clips")]
         mm = {"mm_processor_kwargs": kwargs} if kwargs else {}
         if chats:
-            for r, o in zip(chats, llm.chat([vllm_input(r) for r in chats], greedy, use_tqdm=False, **mm)):
+            for r, o in zip(chats, llm.chat([vllm_input(r, args.model, family) for r in chats], greedy,
+                                            use_tqdm=False, **mm)):
                 results[r["name"]] = output(o)
         if raws:
-            prompts = [{**vllm_input(r), **mm} for r in raws]
+            prompts = [{**vllm_input(r, args.model, family), **mm} for r in raws]
             for r, o in zip(raws, llm.generate(prompts, greedy, use_tqdm=False)):
                 results[r["name"]] = output(o)
 
@@ -107,7 +161,7 @@ def main() -> None:
     together = [r for r in reqs if not r.get("alone")]
     for budget in sorted({json.dumps(r.get("budget")) for r in together}):
         batch = [r for r in together if json.dumps(r.get("budget")) == budget]
-        send(batch, {} if budget == "null" else {"arr_coc_budget": json.loads(budget)})
+        send(batch, {} if budget == "null" or args.stock else {"arr_coc_budget": json.loads(budget)})
     seconds["together"] = time.perf_counter() - t0
     probe = next(r for r in together if "messages" in r)
     for r in (r for r in reqs if r.get("alone")):
@@ -127,7 +181,11 @@ def main() -> None:
             break
     results.pop("__probe", None)
     keys = image_keys(args.model, [p for r in reqs for p in r["images"]])
-    match_kept(reqs, results, trace, keys, args.model, args.server_budget, parse_budget, kept_count)
+    keys.update(clip_keys(args.model, [p for r in reqs for p in r.get("clips", [])]))
+    floor = ServeSettings(layer=None if args.layer in ("", "untrained") else args.layer).min_per_group()
+    match_kept(reqs, results, trace, keys, args.model, args.server_budget, parse_budget,
+               lambda budget, grid, merge, clip: clip_count(budget, grid, merge, floor) if clip else
+               kept_count(budget, grid, merge))
     args.out.write_text(json.dumps({"requests": [{"name": r["name"], **results.get(r["name"], {})} for r in reqs],
                                     "seconds": seconds}))
     print(json.dumps(seconds))
@@ -174,9 +232,9 @@ def match_kept(reqs, results, trace, keys, model, server_budget, parse_budget, k
         question = tuple(tokens.question(got.pop("prompt_token_ids")))
         budget = default if r.get("budget") is None else parse_budget(r["budget"], wire=True)
         kept = []
-        for p in r["images"]:
+        for p in r["images"] + r.get("clips", []):
             fp, grid = keys[p]
-            found = seen.get((fp, question, kept_count(budget, grid, 2)), [])
+            found = seen.get((fp, question, kept_count(budget, grid, 2, p in r.get("clips", []))), [])
             kept.append(found[0] if found and all(k == found[0] for k in found) else None)
         got["kept"] = kept
     for got in results.values():

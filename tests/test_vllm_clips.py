@@ -1,0 +1,250 @@
+"""Clips served by the vLLM plugin, pruned over space and time before the tower (docs/SERVING.md, "Clips").
+
+The embedded clip model (`checkpoints/shapes-qwen2vl-video`, the one `ask --video` and the app use) answers
+generated ShapesVQA-video clips through vLLM + ARR-COC and through the Hugging Face path: the same cells and the same
+greedy answers at three budgets, a clip beside an image, keep-all equal to stock vLLM token for token, and chunked
+prefill keeping the same cells. One engine per configuration, many requests each (`scripts/vllm_requests.py`).
+Like tests/test_vllm_plugin.py: skipped where vLLM's environment is missing, except in CI (CI=true).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+MODEL, LAYER = "checkpoints/shapes-qwen2vl-video", "checkpoints/arr-coc-shapes-before"
+BUDGETS = ("0.05", "0.1", "0.25")
+N_CLIPS = int(os.environ.get("ARR_COC_VLLM_CLIPS", "100"))
+N_MIXED = 10           # requests with an image and a clip
+N_STOCK = 24           # clips asked of stock vLLM and of the plugin at 1.0
+N_TINY = 16            # clips asked of the tiny random Qwen2.5-VL
+OTHER = ("mixed-", "all-", "other-")
+
+needs_vllm = pytest.mark.skipif(not VLLM_PY.exists() and not os.environ.get("CI"),
+                                reason="no vLLM environment (make vllm-env; `make test` builds it)")
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> list[dict]:
+    """Generated test clips (336 px, 4, 6 or 8 frames: 2 to 4 frame groups), saved as .npy frames."""
+    from arr_coc.shapes.video import make_clip_item
+    from arr_coc.shapes.video.spec import options
+
+    tmp = tmp_path_factory.mktemp("clips")
+    out = []
+    for i in range(N_CLIPS):
+        frames, rec, _ = make_clip_item(0, "test", i, "336x336", options(lengths=(4, 6, 8)))
+        path = tmp / f"{rec['id']}.npy"
+        np.save(path, frames)
+        out.append({"id": rec["id"], "path": str(path), "question": rec["question"], "answer": rec["answer"]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def picture(tmp_path_factory) -> str:
+    tmp = tmp_path_factory.mktemp("picture")
+    subprocess.run([sys.executable, "-m", "arr_coc", "gen-data", "--out", str(tmp), "--split", "test", "--n", "1",
+                    "--seed", "0"], cwd=ROOT, check=True, capture_output=True)
+    return str(tmp / json.loads((tmp / "test.jsonl").read_text().splitlines()[0])["image"])
+
+
+def _user(parts: list[str], text: str) -> dict:
+    return {"role": "user", "content": [{"type": p} for p in parts] + [{"type": "text", "text": text}]}
+
+
+def _requests(clips: list[dict], picture: str) -> list[dict]:
+    reqs = [{"name": f"{c['id']}@{b}", "images": [], "clips": [c["path"]], "budget": b,
+             "messages": [_user(["video"], c["question"])]} for b in BUDGETS for c in clips]
+    reqs += [{"name": f"mixed-{c['id']}", "images": [picture], "clips": [c["path"]], "budget": "0.1",
+              "messages": [_user(["image", "video"], c["question"])]} for c in clips[:N_MIXED]]
+    asked = [c for c in clips if c["question"] != clips[0]["question"]][:N_MIXED]   # another clip's question
+    reqs += [{"name": f"other-{c['id']}", "images": [], "clips": [c["path"]], "budget": "0.05",
+              "messages": [_user(["video"], clips[0]["question"])]} for c in asked]
+    reqs += [{"name": f"all-{c['id']}", "images": [], "clips": [c["path"]], "budget": "1.0",
+              "messages": [_user(["video"], c["question"])]} for c in clips[:N_STOCK]]
+    return reqs
+
+
+def _serve(reqs: list[dict], tmp: Path, *extra: str) -> dict[str, dict]:
+    """The requests through one engine (`scripts/vllm_requests.py`); `extra` flags override the defaults."""
+    (tmp / "reqs.json").write_text(json.dumps(reqs))
+    cmd = [str(VLLM_PY), "scripts/vllm_requests.py", "--model", MODEL, "--requests", str(tmp / "reqs.json"), "--out",
+           str(tmp / "got.json"), "--layer", LAYER, "--encode", "before", "--max-model-len", "4096", *extra]
+    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+                          timeout=1500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {r["name"]: r for r in json.loads((tmp / "got.json").read_text())["requests"]}
+
+
+@pytest.fixture(scope="module")
+def served(clips, picture, tmp_path_factory) -> tuple[list[dict], dict[str, dict]]:
+    reqs = _requests(clips, picture)
+    return reqs, _serve(reqs, tmp_path_factory.mktemp("served"))
+
+
+@pytest.fixture(scope="module")
+def hf(served) -> dict[str, tuple[str, list[list[int]]]]:
+    """The Hugging Face path on the same requests: (answer, per visual its kept cells, a clip's over (t, h, w))."""
+    from arr_coc import ARRCOC
+
+    return _hf_answers(ARRCOC.from_pretrained(MODEL, arr_coc=LAYER, adapter=False), served[0], MODEL)
+
+
+def _hf_answers(vlm, reqs: list[dict], model: str) -> dict[str, tuple[list[int], list[list[int]]]]:
+    """The Hugging Face path on `reqs` (8 at a time, each at its budget met exactly, before the tower):
+    (the answer's token ids up to its end, per visual its kept cells)."""
+    from PIL import Image
+
+    from arr_coc.budget import parse_budget
+    from arr_coc.pipeline.request import Pruning
+    from arr_coc.video import load_clip
+
+    eos = _eos(model)
+    out = {}
+    for budget in sorted({r["budget"] for r in reqs}):
+        mine = [r for r in reqs if r["budget"] == budget]
+        for s in range(0, len(mine), 8):
+            batch = mine[s:s + 8]
+            visuals = [[Image.open(p).convert("RGB") for p in r["images"]] + [load_clip(np.load(p)) for p in r["clips"]]
+                       for r in batch]
+            got = vlm.respond(visuals, [r["messages"][0]["content"][-1]["text"] for r in batch],
+                              Pruning.of("arr_coc", parse_budget(budget), "exact", "before"), max_new_tokens=16)
+            for r, tr, toks in zip(batch, got.traces, got.answered.new_tokens):
+                out[r["name"]] = (_answer(toks.tolist(), eos), _per_visual(tr))
+    return out
+
+
+def _answer(token_ids: list[int], eos: set[int]) -> list[int]:
+    """An answer's tokens up to its end (vLLM stops at the end token; the Hugging Face path pads after it)."""
+    for i, t in enumerate(token_ids):
+        if t in eos:
+            return token_ids[:i]
+    return token_ids
+
+
+def _eos(model: str) -> set[int]:
+    text = json.loads((ROOT / model / "config.json").read_text())["text_config"]
+    return {int(text["eos_token_id"]), int(text.get("pad_token_id") or 0)}
+
+
+def _differ(got: dict[str, dict], hf: dict, names: list[str], model: str) -> dict[str, tuple]:
+    """The requests whose greedy tokens (up to the end token) differ between vLLM and the Hugging Face path."""
+    eos = _eos(model)
+    return {n: (_answer(got[n]["token_ids"], eos), hf[n][0]) for n in names
+            if _answer(got[n]["token_ids"], eos) != hf[n][0]}
+
+
+def _per_visual(trace) -> list[list[int]]:
+    """A trace's kept cells per visual: an image's as they are, a clip's groups numbered over (t, h, w)."""
+    out: list[list[int]] = []
+    for i, (k, (h, w)) in enumerate(zip(trace.kept_indices, trace.grid_hw)):
+        clip, group = trace.clip_per_image[i], trace.group_per_image[i]
+        if clip < 0 or group == 0:
+            out.append([])
+        out[-1] += (k + group * h * w).tolist()
+    return out
+
+
+@needs_vllm
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_vllm_keeps_the_hugging_face_paths_cells_and_answers_on_clips(served, hf, budget):
+    """Every clip at this budget: the same kept cells over space and time and the same greedy answer."""
+    reqs, got = served
+    mine = [r["name"] for r in reqs if r["budget"] == budget and not r["name"].startswith(OTHER)]
+    assert len(mine) == N_CLIPS
+    assert {n: got[n]["error"] for n in mine if got[n]["error"]} == {}
+    assert {n: (got[n]["kept"], hf[n][1]) for n in mine if got[n]["kept"] != hf[n][1]} == {}
+    assert _differ(got, hf, mine, MODEL) == {}
+    counts = {len(got[n]["kept"][0]) for n in mine}
+    assert len(counts) > 1                   # 2, 3 and 4 frame groups: several counts at one budget
+
+
+@needs_vllm
+def test_a_clip_beside_an_image_keeps_both_as_the_hugging_face_path(served, hf):
+    reqs, got = served
+    mine = [r["name"] for r in reqs if r["name"].startswith("mixed-")]
+    assert len(mine) == N_MIXED
+    assert {n: (got[n]["kept"], hf[n][1]) for n in mine if got[n]["kept"] != hf[n][1]} == {}
+    assert _differ(got, hf, mine, MODEL) == {}
+
+
+@needs_vllm
+def test_the_question_moves_a_clips_cells(served, hf):
+    """The negative control for the equality above: a clip asked another question at the same budget keeps other
+    cells on most clips, in vLLM as in the Hugging Face path."""
+    reqs, got = served
+    other = [r for r in reqs if r["name"].startswith("other-")]
+    assert len(other) >= 5
+    own = {r["name"]: got[r["name"].replace("other-", "") + "@0.05"]["kept"] for r in other}
+    assert sum(got[n]["kept"] != k for n, k in own.items()) >= len(other) // 2
+    assert {r["name"]: (got[r["name"]]["kept"], hf[r["name"]][1]) for r in other
+            if got[r["name"]]["kept"] != hf[r["name"]][1]} == {}
+
+
+@needs_vllm
+def test_keep_all_through_the_plugin_is_stock_vllms_clip_answers_token_for_token(served, tmp_path):
+    reqs, got = served
+    every = [r for r in reqs if r["name"].startswith("all-")]
+    stock = _serve(every, tmp_path, "--stock")
+    assert {r["name"]: (got[r["name"]]["token_ids"], stock[r["name"]]["token_ids"]) for r in every
+            if got[r["name"]]["token_ids"] != stock[r["name"]]["token_ids"]} == {}
+    assert {got[r["name"]]["prompt_tokens"] - stock[r["name"]]["prompt_tokens"] for r in every} == {0}
+
+
+@needs_vllm
+def test_chunked_prefill_keeps_a_clips_cells_and_answers(served, tmp_path):
+    """Prefill in chunks of 64 tokens: a clip's kept cells split across steps land at the same positions."""
+    reqs, got = served
+    some = [r for r in reqs if r["budget"] == "0.25"][:12] + [r for r in reqs if r["name"].startswith("mixed-")][:4]
+    chunked = _serve(some, tmp_path, "--max-batched-tokens", "64")
+    assert {r["name"]: (got[r["name"]]["kept"], chunked[r["name"]]["kept"]) for r in some
+            if got[r["name"]]["kept"] != chunked[r["name"]]["kept"]} == {}
+    assert {r["name"]: got[r["name"]]["token_ids"] == chunked[r["name"]]["token_ids"] for r in some} == \
+        {r["name"]: True for r in some}
+
+
+# -- Qwen2.5-VL: the time step of its M-RoPE (second_per_grid_ts * tokens_per_second) ------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_qwen2_5(clips, tmp_path_factory) -> tuple[str, list[dict], dict, dict, dict]:
+    """The tiny random Qwen2.5-VL (tokens_per_second 4: a group's time step is 4) with the untrained layer (built
+    after torch.manual_seed(0) on both sides): N_TINY clips at three budgets and at 1.0, stock vLLM at 1.0, and the
+    Hugging Face path."""
+    import torch
+
+    from arr_coc import ARRCOC
+    from arr_coc.qwen.tiny import save_tiny_qwen
+
+    tmp = tmp_path_factory.mktemp("tiny-qwen2_5")
+    model = save_tiny_qwen("qwen2_5_vl", str(tmp / "model"))
+    some = clips[:N_TINY]
+    reqs = [{"name": f"{c['id']}@{b}", "images": [], "clips": [c["path"]], "budget": b,
+             "messages": [_user(["video"], c["question"])]} for b in BUDGETS + ("1.0",) for c in some]
+    got = _serve(reqs, tmp, "--model", model, "--layer", "untrained", "--max-model-len", "4096")
+    every = [r for r in reqs if r["budget"] == "1.0"]
+    stock = _serve(every, tmp_path_factory.mktemp("tiny-stock"), "--model", model, "--stock")
+    vlm = ARRCOC.from_pretrained(model, arr_coc=None, adapter=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        vlm.layer                                           # built now, from seed 0, as the plugin builds it
+    return model, reqs, got, stock, _hf_answers(vlm, [r for r in reqs if r["budget"] != "1.0"], model)
+
+
+@needs_vllm
+def test_qwen2_5_vl_clips_keep_the_hugging_face_paths_cells_and_answers(tiny_qwen2_5):
+    model, reqs, got, stock, hf = tiny_qwen2_5
+    pruned = [r["name"] for r in reqs if r["budget"] != "1.0"]
+    assert len(pruned) == len(BUDGETS) * N_TINY
+    assert {n: (got[n]["kept"], hf[n][1]) for n in pruned if got[n]["kept"] != hf[n][1]} == {}
+    assert _differ(got, hf, pruned, model) == {}
+    every = [r["name"] for r in reqs if r["budget"] == "1.0"]
+    assert {n: (got[n]["token_ids"], stock[n]["token_ids"]) for n in every
+            if got[n]["token_ids"] != stock[n]["token_ids"]} == {}
