@@ -4,7 +4,8 @@ Run in the vLLM environment (`make vllm-env`); tests/test_vllm_plugin.py runs it
     HF_HUB_OFFLINE=1 .venv-vllm/bin/python scripts/vllm_serve_check.py --out serve.json
 Asks the example image's question with the server's budget, with a per-request budget, with a bad one (the
 server must answer 400 and keep serving), then again; writes what each got: {"answers": {...}, "errors": {...}}.
-Pass `--tp 2` for tensor parallelism (on one NUMA node: VLLM_CPU_OMP_THREADS_BIND="0|1").
+Pass `--tp 2` for tensor parallelism (on one NUMA node: VLLM_CPU_OMP_THREADS_BIND="0|1"). With `--requests`, a
+request's clips (.npy frames) go as `video_url` parts (`clip_url`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def free_port() -> int:
 
 def start(model: str, layer: str, budget: str | None, port: int, tp: int, log: Path, encode: str = "after",
           adapter: bool = False, dp: int = 1, operator_budget: str | None = None,
-          bare: bool = False) -> subprocess.Popen:
+          bare: bool = False, clips: bool = False, max_model_len: int = 2048) -> subprocess.Popen:
     arr_coc = {"layer": layer, "encode": encode, **({} if budget is None else {"budget": budget})}
     if bare:                        # the layer alone, its folder's adapter (if any) not served
         arr_coc["adapter"] = False
@@ -47,8 +48,8 @@ def start(model: str, layer: str, budget: str | None, port: int, tp: int, log: P
     # Per-request mm_processor_kwargs (the budget) need --trust-request-mm-kwargs (generate/base/protocol.py:72-88).
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
            "--port", str(port), "--trust-request-mm-kwargs", "--dtype", "float32", "--enforce-eager",
-           "--max-model-len", "2048",
-           "--kv-cache-memory-bytes", str(256 << 20), "--limit-mm-per-prompt", json.dumps({"image": 4 if bare else 1}),
+           "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes", str(256 << 20),
+           "--limit-mm-per-prompt", json.dumps({"image": 4 if bare else 1, **({"video": 1} if clips else {})}),
            "--hf-overrides", json.dumps(overrides), "--tensor-parallel-size", str(tp), "--data-parallel-size",
            str(dp), *operator, *lora]
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -88,14 +89,17 @@ def main() -> None:
     import openai
 
     port, log = free_port(), args.out.with_suffix(".log")
+    reqs = json.loads(args.requests.read_text()) if args.requests else None
+    clips = any(r.get("clips") for r in reqs or [])
     proc = start(args.model, args.layer, None if args.requests else args.budget, port, args.tp, log, args.encode,
-                 args.adapter, args.dp, args.operator_budget, bare=args.requests is not None and not args.adapter)
+                 args.adapter, args.dp, args.operator_budget, bare=args.requests is not None and not args.adapter,
+                 clips=clips, max_model_len=4096 if clips else 2048)
     result: dict = {"answers": {}, "errors": {}, "usage": {}}
     try:
         result["ready_s"] = wait_ready(port, proc)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         if args.requests:
-            result["requests"] = send_all(client, args.model, json.loads(args.requests.read_text()))
+            result["requests"] = send_all(client, args.model, reqs)
             return
         url = "data:image/png;base64," + base64.b64encode(Path(args.image).read_bytes()).decode()
         content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": args.question}]
@@ -124,12 +128,14 @@ def send_all(client, model: str, reqs: list[dict]) -> dict[str, dict]:
 
     def one(req: dict) -> tuple[str, dict]:
         urls = iter("data:image/png;base64," + base64.b64encode(Path(p).read_bytes()).decode() for p in req["images"])
+        videos = iter(clip_url(p) for p in req.get("clips", []))
+        part = {"image": lambda: {"type": "image_url", "image_url": {"url": next(urls)}},
+                "video": lambda: {"type": "video_url", "video_url": {"url": next(videos)}}}
         messages = []
         for m in req["messages"]:
             content = m["content"]
             if isinstance(content, list):
-                content = [{"type": "image_url", "image_url": {"url": next(urls)}} if c["type"] == "image" else c
-                           for c in content]
+                content = [part[c["type"]]() if c["type"] in part else c for c in content]
             messages.append({"role": m["role"], "content": content})
         kwargs = dict(req.get("mm_kwargs", {}))
         if req.get("budget") is not None:
@@ -148,6 +154,23 @@ def send_all(client, model: str, reqs: list[dict]) -> dict[str, dict]:
     name, after = one({**next(r for r in reqs if not r.get("mm_kwargs")), "name": "after"})
     got["__after"] = after
     return got
+
+
+def clip_url(path: str) -> str:
+    """A clip (.npy uint8 frames) as a data URL vLLM decodes frame by frame without loss: its "video/jpeg" form
+    (frames' base64 joined by commas, each opened by PIL, which reads the PNG each frame is written as;
+    multimodal/media/video.py:130-145)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    frames = []
+    for frame in np.load(path):
+        buf = io.BytesIO()
+        Image.fromarray(frame).save(buf, format="PNG")
+        frames.append(base64.b64encode(buf.getvalue()).decode())
+    return "data:video/jpeg;base64," + ",".join(frames)
 
 
 def openai_error() -> type:

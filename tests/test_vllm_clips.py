@@ -248,3 +248,27 @@ def test_qwen2_5_vl_clips_keep_the_hugging_face_paths_cells_and_answers(tiny_qwe
     every = [r["name"] for r in reqs if r["budget"] == "1.0"]
     assert {n: (got[n]["token_ids"], stock[n]["token_ids"]) for n in every
             if got[n]["token_ids"] != stock[n]["token_ids"]} == {}
+
+
+# -- the OpenAI server: video_url parts ------------------------------------------------------------------------------
+
+@needs_vllm
+def test_the_openai_server_answers_clips_as_the_offline_engine(served, tmp_path):
+    """`vllm serve` asked through the openai client, clips as `video_url` data URLs (frames decoded without loss):
+    the same answers and prompt tokens as the offline engine; a bad budget is refused 400 and the server serves on."""
+    reqs, got = served
+    sent = [r for r in reqs if r["budget"] == "0.05" and not r["name"].startswith(OTHER)][:8]
+    sent += [r for r in reqs if r["name"].startswith("mixed-")][:4]
+    sent += [{**sent[0], "name": "bad", "budget": "lots"}]
+    (tmp_path / "reqs.json").write_text(json.dumps(sent))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    cmd = [str(VLLM_PY), "scripts/vllm_serve_check.py", "--model", MODEL, "--layer", LAYER, "--encode", "before",
+           "--requests", str(tmp_path / "reqs.json"), "--out", str(tmp_path / "serve.json")]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:] + (tmp_path / "serve.log").read_text()[-3000:]
+    server = json.loads((tmp_path / "serve.json").read_text())["requests"]
+    asked = [r["name"] for r in sent if r["name"] != "bad"]
+    assert {n: (server[n]["answer"], server[n]["prompt_tokens"]) for n in asked} == \
+        {n: (got[n]["answer"], got[n]["prompt_tokens"]) for n in asked}
+    assert server["bad"]["error"]["status"] == 400 and "is not a budget" in server["bad"]["error"]["message"]
+    assert server["__after"]["error"] is None
