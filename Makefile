@@ -79,7 +79,7 @@ vllm-smoke: vllm-env
 # The plugin's tests through vLLM alone (`make test` runs them with the rest).
 test-vllm: export HF_HUB_OFFLINE = 1
 test-vllm: install vllm-env
-	$(PY) -m pytest -q tests/test_vllm_plugin.py tests/test_vllm_families.py
+	$(PY) -m pytest -q tests/test_vllm_plugin.py tests/test_vllm_families.py tests/test_vllm_deployments.py tests/test_vllm_clips.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
