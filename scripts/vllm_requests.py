@@ -9,7 +9,8 @@ The requests file is a list of {"name", "images": [paths], optional "clips": [.n
 chat: OpenAI's shape, an image part {"type": "image"} for each image path and a {"type": "video"} part for each clip,
 in order; a chat with a clip is rendered with the checkpoint's chat template and sent as a prompt), "prompt" (a raw
 prompt string), plus optional "mm_kwargs" (more processor kwargs: a hostile client's) and "alone" (send it by
-itself, after the batches, and then a normal request: an error must be that request's only)}. Requests without
+itself, after the batches, and then a normal request: an error must be that request's only), "ttft" (send it by
+itself after the batches with one new token, timed: its "ttft_s")}. Requests without
 "alone" are sent together per budget, so the scheduler batches them as under load. Writes {"requests": [{"name",
 "answer", "token_ids", "prompt_tokens", "margins", "kept": per image, then per clip, its kept cells (from the
 plugin's trace; a clip's over its t * h * w cells) or null, "error": null or {"type", "message"}, "next_ok": whether the engine answered the next request}]}.
@@ -118,6 +119,7 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--max-batched-tokens", type=int, default=None, help="chunked prefill: tokens per step")
     ap.add_argument("--stock", action="store_true", help="stock vLLM (the checkpoint's own architecture): no ARR-COC")
+    ap.add_argument("--video-pruning-rate", type=float, default=None, help="stock vLLM's EVS on clips (with --stock)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
@@ -137,34 +139,45 @@ def main() -> None:
               kv_cache_memory_bytes=256 << 20, limit_mm_per_prompt={"image": 4, **({"video": 2} if clips else {})},
               max_num_batched_tokens=args.max_batched_tokens,
               enable_prefix_caching=args.prefix_caching, **server_kw,
+              **({} if args.video_pruning_rate is None else {"video_pruning_rate": args.video_pruning_rate}),
               hf_overrides={} if args.stock else {
                   "architectures": [architecture(args.model)],
                   "arr_coc": {"layer": args.layer, "encode": args.encode, "adapter": False}})
     seconds = {"load": time.perf_counter() - t0}
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=2)
+    config = json.loads((Path(args.model) / "config.json").read_text())
+    pads = {int(config["image_token_id"]), int(config["video_token_id"])}
     results: dict[str, dict] = {}
 
-    def send(batch: list[dict], kwargs: dict) -> None:
+    def send(batch: list[dict], kwargs: dict, params: SamplingParams | None = None) -> None:
         chats = [r for r in batch if "messages" in r and not r.get("clips")]
         raws = [r for r in batch if "prompt" in r or r.get("clips")]
         mm = {"mm_processor_kwargs": kwargs} if kwargs else {}
         if chats:
-            for r, o in zip(chats, llm.chat([vllm_input(r, args.model, family) for r in chats], greedy,
+            for r, o in zip(chats, llm.chat([vllm_input(r, args.model, family) for r in chats], params or greedy,
                                             use_tqdm=False, **mm)):
-                results[r["name"]] = output(o)
+                results[r["name"]] = output(o, pads)
         if raws:
             prompts = [{**vllm_input(r, args.model, family), **mm} for r in raws]
-            for r, o in zip(raws, llm.generate(prompts, greedy, use_tqdm=False)):
-                results[r["name"]] = output(o)
+            for r, o in zip(raws, llm.generate(prompts, params or greedy, use_tqdm=False)):
+                results[r["name"]] = output(o, pads)
 
     t0 = time.perf_counter()
-    together = [r for r in reqs if not r.get("alone")]
+    together = [r for r in reqs if not r.get("alone") and not r.get("ttft")]
     for budget in sorted({json.dumps(r.get("budget")) for r in together}):
         batch = [r for r in together if json.dumps(r.get("budget")) == budget]
+        t1 = time.perf_counter()
         send(batch, {} if budget == "null" or args.stock else {"arr_coc_budget": json.loads(budget)})
+        seconds[f"batch {json.loads(budget)}"] = time.perf_counter() - t1
     seconds["together"] = time.perf_counter() - t0
-    probe = next(r for r in together if "messages" in r)
-    for r in (r for r in reqs if r.get("alone")):
+    first = SamplingParams(temperature=0.0, max_tokens=1)
+    for r in (r for r in reqs if r.get("ttft")):
+        t1 = time.perf_counter()
+        send([r], {} if r.get("budget") is None or args.stock else {"arr_coc_budget": r["budget"]}, first)
+        results[r["name"]]["ttft_s"] = time.perf_counter() - t1
+    alone = [r for r in reqs if r.get("alone")]
+    probe = next((r for r in together if "messages" in r), None)
+    for r in alone:
         kwargs = dict(r.get("mm_kwargs", {}))
         if r.get("budget") is not None:
             kwargs["arr_coc_budget"] = r["budget"]
@@ -199,12 +212,13 @@ def item_requests(items: Path, n: int, budgets: str) -> list[dict]:
             for b in budgets.split(",") for it in listed]
 
 
-def output(o) -> dict:
+def output(o, pads: set[int] = frozenset()) -> dict:
     step = o.outputs[0]
     margins = [round(float(a - b), 6) for a, b in
                (sorted((lp.logprob for lp in s.values()), reverse=True)[:2] for s in (step.logprobs or []))]
     return {"answer": step.text, "token_ids": list(step.token_ids), "prompt_token_ids": list(o.prompt_token_ids),
-            "prompt_tokens": len(o.prompt_token_ids), "margins": margins, "error": None}
+            "prompt_tokens": len(o.prompt_token_ids), "margins": margins, "error": None,
+            "visual_tokens": sum(int(t) in pads for t in o.prompt_token_ids)}
 
 
 def match_kept(reqs, results, trace, keys, model, server_budget, parse_budget, kept_count) -> None:

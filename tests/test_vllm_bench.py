@@ -58,3 +58,36 @@ def test_the_kv_cache_holds_every_request_at_once():
     assert b.kv_bytes(1, 10, 1, 1, 1) == 256 * b.MiB                    # the floor
     per_token = 28 * 2 * 2 * 128 * 4                                     # 2B widths: 28 layers, K and V, float32
     assert b.kv_bytes(20, 1100, 28, 2, 128) >= 20 * 1100 * per_token
+
+
+def _clip_bench():
+    spec = importlib.util.spec_from_file_location("vllm_clip_bench", ROOT / "scripts" / "vllm_clip_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_evs_rates_keep_arr_cocs_share_or_evs_floor_of_one_frame_group():
+    """vLLM's EVS keeps max(one group, int(total * (1 - q))) tokens (evs.py:16-35): the bench's rate for a share
+    keeps that share where EVS can, and one whole group where the share asks for less."""
+    b = _clip_bench()
+
+    def retained(q: float, groups: int, per_group: int = 256) -> int:      # vLLM's compute_retained_tokens_count
+        return max(per_group, int(groups * per_group * (1 - q)))
+
+    assert b.evs_rate(0.3, 4) == 0.7 and retained(b.evs_rate(0.3, 4), 4) in (307, 308)
+    for share, groups in ((0.03, 8), (0.05, 4), (0.1, 8)):                   # below one group: EVS's floor
+        assert retained(b.evs_rate(share, groups), groups) == 256
+
+
+def test_the_clip_tables_ratios_and_shares_are_read_from_each_rows_wall_time():
+    b = _clip_bench()
+    rows = [{"row": "stock", "throughput_rps": 0.5, "wall_s": 16.0, "ttft_s": 2.0, "visual_tokens": 1024.0,
+             "choose_s": 0.0, "tower_s": 0.0},
+            {"row": "arr_coc 5%", "throughput_rps": 2.0, "wall_s": 4.0, "ttft_s": 0.5, "visual_tokens": 51.0,
+             "choose_s": 1.0, "tower_s": 0.5, "accuracy": 0.5},
+            {"row": "HF evs 5%", "visual_tokens": 51.0, "accuracy": 0.25}]
+    table = b.markdown({"setups": [{"label": "tiny", "rows": rows}]})
+    assert "| arr_coc 5% | 2.00 | 4.00 | 0.500 | 51 | 0.500 | 25% | 12% |" in table
+    assert "| HF evs 5% | - | - | - | 51 | 0.250 | - | - |" in table
