@@ -1,7 +1,7 @@
 """The docs say what the code has. docs/DESIGN.md: every module and package of the library in its layout tree,
-every capability with exactly its methods, every command of the command line. README.md: at most 260 lines, and
-its install section's extras are pyproject.toml's. Pure reading, no model; each check has a negative control (a
-name the code lacks is not found)."""
+every capability with exactly its methods, every selection method, every command of the command line. README.md:
+at most 260 lines, and its install section's extras are pyproject.toml's. Pure reading, no model; each check has a
+negative control (a name the code lacks is not found)."""
 
 from __future__ import annotations
 
@@ -59,6 +59,14 @@ def test_the_capability_table_lists_each_capability_with_its_methods():
         assert written == _members(capability), capability.__name__
     old_row = "`adapter_name`, `load_adapter`, `adapted`, `adapter_flops`"        # negative control: the row
     assert sorted(re.findall(r"`(\w+)`", old_row)) != _members(Adapts)           # before default_adapter
+
+
+def test_the_method_table_lists_every_registered_method():
+    from arr_coc.pipeline.selection import METHODS
+
+    rows = table_rows(section("## Selection methods"), "| name | what it keeps |")
+    assert set(rows) == set(METHODS)
+    assert "no_such_method" not in rows                                       # negative control
 
 
 def test_the_command_table_lists_every_command():
