@@ -132,22 +132,28 @@ def _design_stock(vlm: ARRCOC, inputs: dict, n: int) -> tuple[torch.Tensor, torc
     return logits, torch.cat([first, torch.ones_like(first)], 1)[:, :n]
 
 
+def _embedded_pictures(seed: int) -> list[Any]:
+    return [shapes_image(448, 448, seed), shapes_image(336, 448, seed + 1)]
+
+
+def _toy_stock(vlm: ARRCOC, inputs: dict, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return toy_stock_answer(vlm.backend, inputs, n)
+
+
+def _random_pictures(seed: int) -> list[Any]:
+    return [torch.rand(3, 96, 128, generator=torch.Generator().manual_seed(seed)),
+            torch.rand(3, 64, 160, generator=torch.Generator().manual_seed(seed + 1))]
+
+
+# One line per example checkpoint: adding a family is adding its line.
 EXAMPLES = [
     Example("qwen2_vl-tiny", _tiny_qwen("qwen2_vl"), _qwen_pictures, _transformers_stock),
     Example("qwen2_5_vl-tiny", _tiny_qwen("qwen2_5_vl"), _qwen_pictures, _transformers_stock),
     Example("qwen3_vl-tiny", _tiny_qwen("qwen3_vl"), _qwen_pictures, _transformers_stock),
-    Example("embedded-shapes-qwen2vl", _embedded, lambda seed: [shapes_image(448, 448, seed),
-                                                                 shapes_image(336, 448, seed + 1)],
-            _transformers_stock),
-    Example("toy", _toy(ToyBackend), _toy_pictures, lambda vlm, inputs, n: toy_stock_answer(vlm.backend, inputs, n),
-            has=frozenset()),
-    Example("toy-encodes-before", _toy(ToyBackendBefore), _toy_pictures,
-            lambda vlm, inputs, n: toy_stock_answer(vlm.backend, inputs, n), has=frozenset({EncodesBefore})),
-    Example("design-md-example", _design_example, lambda seed: [torch.rand(3, 96, 128, generator=torch.Generator()
-                                                                           .manual_seed(seed)),
-                                                                torch.rand(3, 64, 160, generator=torch.Generator()
-                                                                           .manual_seed(seed + 1))],
-            _design_stock, has=frozenset()),
+    Example("embedded-shapes-qwen2vl", _embedded, _embedded_pictures, _transformers_stock),
+    Example("toy", _toy(ToyBackend), _toy_pictures, _toy_stock, has=frozenset()),
+    Example("toy-encodes-before", _toy(ToyBackendBefore), _toy_pictures, _toy_stock, has=frozenset({EncodesBefore})),
+    Example("design-md-example", _design_example, _random_pictures, _design_stock, has=frozenset()),
 ]
 BY_ID = {e.id: e for e in EXAMPLES}
 IDS = [e.id for e in EXAMPLES]
@@ -157,7 +163,7 @@ IDS = [e.id for e in EXAMPLES]
 class Built:
     example: Example
     vlm: ARRCOC
-    stock: dict = field(default_factory=dict)             # memo: the stock model's answers by input seed
+    stock: dict = field(default_factory=dict)             # memo: the stock model's answers
 
 
 _BUILT: dict[str, Built] = {}
