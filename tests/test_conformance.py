@@ -3,11 +3,12 @@
 
 What a backend must do to be served (each test names it):
 - keep-all equals the stock model: with every token kept (method "none", or ARR-COC at 1.0) in each encode mode the
-  backend has, the language model's logits equal the stock model's bit for bit and greedy decoding gives the same
-  tokens (the stock model: transformers' own class loaded from the same folder, or the toy model with no pipeline);
+  backend has, on images and on a clip where it reads clips, the language model's logits equal the stock model's
+  bit for bit and greedy decoding gives the same tokens (the stock model: transformers' own class loaded from the
+  same folder, or the toy model with no pipeline);
 - a budget is a ceiling: in "exact" mode each image keeps exactly its budget's count (never more), and 1.0, "100%"
   or a count of every token keeps every token in every budget mode (a selector that over-spends fails the check:
-  the negative control);
+  the negative control); a clip's budget is the clip's, with a floor of one token per temporal group;
 - the pure choice (`ARRCOC.choose`, and `arr_coc.choose` on the backend's pixels and question tokens) keeps exactly
   the cells the pipeline keeps;
 - what the backend lacks is refused before any work, in one line naming the capability (and what it has runs);
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pytest
 import torch
 from _toy import WIDTH, ToyBackend, ToyBackendBefore, scene
@@ -57,13 +59,15 @@ EVERYTHING = frozenset(CAPABILITIES)
 class Example:
     """One example checkpoint. build(tmp) -> the front door over it; pictures(seed) -> two pictures of different
     sizes (a batch of two questions, so padding is exercised); stock(vlm, inputs, n) -> (what the backend's
-    `prefill` returns as logits, greedy new tokens [B, n]) from the stock model with every token, no pipeline."""
+    `prefill` returns as logits, greedy new tokens [B, n]) from the stock model with every token, no pipeline;
+    clip(seed), for a backend that reads clips."""
 
     id: str
     build: Callable[[Path], ARRCOC]
     pictures: Callable[[int], list[Any]]
     stock: Callable[[Any, dict, int], tuple[torch.Tensor, torch.Tensor]]
     has: frozenset = EVERYTHING                          # the capabilities its backend implements
+    clip: Callable[[int], Any] | None = None             # clip(seed) -> a clip of 4 temporal groups, where it reads them
     encodes: tuple[str, ...] = field(init=False)
 
     def __post_init__(self):
@@ -72,6 +76,17 @@ class Example:
 
 def _qwen_pictures(seed: int) -> list[Any]:
     return [shapes_image(120, 150, seed), shapes_image(90, 200, seed + 1)]
+
+
+def _qwen_clip(seed: int) -> Any:
+    """8 frames (4 temporal groups) of a square moving right, 8 px a frame, in a seeded colour."""
+    from arr_coc.video import load_clip
+
+    frames = np.full((8, 84, 112, 3), 200, np.uint8)
+    colour = np.random.default_rng(seed).integers(0, 256, 3)
+    for k in range(8):
+        frames[k, 30:50, 10 + 8 * k: 30 + 8 * k] = colour
+    return load_clip(frames)
 
 
 def _tiny_qwen(family: str) -> Callable[[Path], ARRCOC]:
@@ -140,6 +155,10 @@ def _toy_stock(vlm: ARRCOC, inputs: dict, n: int) -> tuple[torch.Tensor, torch.T
     return toy_stock_answer(vlm.backend, inputs, n)
 
 
+def _toy_clip(seed: int) -> torch.Tensor:
+    return torch.stack([scene(seed + t) for t in range(4)])          # [T, 3, H, W]: four temporal groups
+
+
 def _random_pictures(seed: int) -> list[Any]:
     return [torch.rand(3, 96, 128, generator=torch.Generator().manual_seed(seed)),
             torch.rand(3, 64, 160, generator=torch.Generator().manual_seed(seed + 1))]
@@ -147,12 +166,13 @@ def _random_pictures(seed: int) -> list[Any]:
 
 # One line per example checkpoint: adding a family is adding its line.
 EXAMPLES = [
-    Example("qwen2_vl-tiny", _tiny_qwen("qwen2_vl"), _qwen_pictures, _transformers_stock),
-    Example("qwen2_5_vl-tiny", _tiny_qwen("qwen2_5_vl"), _qwen_pictures, _transformers_stock),
-    Example("qwen3_vl-tiny", _tiny_qwen("qwen3_vl"), _qwen_pictures, _transformers_stock),
+    Example("qwen2_vl-tiny", _tiny_qwen("qwen2_vl"), _qwen_pictures, _transformers_stock, clip=_qwen_clip),
+    Example("qwen2_5_vl-tiny", _tiny_qwen("qwen2_5_vl"), _qwen_pictures, _transformers_stock, clip=_qwen_clip),
+    Example("qwen3_vl-tiny", _tiny_qwen("qwen3_vl"), _qwen_pictures, _transformers_stock, clip=_qwen_clip),
     Example("embedded-shapes-qwen2vl", _embedded, _embedded_pictures, _transformers_stock),
-    Example("toy", _toy(ToyBackend), _toy_pictures, _toy_stock, has=frozenset()),
-    Example("toy-encodes-before", _toy(ToyBackendBefore), _toy_pictures, _toy_stock, has=frozenset({EncodesBefore})),
+    Example("toy", _toy(ToyBackend), _toy_pictures, _toy_stock, has=frozenset(), clip=_toy_clip),
+    Example("toy-encodes-before", _toy(ToyBackendBefore), _toy_pictures, _toy_stock, has=frozenset({EncodesBefore}),
+            clip=_toy_clip),
     Example("design-md-example", _design_example, _random_pictures, _design_stock, has=frozenset()),
 ]
 BY_ID = {e.id: e for e in EXAMPLES}
@@ -185,6 +205,10 @@ def _batch(b: Built, seed: int = 0) -> dict:
     return b.vlm.backend.build_inputs([[p] for p in b.example.pictures(seed)], QUESTIONS)
 
 
+def _clip_batch(b: Built, seed: int = 0) -> dict:
+    return b.vlm.backend.build_inputs([[b.example.clip(seed)]], ["What moves first?"])
+
+
 # ----------------------------------------------------------------------------------------------- the tests
 
 def test_every_capability_is_refused_or_said_to_degrade():
@@ -198,14 +222,16 @@ def test_the_declared_capabilities_are_the_backends(built, example_id):
     assert {c.__name__ for c in CAPABILITIES if has(b.vlm.backend, c)} == {c.__name__ for c in b.example.has}
 
 
-@pytest.mark.parametrize("example_id,encode", [(e.id, m) for e in EXAMPLES for m in e.encodes],
-                         ids=[f"{e.id}-{m}" for e in EXAMPLES for m in e.encodes])
-def test_keep_all_equals_the_stock_model(built, example_id, encode):
+KEEP_ALL = [(e.id, m, v) for e in EXAMPLES for m in e.encodes for v in ("images", "clip") if v == "images" or e.clip]
+
+
+@pytest.mark.parametrize("example_id,encode,visual", KEEP_ALL, ids=["-".join(c) for c in KEEP_ALL])
+def test_keep_all_equals_the_stock_model(built, example_id, encode, visual):
     b = built(example_id)
-    inputs = _batch(b)
-    if "keep_all" not in b.stock:
-        b.stock["keep_all"] = b.example.stock(b.vlm, inputs, NEW_TOKENS)
-    logits, tokens = b.stock["keep_all"]
+    inputs = _batch(b) if visual == "images" else _clip_batch(b)
+    if visual not in b.stock:
+        b.stock[visual] = b.example.stock(b.vlm, inputs, NEW_TOKENS)
+    logits, tokens = b.stock[visual]
     for method, budget in (("none", None), ("arr_coc", 1.0), ("random", "100%")):
         prepared = b.vlm.prepare(inputs, Pruning.of(method, budget, encode=encode))
         assert [t.kept_tokens for t in prepared.traces] == [t.total_tokens for t in prepared.traces]
@@ -251,6 +277,23 @@ def test_a_budget_is_a_ceiling_and_every_token_keeps_every_token(built, example_
         return [torch.arange(h * w) for h, w in ctx.grid_hw]
     traces = b.vlm.prepare(inputs, Pruning.of(greedy, 0.25)).traces
     assert _over_budget(traces, 0.25)
+
+
+CLIPS = [(e.id, m) for e in EXAMPLES if e.clip for m in e.encodes]
+
+
+@pytest.mark.parametrize("example_id,encode", CLIPS, ids=["-".join(c) for c in CLIPS])
+def test_a_clip_has_one_budget_over_time_and_keeps_every_group(built, example_id, encode):
+    """A clip's budget is the clip's, a ceiling with one floor: one token per temporal group (docs/DESIGN.md)."""
+    b = built(example_id)
+    inputs = _clip_batch(b, seed=2)
+    for budget in (0.1, 0.25, 2, 1.0):
+        for method in ("arr_coc", "random", "grid"):
+            trace = b.vlm.prepare(inputs, Pruning.of(method, budget, "exact", encode)).traces[0]
+            groups, total = len(trace.kept_per_group[0]), trace.total_tokens
+            assert groups == 4 and sum(trace.kept_per_group[0]) == trace.kept_tokens, (budget, method)
+            assert trace.kept_tokens == max(count_of(budget, total), groups), (budget, method)
+            assert min(trace.kept_per_group[0]) >= 1, (budget, method)
 
 
 PURE_METHODS = ("arr_coc", "random", "grid", "divprune", "cdpruner")
