@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM = false
 
 # Compared across kernel paths (the fast path, the texture's kernels) or against the stock model (keep-all).
 NUMERICS_TESTS := tests/test_fast_path.py tests/test_shape_texture.py tests/test_object_texture.py \
-                  tests/test_model.py tests/test_budget.py
+                  tests/test_model.py tests/test_budget.py tests/test_conformance.py
 
 .PHONY: install test run clean
 
@@ -34,7 +34,7 @@ test: install vllm-env
 	@test -x /usr/bin/chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
 	$(PY) -m pytest -q
 	@# The numerics-sensitive tests again on AVX2 kernels: ATen and oneDNN pick kernels by instruction set, so
-	@# two kernel paths agree to float32 rounding, not bit for bit (docs/DESIGN.md, "Numerics"); ~75 s.
+	@# two kernel paths agree to float32 rounding, not bit for bit (docs/DESIGN.md, "Numerics"); ~100 s.
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -q -p no:cacheprovider $(NUMERICS_TESTS)
 
 run: install

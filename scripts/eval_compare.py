@@ -10,6 +10,7 @@ differing items of a row are printed with both values. Exit status 0 when every 
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -57,4 +58,10 @@ def main(old_path: str, new_path: str, n: str | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:4]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("before", help="an eval report (results.json)")
+    parser.add_argument("after", help="an eval report of the same split")
+    parser.add_argument("n", nargs="?", help="compare the first N items of both only")
+    args = parser.parse_args()
+    sys.exit(main(args.before, args.after, args.n))

@@ -6,6 +6,7 @@ whole-prefill FLOPs (% of the every-token row) of each, and B - A with the paire
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -35,6 +36,8 @@ def main(path_a: str, path_b: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("a", help="an eval report (results.json)")
+    parser.add_argument("b", help="an eval report of the same items")
+    args = parser.parse_args()
+    main(args.a, args.b)

@@ -6,9 +6,9 @@ Reads `training_log_stage1.json` and `training_log_stage2.json` from the folder;
 steps continue stage 1's on the x axis.
 """
 
+import argparse
 import json
 import os
-import sys
 
 import matplotlib
 
@@ -69,6 +69,8 @@ def main(folder: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        raise SystemExit(__doc__)
-    main(sys.argv[1], sys.argv[2])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", help="a layer's folder holding training_log_stage1.json / training_log_stage2.json")
+    parser.add_argument("out", help="the picture to write (.png)")
+    args = parser.parse_args()
+    main(args.folder, args.out)

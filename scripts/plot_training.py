@@ -8,8 +8,8 @@ a dotted line where each continuation starts:
     python scripts/plot_training.py LOG1 LOG2 ... OUT.png
 """
 
+import argparse
 import json
-import sys
 
 import matplotlib
 
@@ -54,7 +54,11 @@ def main(log_paths: list[str], out: str) -> None:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:] or ["checkpoints/shapes-qwen2vl/training_log.json", "docs/training_curve.png"]
-    if len(args) < 2:
-        raise SystemExit("usage: python scripts/plot_training.py LOG [LOG ...] OUT.png")
-    main(args[:-1], args[-1])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="*", metavar="PATH",
+                        help="LOG [LOG ...] OUT.png: training logs drawn end to end, then the picture to write (default: the embedded "
+                             "model's log, docs/training_curve.png)")
+    paths = parser.parse_args().paths or ["checkpoints/shapes-qwen2vl/training_log.json", "docs/training_curve.png"]
+    if len(paths) < 2:
+        parser.error("give at least one LOG and the OUT.png to write")
+    main(paths[:-1], paths[-1])

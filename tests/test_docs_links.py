@@ -1,6 +1,6 @@
-"""Every relative link in README.md and docs/*.md resolves: the file exists, and a `#anchor` names a heading of
-the target (GitHub's slugs). Pure stdlib, no model: a moved section or a renamed heading fails here, not for a
-reader. A negative control checks that the checker finds broken links at all."""
+"""Every relative link in README.md, docs/*.md and the README.md files under scripts/ resolves: the file exists,
+and a `#anchor` names a heading of the target (GitHub's slugs). Pure stdlib, no model: a moved section or a renamed
+heading fails here, not for a reader. A negative control checks that the checker finds broken links at all."""
 import re
 from pathlib import Path
 
@@ -66,7 +66,8 @@ def broken_links(text, here, read=lambda p: p.read_text()):
 
 
 def doc_files():
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+            *sorted((ROOT / "scripts").rglob("README.md"))]
 
 
 def test_every_relative_link_and_anchor_resolves():

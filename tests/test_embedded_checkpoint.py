@@ -39,7 +39,7 @@ def test_shipped_checkpoint_loads_offline_and_keeps_its_claimed_accuracy():
 
 def test_the_default_model_loads_and_answers_one_question():
     """From the checkpoint on disk to the answer. How long it takes (target under 2 s; measured 0.21-0.35 s
-    after the libraries' own import) is measured by scripts/time_load.py in fresh processes (docs/RESULTS.md,
+    after the libraries' own import) is measured by scripts/experiments/time_load.py in fresh processes (docs/RESULTS.md,
     "Load time"), not asserted here: a busy CI host can cross any wall-clock bound by chance."""
     import transformers.core_model_loading  # noqa: F401  (what from_pretrained imports lazily)
     from transformers import Qwen2VLForConditionalGeneration  # noqa: F401

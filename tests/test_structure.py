@@ -302,7 +302,7 @@ def test_every_name_the_scripts_and_the_app_import_from_the_library_exists():
     import importlib
 
     missing = []
-    for path in [*(ROOT / "scripts").glob("*.py"), ROOT / "app.py", *(ROOT / APP).glob("*.py"),
+    for path in [*(ROOT / "scripts").rglob("*.py"), ROOT / "app.py", *(ROOT / APP).glob("*.py"),
                  ROOT / "assets" / "examples" / "make_examples.py"]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("arr_coc"):

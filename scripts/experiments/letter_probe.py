@@ -1,6 +1,6 @@
 """Can a vision tower learn to read the letters? Fine-tune it on letter-centred tiles only.
 
-    python scripts/letter_probe.py [MINUTES] [--fresh]
+    python scripts/experiments/letter_probe.py [MINUTES] [--fresh]
 
 Each tile is 4 x 4 merged cells (112 px) placed at random around one lettered object of a
 letter-rich training scene; a linear head on the mean of the object's letter cells names

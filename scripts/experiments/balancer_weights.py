@@ -1,6 +1,6 @@
 """How the tension balancer weighs the three scorers from question to question.
 
-    python scripts/balancer_weights.py [--data data/val/val.jsonl] [--n 40] [--budget 0.1]
+    python scripts/experiments/balancer_weights.py [--data data/val/val.jsonl] [--n 40] [--budget 0.1]
 
 Runs the first N questions of a ShapesVQA JSONL through the embedded model with the trained
 layer (checkpoints/arr-coc-shapes) and with the untrained one, and prints the range and mean

@@ -1,6 +1,6 @@
 r"""ARR-COC's own work on a video clip against the whole prefill, wall time, one clip at a time.
 
-    OMP_NUM_THREADS=1 python scripts/video_own_work.py --data data/shapes_video/test.jsonl --limit 40
+    OMP_NUM_THREADS=1 python scripts/experiments/video_own_work.py --data data/shapes_video/test.jsonl --limit 40
 
 For each clip: `generate` with every token (the baseline's whole prefill: vision tower + LM prefill), then
 ARR-COC before the tower at --budget with the shipped before-mode layer. ARR-COC's own work is the trace's

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One short GPU session (a lent H100/H200, no network): a trimmed scripts/gpu_stages.sh with OUR transformers.
+# One short GPU session (a lent H100/H200, no network) with OUR transformers: the trimmed successor of issue 36's
+# gpu_stages.sh (removed: its run was never recorded; this one's is, docs/GPU.md section 7).
 # The wheels in .whl (transformers 5.23.0, huggingface-hub 2.4.0, tokenizers 0.23.3 and the httpx2 chain that
 # hub 2.x imports; the image has 5.17.0 / 1.33.0 / 0.23.2) go to $SITE, first on PYTHONPATH. Then, Qwen2-VL-2B
 # widths at FULL depth (vision 32, LM 28), random weights, bf16:
@@ -8,11 +9,11 @@
 #   (c) bench --stages with two looks (3% + a 5% saccade, every image looks again): ARR-COC's own work over both.
 # Results under $OUT, at most 8 files (what the device tool brings back): gpu.txt, session.log (every command's
 # stdout and stderr), stages.json/.md, bench.json/.md, saccades.json/.md.
-#   GPU:      bash scripts/gpu_session.sh                      (the device tool sets OUT)
-#   CPU smoke: DEVICE=cpu DTYPE=float32 SMOKE=1 SITE=/tmp/smoke_site OUT=/tmp/gpu_smoke bash scripts/gpu_session.sh
+#   GPU:      bash scripts/experiments/gpu_session.sh                      (the device tool sets OUT)
+#   CPU smoke: DEVICE=cpu DTYPE=float32 SMOKE=1 SITE=/tmp/smoke_site OUT=/tmp/gpu_smoke bash scripts/experiments/gpu_session.sh
 #   SMOKE=1: --vision-layers 2 --lm-layers 2 --sizes 448 --batches 1 --repeats 1 (seconds, not the measurement).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/gpu_session}
 DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bfloat16}

@@ -6,7 +6,7 @@
 #     work, the tower and the prefill stage by stage, the every-token reference beside it, eager (--fast off)
 #     and the fixed-shape compiled path (--fast on: buckets, torch.compile mode="reduce-overhead", static cache);
 #     the first pass of each row compiles and is not timed (its time is in the JSON as compile time).
-#   OUT=runs/gpu_fast bash scripts/gpu_fast.sh
+#   OUT=runs/gpu_fast bash scripts/experiments/gpu_fast.sh
 set -euo pipefail
 OUT=${OUT:-runs/gpu_fast}
 DEVICE=${DEVICE:-cuda}

@@ -1,6 +1,6 @@
 """Probe a VLM's visual tokens: is the colour, shape and letter of the object under each cell in them?
 
-    python scripts/probe_vision.py checkpoints/shapes-qwen2vl
+    python scripts/experiments/probe_vision.py checkpoints/shapes-qwen2vl
 
 For the object cells of 40 fresh ShapesVQA scenes: (1) the nearest word embedding by cosine
 (what the embedded model's dense loss trains for), (2) a linear probe trained on half the

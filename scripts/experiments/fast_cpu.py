@@ -1,7 +1,7 @@
 """The whole request on the embedded model, eager against the fast path (buckets + inductor + static cache), side
 by side on the same items (docs/GPU.md 8.1).
 
-    python scripts/fast_cpu.py [--items 12] [--out fast_cpu.json]
+    python scripts/experiments/fast_cpu.py [--items 12] [--out fast_cpu.json]
 
 `respond` with 4 new tokens; the first item's request is reported on its own (it compiles the fast path's
 graphs), the rest as medians, fast and eager alternating which goes first.

@@ -1,7 +1,7 @@
 """Which items lose most when pruned: every token's accuracy minus a pruned row's, by question type, by the answer
 box's size (terciles of its area) and by the number of answer boxes, with a second pruned row beside it.
 
-    python scripts/pruning_loss_by_kind.py val_adapter.json data/val/val.jsonl --budget 0.05 \
+    python scripts/experiments/pruning_loss_by_kind.py val_adapter.json data/val/val.jsonl --budget 0.05 \
         --row arr_coc_trained@before-adapter --beside arr_coc_trained@before+adapter
 """
 

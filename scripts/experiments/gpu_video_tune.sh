@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Issue 37 on a lent GPU: fine-tune the embedded model on ShapesVQA-video (train-vlm --video) for $SECONDS s,
 # then pack the checkpoint into $OUT/video_ckpt.tgz (the device tool brings back at most 8 files; it has 9).
-#   GPU:       bash scripts/gpu_video_tune.sh            (the device tool sets OUT)
-#   CPU smoke: DEVICE=cpu SECONDS_=10 SITE=/tmp/smoke_site OUT=/tmp/vt_gpu_smoke bash scripts/gpu_video_tune.sh
+#   GPU:       bash scripts/experiments/gpu_video_tune.sh            (the device tool sets OUT)
+#   CPU smoke: DEVICE=cpu SECONDS_=10 SITE=/tmp/smoke_site OUT=/tmp/vt_gpu_smoke bash scripts/experiments/gpu_video_tune.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/gpu_video}
 DEVICE=${DEVICE:-cuda}
 SECS=${SECONDS_:-200}

@@ -1,6 +1,6 @@
 """How precisely the embedded model's supervised count heads count, by the true number n.
 
-    python scripts/count_heads.py [checkpoints/shapes-qwen2vl] [--items 300]
+    python scripts/experiments/count_heads.py [checkpoints/shapes-qwen2vl] [--items 300]
 
 `train-vlm --count-heads` supervises a head to put weight `sink` on position 0 and 1 on the
 centre cell of every counted object, so its "count signal" s = m_t / (m_t + m_0) (m_t: its

@@ -1,7 +1,7 @@
 """The microscope's first request after start against the next ones, with or without the warm-up at load
 (docs/GPU.md 8.1).
 
-    python scripts/app_first_request.py [--no-warm-up]
+    python scripts/experiments/app_first_request.py [--no-warm-up]
 
 Loads the page's model and layers as `make run` does, then answers four generated ShapesVQA questions through the
 page's own handler and prints each one's wall time, and the first's over the median of the others.
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))   # the app's package sits in the checkout beside the library, not in the installed wheel
 
 

@@ -1,6 +1,6 @@
 """Where a fresh process's time goes before the embedded model answers its first question.
 
-    python scripts/time_load.py [checkpoints/shapes-qwen2vl] [--repeat 3]
+    python scripts/experiments/time_load.py [checkpoints/shapes-qwen2vl] [--repeat 3]
 
 Each repeat is a new Python process, so every import is paid again (bytecode caches are warm).
 Prints seconds for: importing torch, importing transformers' Qwen2-VL modules (the modeling

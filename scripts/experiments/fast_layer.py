@@ -1,6 +1,6 @@
 """The shipped before-mode layer's device pass, eager against compiled (inductor), on one thread (docs/GPU.md 8.1).
 
-    OMP_NUM_THREADS=1 python scripts/fast_layer.py [--size 896] [--batches 1,8] [--out fast_layer.json]
+    OMP_NUM_THREADS=1 python scripts/experiments/fast_layer.py [--size 896] [--batches 1,8] [--out fast_layer.json]
 
 ShapesVQA scenes resized to --size, decide + read per image, medians of 7 runs side by side (alternating order);
 whether both keep the same cells; the compile time of each shape; and the kernels the compiled pass launches per

@@ -1,6 +1,6 @@
 r"""The whole prefill's wall time as the microscope reports it, per configuration, on real items.
 
-    OMP_NUM_THREADS=1 python scripts/whole_prefill.py --data data/holdout/holdout.jsonl --limit 40
+    OMP_NUM_THREADS=1 python scripts/experiments/whole_prefill.py --data data/holdout/holdout.jsonl --limit 40
 
 For each item (one at a time, as the app runs them): `generate` with every token (the baseline), then ARR-COC
 after the tower and before it at --budget, with the shipped layer of each mode; the whole prefill is

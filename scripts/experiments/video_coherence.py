@@ -1,7 +1,7 @@
 """Temporal coherence of ARR-COC on ShapesVQA-video clips: carried relevance against per-group selection.
 
-    python scripts/video_coherence.py --n 100 --budget 0.1 --named-object     # panning clips, one named object
-    python scripts/video_coherence.py --n 60 --budget 0.1 [--carry mean --decay 0.5 --static-weight 1.0]
+    python scripts/experiments/video_coherence.py --n 100 --budget 0.1 --named-object     # panning clips, one named object
+    python scripts/experiments/video_coherence.py --n 60 --budget 0.1 [--carry mean --decay 0.5 --static-weight 1.0]
 
 Per clip, every temporal group's picture is scored by the shipped before-mode layer with the embedded model's
 question embeddings, and the clip's budget is spread over time with the given temporal settings and with

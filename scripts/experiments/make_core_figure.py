@@ -1,6 +1,6 @@
 """Regenerate docs/core_maps.png and print the texture / layer timings quoted in docs/RESULTS.md.
 
-    python scripts/make_core_figure.py
+    python scripts/experiments/make_core_figure.py
 """
 
 import time

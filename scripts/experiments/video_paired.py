@@ -1,7 +1,7 @@
 r"""Paired comparisons on a ShapesVQA-video `eval` report: every row against the full model and against an anchor
 at the same budget, overall and on the questions that name an object (their template holds "{shape}").
 
-    python scripts/video_paired.py runs/video_eval_2000.json --anchor evs [--markdown pairs.md]
+    python scripts/experiments/video_paired.py runs/video_eval_2000.json --anchor evs [--markdown pairs.md]
 
 Needs a report with per-clip `correct` (eval writes it since the video fine-tune); intervals: paired 95%
 (`arr_coc.evaluation.report.paired_stats`).
@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

@@ -1,7 +1,7 @@
 """Issue 27's experiment: do cancelled requests stop, and what do they cost the next user?
 
-    python scripts/cancel_experiment.py                     # this checkout's app, results as JSON on stdout
-    python scripts/cancel_experiment.py --app-dir DIR       # another copy of the repository (e.g. `git archive`)
+    python scripts/experiments/cancel_experiment.py                     # this checkout's app, results as JSON on stdout
+    python scripts/experiments/cancel_experiment.py --app-dir DIR       # another copy of the repository (e.g. `git archive`)
 
 The app (`python app.py`, the embedded model, one torch thread) runs in a subprocess with a private TMPDIR,
 so the folders it writes per completed request can be counted. Then, through `gradio_client` as any user:
@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_big_png(path: Path, side: int) -> Path:
