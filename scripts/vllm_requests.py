@@ -102,8 +102,8 @@ def render(model: str, messages: list[dict]) -> str:
     return tok.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description="Requests as deployments send them, through the plugin offline.")
     ap.add_argument("--requests", type=Path, default=None)
     ap.add_argument("--items", type=Path, default=None,
                     help="or a gen-data test.jsonl: its first --n items, one chat each at every --budgets")
@@ -121,78 +121,106 @@ def main() -> None:
     ap.add_argument("--stock", action="store_true", help="stock vLLM (the checkpoint's own architecture): no ARR-COC")
     ap.add_argument("--video-pruning-rate", type=float, default=None, help="stock vLLM's EVS on clips (with --stock)")
     ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
+    return ap.parse_args()
 
+
+def engine(args: argparse.Namespace, clips: bool):
+    """One offline engine as the requests' server: the plugin (or stock vLLM, or its EVS), float32 unless told."""
+    from vllm import LLM
+
+    server_kw = {} if args.server_budget is None else {"mm_processor_kwargs": {"arr_coc_budget": args.server_budget}}
+    evs = {} if args.video_pruning_rate is None else {"video_pruning_rate": args.video_pruning_rate}
+    return LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, enforce_eager=True, seed=0,
+               kv_cache_memory_bytes=256 << 20, limit_mm_per_prompt={"image": 4, **({"video": 2} if clips else {})},
+               max_num_batched_tokens=args.max_batched_tokens, enable_prefix_caching=args.prefix_caching,
+               **server_kw, **evs, hf_overrides={} if args.stock else {
+                   "architectures": [architecture(args.model)],
+                   "arr_coc": {"layer": args.layer, "encode": args.encode, "adapter": False}})
+
+
+class Sender:
+    """Sends requests to one engine and keeps each one's `output` by name."""
+
+    def __init__(self, llm, args: argparse.Namespace):
+        from vllm import SamplingParams
+
+        self.llm, self.args = llm, args
+        self.greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=2)
+        self.first = SamplingParams(temperature=0.0, max_tokens=1)
+        config = json.loads((Path(args.model) / "config.json").read_text())
+        self.family = config["model_type"]
+        self.pads = {int(config["image_token_id"]), int(config["video_token_id"])}
+        self.results: dict[str, dict] = {}
+
+    def send(self, batch: list[dict], kwargs: dict, params=None) -> None:
+        chats = [r for r in batch if "messages" in r and not r.get("clips")]
+        raws = [r for r in batch if "prompt" in r or r.get("clips")]
+        mm = {"mm_processor_kwargs": kwargs} if kwargs else {}
+        model, params = self.args.model, params or self.greedy
+        if chats:
+            said = self.llm.chat([vllm_input(r, model, self.family) for r in chats], params, use_tqdm=False, **mm)
+            self.results.update({r["name"]: output(o, self.pads) for r, o in zip(chats, said)})
+        if raws:
+            prompts = [{**vllm_input(r, model, self.family), **mm} for r in raws]
+            said = self.llm.generate(prompts, params, use_tqdm=False)
+            self.results.update({r["name"]: output(o, self.pads) for r, o in zip(raws, said)})
+
+    def budget_kwargs(self, budget) -> dict:
+        return {} if budget is None or self.args.stock else {"arr_coc_budget": budget}
+
+    def together(self, reqs: list[dict], seconds: dict[str, float]) -> None:
+        """Requests without "alone" or "ttft", all of a budget at once (the scheduler batches them), timed."""
+        t0 = time.perf_counter()
+        for budget in sorted({json.dumps(r.get("budget")) for r in reqs}):
+            t1 = time.perf_counter()
+            self.send([r for r in reqs if json.dumps(r.get("budget")) == budget], self.budget_kwargs(json.loads(budget)))
+            seconds[f"batch {json.loads(budget)}"] = time.perf_counter() - t1
+        seconds["together"] = time.perf_counter() - t0
+
+    def ttft(self, reqs: list[dict]) -> None:
+        """Each request alone with one new token: its wall time ("ttft_s")."""
+        for r in reqs:
+            t1 = time.perf_counter()
+            self.send([r], self.budget_kwargs(r.get("budget")), self.first)
+            self.results[r["name"]]["ttft_s"] = time.perf_counter() - t1
+
+    def alone(self, reqs: list[dict], probe: dict | None) -> None:
+        """Each request by itself, then a normal one (`probe`): an error must be that request's only."""
+        for r in reqs:
+            kwargs = dict(r.get("mm_kwargs", {}))
+            if r.get("budget") is not None:
+                kwargs["arr_coc_budget"] = r["budget"]
+            try:
+                self.send([r], kwargs)
+            except Exception as exc:  # noqa: BLE001 - what the client sees is the point
+                self.results[r["name"]] = {"error": {"type": type(exc).__name__,
+                                                     "message": str(exc).splitlines()[0][:400]}}
+            try:
+                self.send([{**probe, "name": "__probe"}], {"arr_coc_budget": "10%"})
+                self.results[r["name"]]["next_ok"] = bool(self.results["__probe"]["answer"])
+            except Exception as exc:  # noqa: BLE001
+                self.results[r["name"]]["next_ok"] = False
+                self.results[r["name"]]["next_error"] = f"{type(exc).__name__}: {exc}"[:400]
+                break
+        self.results.pop("__probe", None)
+
+
+def main() -> None:
+    args = parse_args()
     trace = Path(tempfile.mkdtemp()) / "kept.jsonl"
     os.environ["ARR_COC_VLLM_TRACE"] = str(trace)
-    from vllm import LLM, SamplingParams
-
     from arr_coc.budget import parse_budget
     from arr_coc.serving.vllm.settings import ServeSettings, clip_count, kept_count
 
     reqs = json.loads(args.requests.read_text()) if args.requests else item_requests(args.items, args.n, args.budgets)
-    server_kw = {} if args.server_budget is None else {"mm_processor_kwargs": {"arr_coc_budget": args.server_budget}}
     t0 = time.perf_counter()
-    clips = any(r.get("clips") for r in reqs)
-    family = json.loads((Path(args.model) / "config.json").read_text())["model_type"]
-    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, enforce_eager=True, seed=0,
-              kv_cache_memory_bytes=256 << 20, limit_mm_per_prompt={"image": 4, **({"video": 2} if clips else {})},
-              max_num_batched_tokens=args.max_batched_tokens,
-              enable_prefix_caching=args.prefix_caching, **server_kw,
-              **({} if args.video_pruning_rate is None else {"video_pruning_rate": args.video_pruning_rate}),
-              hf_overrides={} if args.stock else {
-                  "architectures": [architecture(args.model)],
-                  "arr_coc": {"layer": args.layer, "encode": args.encode, "adapter": False}})
+    sender = Sender(engine(args, any(r.get("clips") for r in reqs)), args)
     seconds = {"load": time.perf_counter() - t0}
-    greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=2)
-    config = json.loads((Path(args.model) / "config.json").read_text())
-    pads = {int(config["image_token_id"]), int(config["video_token_id"])}
-    results: dict[str, dict] = {}
-
-    def send(batch: list[dict], kwargs: dict, params: SamplingParams | None = None) -> None:
-        chats = [r for r in batch if "messages" in r and not r.get("clips")]
-        raws = [r for r in batch if "prompt" in r or r.get("clips")]
-        mm = {"mm_processor_kwargs": kwargs} if kwargs else {}
-        if chats:
-            for r, o in zip(chats, llm.chat([vllm_input(r, args.model, family) for r in chats], params or greedy,
-                                            use_tqdm=False, **mm)):
-                results[r["name"]] = output(o, pads)
-        if raws:
-            prompts = [{**vllm_input(r, args.model, family), **mm} for r in raws]
-            for r, o in zip(raws, llm.generate(prompts, params or greedy, use_tqdm=False)):
-                results[r["name"]] = output(o, pads)
-
-    t0 = time.perf_counter()
     together = [r for r in reqs if not r.get("alone") and not r.get("ttft")]
-    for budget in sorted({json.dumps(r.get("budget")) for r in together}):
-        batch = [r for r in together if json.dumps(r.get("budget")) == budget]
-        t1 = time.perf_counter()
-        send(batch, {} if budget == "null" or args.stock else {"arr_coc_budget": json.loads(budget)})
-        seconds[f"batch {json.loads(budget)}"] = time.perf_counter() - t1
-    seconds["together"] = time.perf_counter() - t0
-    first = SamplingParams(temperature=0.0, max_tokens=1)
-    for r in (r for r in reqs if r.get("ttft")):
-        t1 = time.perf_counter()
-        send([r], {} if r.get("budget") is None or args.stock else {"arr_coc_budget": r["budget"]}, first)
-        results[r["name"]]["ttft_s"] = time.perf_counter() - t1
-    alone = [r for r in reqs if r.get("alone")]
-    probe = next((r for r in together if "messages" in r), None)
-    for r in alone:
-        kwargs = dict(r.get("mm_kwargs", {}))
-        if r.get("budget") is not None:
-            kwargs["arr_coc_budget"] = r["budget"]
-        try:
-            send([r], kwargs)
-        except Exception as exc:  # noqa: BLE001 - what the client sees is the point
-            results[r["name"]] = {"error": {"type": type(exc).__name__, "message": str(exc).splitlines()[0][:400]}}
-        try:
-            send([{**probe, "name": "__probe"}], {"arr_coc_budget": "10%"})
-            results[r["name"]]["next_ok"] = bool(results["__probe"]["answer"])
-        except Exception as exc:  # noqa: BLE001
-            results[r["name"]]["next_ok"] = False
-            results[r["name"]]["next_error"] = f"{type(exc).__name__}: {exc}"[:400]
-            break
-    results.pop("__probe", None)
+    sender.together(together, seconds)
+    sender.ttft([r for r in reqs if r.get("ttft")])
+    sender.alone([r for r in reqs if r.get("alone")], next((r for r in together if "messages" in r), None))
+    results = sender.results
     keys = image_keys(args.model, [p for r in reqs for p in r["images"]])
     keys.update(clip_keys(args.model, [p for r in reqs for p in r.get("clips", [])]))
     floor = ServeSettings(layer=None if args.layer in ("", "untrained") else args.layer).min_per_group()

@@ -171,7 +171,7 @@ def test_vllm_keeps_the_hugging_face_paths_cells_and_answers_on_clips(served, hf
 def test_a_clip_beside_an_image_keeps_both_as_the_hugging_face_path(served, hf):
     reqs, got = served
     mine = [r["name"] for r in reqs if r["name"].startswith("mixed-")]
-    assert len(mine) == N_MIXED
+    assert len(mine) == min(N_MIXED, N_CLIPS)
     assert {n: (got[n]["kept"], hf[n][1]) for n in mine if got[n]["kept"] != hf[n][1]} == {}
     assert _differ(got, hf, mine, MODEL) == {}
 

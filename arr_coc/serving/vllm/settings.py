@@ -301,8 +301,8 @@ def question_ids(prompt_ids: Sequence[int], tokens: Any) -> list[int]:
 
 def time_positions(groups: torch.Tensor | int, factor: float) -> torch.Tensor | int:
     """A frame group's M-RoPE temporal offset: its index times `factor` (Qwen2.5-VL: `second_per_grid_ts *
-    tokens_per_second`; 1 elsewhere), truncated to an integer as vLLM's `iter_mm_grid_thw` and transformers'
-    `get_rope_index` do."""
+    tokens_per_second`; 1 elsewhere), truncated to an integer as vLLM's `iter_mm_grid_thw` (qwen2_5_vl.py:1328-1369)
+    and transformers' rope index do."""
     if isinstance(groups, int):
         return int(np.int64(groups * factor)) if factor != 1.0 else groups
     return groups if factor == 1.0 else torch.from_numpy((groups.numpy() * factor).astype(np.int64))
