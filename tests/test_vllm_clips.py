@@ -272,3 +272,26 @@ def test_the_openai_server_answers_clips_as_the_offline_engine(served, tmp_path)
         {n: (got[n]["answer"], got[n]["prompt_tokens"]) for n in asked}
     assert server["bad"]["error"]["status"] == 400 and "is not a budget" in server["bad"]["error"]["message"]
     assert server["__after"]["error"] is None
+
+
+# -- bf16 serving ---------------------------------------------------------------------------------------------------
+
+N_BF16 = 30
+
+
+@needs_vllm
+def test_bf16_serving_keeps_a_clips_cells(served, tmp_path):
+    """The model served in bf16 (as deployments serve it): the choice reads the video processor's float32 patches
+    (handed on as their bits), so every clip keeps the Hugging Face path's cells in bf16 (its layer in float32);
+    greedy answers through bf16 kernels: at least 90% the same."""
+    import torch
+
+    from arr_coc import ARRCOC
+
+    reqs, _ = served
+    some = [r for r in reqs if r["budget"] == "0.05" and not r["name"].startswith(OTHER)][:N_BF16]
+    got = _serve(some, tmp_path, "--dtype", "bfloat16")
+    hf = _hf_answers(ARRCOC.from_pretrained(MODEL, arr_coc=LAYER, adapter=False, dtype=torch.bfloat16), some, MODEL)
+    assert {r["name"]: (got[r["name"]]["kept"], hf[r["name"]][1]) for r in some
+            if got[r["name"]]["kept"] != hf[r["name"]][1]} == {}
+    assert len(_differ(got, hf, [r["name"] for r in some], MODEL)) <= len(some) // 10
