@@ -120,6 +120,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--max-batched-tokens", type=int, default=None, help="chunked prefill: tokens per step")
     ap.add_argument("--stock", action="store_true", help="stock vLLM (the checkpoint's own architecture): no ARR-COC")
     ap.add_argument("--video-pruning-rate", type=float, default=None, help="stock vLLM's EVS on clips (with --stock)")
+    ap.add_argument("--tp", type=int, default=1, help="--tensor-parallel-size (CPU: VLLM_CPU_OMP_THREADS_BIND=\"0|1\")")
     ap.add_argument("--out", type=Path, required=True)
     return ap.parse_args()
 
@@ -133,6 +134,7 @@ def engine(args: argparse.Namespace, clips: bool):
     return LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, enforce_eager=True, seed=0,
                kv_cache_memory_bytes=256 << 20, limit_mm_per_prompt={"image": 4, **({"video": 2} if clips else {})},
                max_num_batched_tokens=args.max_batched_tokens, enable_prefix_caching=args.prefix_caching,
+               tensor_parallel_size=args.tp,
                **server_kw, **evs, hf_overrides={} if args.stock else {
                    "architectures": [architecture(args.model)],
                    "arr_coc": {"layer": args.layer, "encode": args.encode, "adapter": False}})

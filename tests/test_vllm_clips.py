@@ -73,13 +73,13 @@ def _requests(clips: list[dict], picture: str) -> list[dict]:
     return reqs
 
 
-def _serve(reqs: list[dict], tmp: Path, *extra: str) -> dict[str, dict]:
+def _serve(reqs: list[dict], tmp: Path, *extra: str, env: dict[str, str] | None = None) -> dict[str, dict]:
     """The requests through one engine (`scripts/vllm_requests.py`); `extra` flags override the defaults."""
     (tmp / "reqs.json").write_text(json.dumps(reqs))
     cmd = [str(VLLM_PY), "scripts/vllm_requests.py", "--model", MODEL, "--requests", str(tmp / "reqs.json"), "--out",
            str(tmp / "got.json"), "--layer", LAYER, "--encode", "before", "--max-model-len", "4096", *extra]
-    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
-                          timeout=1500)
+    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+                          capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
     return {r["name"]: r for r in json.loads((tmp / "got.json").read_text())["requests"]}
 
@@ -209,6 +209,16 @@ def test_chunked_prefill_keeps_a_clips_cells_and_answers(served, tmp_path):
             if got[r["name"]]["kept"] != chunked[r["name"]]["kept"]} == {}
     assert {r["name"]: got[r["name"]]["token_ids"] == chunked[r["name"]]["token_ids"] for r in some} == \
         {r["name"]: True for r in some}
+
+
+@needs_vllm
+def test_tensor_parallel_2_keeps_a_clips_cells_and_answers(served, tmp_path):
+    """Two tensor-parallel workers on this one NUMA node (bound one core each): the same cells and tokens."""
+    reqs, got = served
+    some = [r for r in reqs if r["budget"] == "0.1"][:8] + [r for r in reqs if r["name"].startswith("mixed-")][:2]
+    tp2 = _serve(some, tmp_path, "--tp", "2", env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    assert {r["name"]: (tp2[r["name"]]["kept"], tp2[r["name"]]["token_ids"]) for r in some} == \
+        {r["name"]: (got[r["name"]]["kept"], got[r["name"]]["token_ids"]) for r in some}
 
 
 # -- Qwen2.5-VL: the time step of its M-RoPE (second_per_grid_ts * tokens_per_second) ------------------------------
