@@ -294,7 +294,7 @@ def _count_flops(scope: Microscope, base: Run, pruned: list[Pruned]) -> None:
 
     token = current_token()
     runs = [(base.vlm, base, 0.0)] + [(p.run.vlm, p.run, p.config.encode.gist)
-                                          for p in pruned if p.run is not None]
+                                      for p in pruned if p.run is not None]
     try:
         if not scope.count_flops or (token is not None and token.cancelled):
             return

@@ -1,5 +1,5 @@
-"""A backend that is not Qwen runs the project's own tools end to end through the front door: `ask` and `eval`
-(issue 62, part 2), and what it lacks is refused in one line naming the capability.
+"""A backend that is not Qwen runs the project's own tools end to end through the front door: `ask`, `eval` and the
+lmms-eval harness (issue 62, part 2), and what it lacks is refused in one line naming the capability.
 
 The backend is docs/DESIGN.md's "VLM that is not Qwen" (a token per 16 px cell from its mean colour) reading PIL
 images as the tools pass them, with the core and `CostsTower` (the evaluation counts the tower's FLOPs) only.
@@ -157,3 +157,23 @@ def test_eval_runs_on_a_backend_that_is_not_qwen_and_refuses_what_it_lacks(folde
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "LaysOutVisuals" in err[0] and "downscale" in err[0], err
     assert not (tmp_path / "no.json").exists()
+
+
+def test_the_lmms_eval_harness_answers_through_a_backend_that_is_not_qwen(folder, split):
+    """lmms-eval's plugin, built from its --model_args, answers generate_until requests (simple layout) with it."""
+    pytest.importorskip("lmms_eval")
+    from lmms_eval.api.instance import Instance
+    from PIL import Image
+
+    from arr_coc.harness.lmms_eval import ARRCOCLmms
+
+    lm = ARRCOCLmms.create_from_arg_string(f"pretrained={folder},budget=0.25,batch_size=2,device=cpu",
+                                           {"batch_size": 1, "device": None})
+    records = [json.loads(line) for line in open(split)][:3]
+    lm.task_dict["toy"] = {"test": [dict(r, image=str(split.parent / r["image"])) for r in records]}
+    requests = [Instance("generate_until", (f"<image>{r['question']}", {"max_new_tokens": 2},
+                                            lambda doc: [Image.open(doc["image"]).convert("RGB")], i, "toy", "test"),
+                         i, {"task": "toy", "doc_id": i, "repeats": 1}) for i, r in enumerate(records)]
+    answers = [getattr(a, "text", a) for a in lm.generate_until(requests)]
+    assert len(answers) == 3 and all(a.startswith("w") for a in answers)
+    assert 0 < lm.usage["kept_tokens"] < lm.usage["total_tokens"] and lm.usage["requests"] == 3

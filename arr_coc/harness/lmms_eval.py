@@ -183,7 +183,7 @@ class ARRCOCLmms(lmms):
             prompts = [rq.read_prompt(spec, rq.find_doc(self.task_dict, spec)) for spec in batch]
             try:
                 got = self.vlm.respond([list(p.images) for p in prompts], [p.question for p in prompts],
-                                           self.pruning, **gen.kwargs)
+                                       self.pruning, **gen.kwargs)
                 answers, traces = got.answers, got.traces
             except InputError as exc:
                 docs = ", ".join(f"{s.task}/{s.split}/{s.doc_id}" for s in batch)
