@@ -1,6 +1,6 @@
 """ARR-COC microscope: the baseline VLM and the ARR-COC VLM side by side, and why ARR-COC kept what it kept.
 
-One question about one image runs through the same `ARRCOCQwen` wrapper up to three times, one
+One question about one image runs through the same front door (`ARRCOC`) up to three times, one
 instrumented `generate()` each: method="none" (every visual token, the baseline), config A (ARR-COC by
 default) and config B (ARR-COC with another layer or encoding mode, e.g. encode="before"). The page shows
 the answers, token counts, whole-prefill latencies and FLOPs (vision tower included), what was encoded at

@@ -31,7 +31,8 @@ from .execution import Execution, read_fast_flag
 from .core.layer import ARRCOCLayer, LayerSpec, build_layer
 from .paths import check_layer_folder
 from .pipeline.answer import Answered, Response, answer, respond
-from .pipeline.backend import Adapts, EncodesBefore, FixedShapes, VLMBackend, has, require
+from .pipeline.backend import (Adapts, ChecksInputs, Describes, EncodesBefore, FixedShapes, VLMBackend, adapter_name,
+                               has, require)
 from .pipeline.context import RequestContext
 from .pipeline.look import Prepared, prepare
 from .pipeline.pure import Chosen, choose
@@ -41,6 +42,7 @@ from .pipeline.selection import Selector
 from .pipeline.trace import Trace
 from .runtime import Runtime, check_supported
 from .stopwatch import Stopwatch
+from .validation.limits import LIMITS, InputLimits
 
 # What `generate` returns: for one question (a string), (answer, trace) or the answer alone (return_trace=False);
 # for a batch (a list of questions), (answers, traces) or the answers alone. An answer is a list of strings with
@@ -127,6 +129,30 @@ class ARRCOC:
     @property
     def device(self) -> torch.device:
         return self.backend.device
+
+    @property
+    def runtime(self) -> Runtime:
+        """Where and how the VLM runs, as loaded (`runtime.describe()`: e.g. "cpu, bfloat16, sdpa"); a backend
+        without `Describes` says its device alone."""
+        return self.backend.runtime if has(self.backend, Describes) else Runtime(self.backend.device, None)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The backend's text tokenizer (`Describes`), or None."""
+        return self.backend.tokenizer if has(self.backend, Describes) else None
+
+    @property
+    def adapter_name(self) -> str:
+        """The loaded adapter's name, "" for none (or a backend without `Adapts`)."""
+        return adapter_name(self.backend)
+
+    def input_limits(self) -> InputLimits:
+        """The validator's limits for this model (`ChecksInputs`; the library's defaults without it)."""
+        return self.backend.input_limits() if has(self.backend, ChecksInputs) else LIMITS
+
+    def video_sampling(self) -> dict[str, Any]:
+        """How this model samples a video's frames (`ChecksInputs`; the clip reader's defaults without it)."""
+        return dict(self.backend.video_sampling()) if has(self.backend, ChecksInputs) else {}
 
     def check_encode(self, encode: EncodeConfig | EncodeMode | None) -> None:
         """Refuse (ValueError, one line, before any work) an encoding this model cannot run: encode before on a

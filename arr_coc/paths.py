@@ -45,7 +45,7 @@ def check_layer_folder(folder: str | os.PathLike) -> str:
     there when online; `arr_coc.core.persistence`).
 
     Every caller that is given a layer checks it here before any model loads: `ask`, `eval`, the
-    app at start and `ARRCOCQwen` itself. A folder that is not there used to be found only at the first
+    app at start and `ARRCOC` itself. A folder that is not there used to be found only at the first
     request, which then kept every token with a warning on stderr: the user believed they had pruned.
     """
     path = os.fspath(folder)

@@ -1,6 +1,6 @@
 """Where and how a model runs: device, dtype and attention implementation, with one meaning everywhere.
 
-`ask`, `eval`, `train`, `bench`, the app and `ARRCOCQwen.from_pretrained` all take these three
+`ask`, `eval`, `train`, `bench`, the app and `ARRCOC.from_pretrained` all take these three
 and resolve them here, so "auto" or "bfloat16" means the same thing in every entry point:
 
     device               auto (cuda when available, else cpu) | cpu | cuda | cuda:N

@@ -8,8 +8,8 @@ A request runs the baseline (every visual token, encode "after") and up to two c
 
 Both read the same budget; the before mode's gist share, margin, periphery and looks (`SaccadeConfig.passes`,
 with the look-again threshold) are shared too. Every
-layer sits on its own `ARRCOCQwen` that shares the one VLM (as `arr_coc_trained` does in the
-evaluation), so a second layer costs its own weights only. The layers are the server's `--arr-coc`
+layer sits on its own `ARRCOC` over a sibling backend that shares the one VLM's weights (as `arr_coc_trained`
+does in the evaluation), so a second layer costs its own weights only. The layers are the server's `--arr-coc`
 (first) and every `--compare-arr-coc`, by the names the page lists (`layer_label`).
 """
 
@@ -26,7 +26,7 @@ from arr_coc_microscope.scope import Microscope, RunConfig, encode_text  # noqa:
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from arr_coc import ARRCOCQwen
+    from arr_coc import ARRCOC
     from arr_coc.encode import EncodeConfig
 
 ENCODE_CHOICES = ("after", "before")
@@ -42,11 +42,12 @@ def layer_label(folder: str | None) -> str:
 
 
 def add_layers(scope: Microscope, folders: list[str] | None) -> None:
-    """Offer more ARR-COC layers (`--compare-arr-coc`), each on a wrapper sharing the scope's VLM.
+    """Offer more ARR-COC layers (`--compare-arr-coc`), each on a vlm sharing the scope's VLM.
 
     A folder must hold a layer trained for this VLM (config.json + model.safetensors, its question width
     the model's), or be 'untrained'. ValueError (the message says what to pass) when one cannot be built."""
-    from arr_coc import ARRCOCQwen
+    from arr_coc import ARRCOC
+    from arr_coc.pipeline.backend import SharesWeights, require
     from arr_coc.paths import UNTRAINED, LayerNotFound, check_layer_folder
 
     for folder in folders or []:
@@ -58,30 +59,32 @@ def add_layers(scope: Microscope, folders: list[str] | None) -> None:
             path = path if path is None else check_layer_folder(path)
         except LayerNotFound as exc:
             raise ValueError(f"--compare-arr-coc: {exc}") from None
-        wrapper = ARRCOCQwen(scope.wrapper.model, scope.wrapper.processor, arr_coc=path, seed=scope.wrapper.seed,
-                             execution=scope.wrapper.execution)
+        backend = require(scope.vlm.backend, SharesWeights, "offer another layer (--compare-arr-coc)").sibling()
+        vlm = ARRCOC(backend, arr_coc=path, seed=scope.vlm.seed, name=scope.vlm.name, execution=scope.vlm.execution)
         try:
-            wrapper.arr_coc_layer   # built now: a bad folder fails at start-up, not on a request
+            vlm.layer   # built now: a bad folder fails at start-up, not on a request
         except Exception as exc:  # noqa: BLE001 - say which folder and why
             raise ValueError(f"--compare-arr-coc {folder!r}: could not build the layer ({type(exc).__name__}: {exc}); "
                              "pass a layer trained for this model, or 'untrained'") from exc
-        scope.more_layers[name] = wrapper
-        add_adapted(scope, name, wrapper, path)
+        scope.more_layers[name] = vlm
+        add_adapted(scope, name, vlm, path)
 
 
-def add_adapted(scope: Microscope, name: str, wrapper: ARRCOCQwen, path: str | None) -> None:
+def add_adapted(scope: Microscope, name: str, vlm: ARRCOC, path: str | None) -> None:
     """A layer folder that holds its LoRA adapters (`adapter/`, written by train-adapter) is offered twice: alone,
     and as "<name> + adapter" (the same layer, the adapter on for its pruned runs), so configs A and B can show
     what the adapter changes side by side. Clips never get it (it was trained on the image model)."""
-    from arr_coc import ARRCOCQwen
-    from arr_coc.qwen.adapter import SUBFOLDER
+    from arr_coc import ARRCOC
+    from arr_coc.adapter_files import SUBFOLDER
+    from arr_coc.pipeline.backend import Adapts, SharesWeights, has
 
-    if path is None or not os.path.isdir(os.path.join(path, SUBFOLDER)) or wrapper.adapter is not None:
+    if path is None or not os.path.isdir(os.path.join(path, SUBFOLDER)) or vlm.adapter_name \
+            or not has(vlm.backend, Adapts) or not has(vlm.backend, SharesWeights):
         return
     try:
-        scope.more_layers[f"{name} + adapter"] = ARRCOCQwen(
-            wrapper.model, wrapper.processor, arr_coc=wrapper.arr_coc_layer, seed=wrapper.seed,
-            execution=wrapper.execution, adapter=path)
+        scope.more_layers[f"{name} + adapter"] = ARRCOC(
+            vlm.backend.sibling(), arr_coc=vlm.layer, seed=vlm.seed, name=vlm.name,
+            execution=vlm.execution, adapter=path)
     except ValueError as exc:   # AdapterError: an adapter for another model; the layer alone is still offered
         logger.warning("the adapter in %s is not offered: %s", path, exc)
 

@@ -3,7 +3,7 @@ shows of them.
 
 `ask` checks the inputs (`arr_coc_microscope.inputs`, i.e. the library's one validator, and `.configs` for the
 encoding and layer choices), admits the request by its pixels (`.admission`), runs the same VLM up to
-three times through the pipeline (`ARRCOCQwen.respond`: method="none", every visual token; then config A: the
+three times through the pipeline (`ARRCOC.respond`: method="none", every visual token; then config A: the
 chosen method, layer and encoding; then config B: ARR-COC with its own layer and encoding), counts their FLOPs
 off the clock (`arr_coc.evaluation.cost`, as `eval` counts them), draws the pictures (`.pictures`) and
 writes them and the JSON trace (`.readout`) into a fresh folder. A clip is a request like any other: it
@@ -35,7 +35,7 @@ from arr_coc_microscope.readout import stats_rows, trace_record
 from arr_coc_microscope.scope import MEMO_LIMIT, Microscope, Pruned, Run  # noqa: F401 - re-exported: its types
 
 if TYPE_CHECKING:
-    from arr_coc import ARRCOCQwen
+    from arr_coc import ARRCOC
     from arr_coc.budget import Budget
     from arr_coc.pipeline import Pruning
 
@@ -127,8 +127,6 @@ class _Request:
 
 def _ask(scope: Microscope, image: Any, question: Any, arr_on: Any, budget: Any, adaptive: Any,
          method: Any, choices: tuple, video: Any = None) -> Result:
-    from arr_coc.qwen.processing import video_sampling
-
     # the validator's order (arr_coc.pipeline.request.validate): budget, method, question, visual; configs after
     arr_on = read_flag(arr_on, "arr_coc", True)
     adaptive = read_flag(adaptive, "adaptive", False)
@@ -137,7 +135,7 @@ def _ask(scope: Microscope, image: Any, question: Any, arr_on: Any, budget: Any,
     notes: list[str] = []
     configs = read_configs(scope, method, *choices, notes=notes)
     question, q_notes = check_question(question, scope.limits)
-    asked = open_asked(image, video, scope.limits, video_sampling(scope.wrapper_for(None, "clip").processor))
+    asked = open_asked(image, video, scope.limits, scope.vlm_for(None, "clip").video_sampling())
     if asked.kind == "clip":
         configs = _for_a_clip(method, configs, notes)
     request = _Request(question, arr_on, budget, adaptive, method, configs, q_notes + notes)
@@ -172,7 +170,7 @@ def _answer(scope: Microscope, asked: Asked, request: _Request) -> Result:
     notes = request.notes + asked.finish(scope.limits)
     checkpoint("decoding")
     try:
-        base = _generate(scope, scope.wrapper_for(None, asked.kind), asked, request.question, Pruning.of("none"))
+        base = _generate(scope, scope.vlm_for(None, asked.kind), asked, request.question, Pruning.of("none"))
     except Cancelled:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -186,7 +184,7 @@ def _answer(scope: Microscope, asked: Asked, request: _Request) -> Result:
     # issue 39: an empty answer is said of the run(s) that gave it, not of all three
     notes += empty_answer_notes({"the baseline": base.answer, **{f"config {p.config.label}": p.run.answer
                                                                  for p in pruned if p.run is not None}},
-                                request.question, scope.wrapper.tokenizer)
+                                request.question, scope.vlm.tokenizer)
     if asked.kind == "clip":
         notes.append(f"A video: {asked.clip.num_frames} frames sampled, {len(base.trace.kept_per_image)} temporal "
                      f"groups, answered by {scope.model_for('clip')}.")
@@ -234,7 +232,7 @@ def _title(p: Pruned) -> str:
     return f"{p.config.label}: {p.run.trace.method}, encode {p.config.encode_text()}"
 
 
-def _generate(scope: Microscope, wrapper: ARRCOCQwen, asked: Asked, question: str, pruning: Pruning) -> Run:
+def _generate(scope: Microscope, vlm: ARRCOC, asked: Asked, question: str, pruning: Pruning) -> Run:
     """One pipeline call under the model lock; its selector counts its FLOPs afterwards when the server counts."""
     from arr_coc.cancel import checkpoint
 
@@ -248,10 +246,10 @@ def _generate(scope: Microscope, wrapper: ARRCOCQwen, asked: Asked, question: st
         checkpoint("waiting for the model")
     try:
         checkpoint("waiting for the model")
-        got = wrapper.respond([asked.visual], [question], pruning, max_new_tokens=scope.max_new_tokens)
+        got = vlm.respond([asked.visual], [question], pruning, max_new_tokens=scope.max_new_tokens)
     finally:
         scope.lock.release()
-    return Run(answer=str(got.answers[0]).strip(), trace=got.traces[0], counted=counted, wrapper=wrapper,
+    return Run(answer=str(got.answers[0]).strip(), trace=got.traces[0], counted=counted, vlm=vlm,
                answered=got.answered)
 
 
@@ -270,7 +268,7 @@ def _run_pruned(scope: Microscope, config: RunConfig, asked: Asked, request: _Re
     try:
         pruning = Pruning.of(config.method, None if adaptive else request.budget, "adaptive" if adaptive else None,
                              config.encode, parsed=True)
-        run = _generate(scope, scope.wrapper_for(config.layer, asked.kind), asked, request.question, pruning)
+        run = _generate(scope, scope.vlm_for(config.layer, asked.kind), asked, request.question, pruning)
     except Cancelled:
         raise
     except Exception as exc:  # noqa: BLE001 - ARR-COC must never cost the user the answer
@@ -295,22 +293,22 @@ def _count_flops(scope: Microscope, base: Run, pruned: list[Pruned]) -> None:
     from arr_coc.evaluation.cost import item_flops
 
     token = current_token()
-    runs = [(base.wrapper, base, 0.0)] + [(p.run.wrapper, p.run, p.config.encode.gist)
-                                          for p in pruned if p.run is not None]
+    runs = [(base.vlm, base, 0.0)] + [(p.run.vlm, p.run, p.config.encode.gist)
+                                      for p in pruned if p.run is not None]
     try:
         if not scope.count_flops or (token is not None and token.cancelled):
             return
         if len(scope.flops_memo) > MEMO_LIMIT:
             scope.flops_memo.clear()
         with scope.lock:
-            for wrapper, run, gist in runs:
+            for vlm, run, gist in runs:
                 selector = run.counted.flops() if run.counted is not None else 0
-                run.flops = item_flops(wrapper.backend, run.answered, selector, gist, scope.flops_memo)[0]
+                run.flops = item_flops(vlm.backend, run.answered, selector, gist, scope.flops_memo)[0]
     except Exception:  # noqa: BLE001 - the answers stand without their FLOPs
         logger.exception("counting FLOPs failed; the page shows '-'")
     finally:
         for _, run, _ in runs:   # the selector's context and the prompt's tensors are not kept past the request
-            run.counted, run.answered, run.wrapper = None, None, None
+            run.counted, run.answered, run.vlm = None, None, None
 
 
 # ----------------------------------------------------------------------------- files

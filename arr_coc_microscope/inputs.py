@@ -1,5 +1,5 @@
 """What the user sends, checked by the library's one validator (`arr_coc.validation`), so the page, the API,
-the command line and `ARRCOCQwen.generate` give the same verdict in the same words. This module only adds
+the command line and `ARRCOC.generate` give the same verdict in the same words. This module only adds
 what is the app's own: uploads the Image component could not hand over (`Unreadable`), None meaning the
 default budget, and the names the handler uses. Every refusal is an `InputError` whose message the page
 shows as it is; it never holds a server path (uploads are named "the uploaded file").

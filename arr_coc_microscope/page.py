@@ -336,7 +336,7 @@ def _introduction(scope: Microscope) -> str:
         "by default) and **config B** (ARR-COC with another layer or encoding) keep only the tokens their "
         "relevance ranks highest for this question, and with *encode before* the vision tower encodes only "
         f"those. Every answer comes from the same model (`{scope.model_name}`), one instrumented run each"
-        + (f"; a clip's from the model made for clips (`{scope.clip_model_name}`)" if scope.clip_wrappers else "")
+        + (f"; a clip's from the model made for clips (`{scope.clip_model_name}`)" if scope.clip_vlms else "")
         + f". ARR-COC layers: {', '.join(scope.layers)}."
     )
 

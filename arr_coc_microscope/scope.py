@@ -12,7 +12,7 @@ from arr_coc.validation.limits import LIMITS, InputLimits
 from arr_coc_microscope.admission import Admission
 
 if TYPE_CHECKING:
-    from arr_coc import ARRCOCQwen, Trace
+    from arr_coc import ARRCOC, Trace
     from arr_coc.evaluation.cost import Flops
     from arr_coc.encode import EncodeConfig
     from arr_coc.pipeline import Answered
@@ -22,7 +22,7 @@ MEMO_LIMIT = 4096           # FLOP counts memoised per server (grids x cell coun
 
 @dataclass(frozen=True)
 class RunConfig:
-    """One pruned run: which wrapper (layer), which method, which encoding."""
+    """One pruned run: which vlm (layer), which method, which encoding."""
 
     label: str                    # "A" or "B"
     layer: str                    # a key of Microscope.layers
@@ -51,7 +51,7 @@ def encode_text(encode: EncodeConfig) -> str:
 class Microscope:
     """What the handlers share: read-only after `server.load()` (the lock only serialises model calls)."""
 
-    wrapper: ARRCOCQwen
+    vlm: ARRCOC
     model_name: str
     methods: list[str]               # the registry's methods a request can run, at start-up, "arr_coc" first
     max_new_tokens: int = 32
@@ -59,24 +59,25 @@ class Microscope:
     lock: threading.Lock = field(default_factory=threading.Lock)
     limits: InputLimits = LIMITS     # arr_coc.validation.limits.limits_for(this model's processor)
     admission: Admission = field(default_factory=Admission)
-    more_layers: dict[str, ARRCOCQwen] = field(default_factory=dict)   # --compare-arr-coc, by name (configs.py)
+    more_layers: dict[str, ARRCOC] = field(default_factory=dict)   # --compare-arr-coc, by name (configs.py)
     count_flops: bool = True         # count each run's FLOPs off the clock (arr_coc.evaluation.cost); --no-flops: off
     flops_memo: dict = field(default_factory=dict)                      # shape-only counts, shared by requests
     before_layer: str | None = None  # the layer trained for encode="before" (embedded model), by name, if offered
-    clip_wrappers: dict[str, ARRCOCQwen] = field(default_factory=dict)   # per layer name, on the clip model (if any)
+    clip_vlms: dict[str, ARRCOC] = field(default_factory=dict)   # per layer name, on the clip model (if any)
     clip_model_name: str = ""        # the model that answers clips, when it is not `model_name`'s
 
     @property
     def cell_px(self) -> int:
-        """Pixels per merged visual token side (28 for Qwen2/2.5-VL, 32 for Qwen3-VL)."""
-        from arr_coc.qwen.processing import image_processor_of
+        """Pixels per merged visual token side (28 for Qwen2/2.5-VL, 32 for Qwen3-VL): the backend's
+        `LaysOutVisuals.image_scale`."""
+        from arr_coc.pipeline.backend import LaysOutVisuals, require
 
-        return int(image_processor_of(self.wrapper.processor).patch_size) * int(self.wrapper.merge)
+        return require(self.vlm.backend, LaysOutVisuals, "show its cells on the image").image_scale().cell_px
 
     @property
-    def layers(self) -> dict[str, ARRCOCQwen]:
+    def layers(self) -> dict[str, ARRCOC]:
         """Every ARR-COC layer the server offers, by name, the --arr-coc one first (one VLM under all)."""
-        return {self.layer_name: self.wrapper, **self.more_layers}
+        return {self.layer_name: self.vlm, **self.more_layers}
 
     @property
     def default_compare(self) -> tuple[str, str]:
@@ -91,18 +92,18 @@ class Microscope:
             return self.before_layer, "before"
         return (next(iter(self.more_layers)), "after") if self.more_layers else (self.layer_name, "before")
 
-    def wrapper_for(self, layer: str | None, kind: str) -> ARRCOCQwen:
-        """The wrapper (model + layer) a run uses: the layer's (None: the server's own, for the baseline), on the
-        model made for the input: a clip is answered by the clip model when the server has one (`clip_wrappers`,
+    def vlm_for(self, layer: str | None, kind: str) -> ARRCOC:
+        """The vlm (model + layer) a run uses: the layer's (None: the server's own, for the baseline), on the
+        model made for the input: a clip is answered by the clip model when the server has one (`clip_vlms`,
         the embedded model's video fine-tune by default), an image by the image model."""
         name = self.layer_name if layer is None else layer
-        if kind == "clip" and self.clip_wrappers:
-            return self.clip_wrappers[name]
+        if kind == "clip" and self.clip_vlms:
+            return self.clip_vlms[name]
         return self.layers[name]
 
     def model_for(self, kind: str) -> str:
         """How the page names the model that answers this kind of input."""
-        return self.clip_model_name if kind == "clip" and self.clip_wrappers else self.model_name
+        return self.clip_model_name if kind == "clip" and self.clip_vlms else self.model_name
 
 
 @dataclass
@@ -112,7 +113,7 @@ class Run:
     answer: str
     trace: Trace
     counted: Any = None              # the CountedSelector it ran (FLOPs), or None
-    wrapper: Any = None              # the ARRCOCQwen that ran it (its model answered; its backend counts the FLOPs)
+    vlm: Any = None              # the ARRCOC that ran it (its model answered; its backend counts the FLOPs)
     flops: Flops | None = None       # filled off the clock by `_count_flops`
     answered: Answered | None = None  # the pipeline's record of the run (its prompt, every look), for the FLOPs
 

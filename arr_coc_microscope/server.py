@@ -185,12 +185,11 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     """
     path = model_path(model)
     set_environment(path)
-    from arr_coc import ARRCOCQwen
+    from arr_coc import ARRCOC
     from arr_coc.errors import InputError
-    from arr_coc.validation.limits import limits_for
     from arr_coc.validation.requests import check_max_new_tokens
     from arr_coc.paths import LayerNotFound, resolve_layer
-    from arr_coc.qwen.adapter import AdapterError
+    from arr_coc.adapter_files import AdapterError
     from arr_coc.runtime import check_supported
     from arr_coc.runtime import Runtime, RuntimeChoiceError
     from arr_coc.pipeline.selection import available_methods
@@ -208,9 +207,8 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
     attempts = max(1, retries) if os.path.isdir(path) else 1
     for attempt in range(attempts):
         try:
-            wrapper = ARRCOCQwen.from_pretrained(path, arr_coc=layer_path, device=run.device, dtype=run.dtype,
-                                                 attn_implementation=run.attn_implementation, fast=fast,
-                                                 adapter=adapter)
+            vlm = ARRCOC.from_pretrained(path, arr_coc=layer_path, device=run.device, dtype=run.dtype,
+                                         attn_implementation=run.attn_implementation, fast=fast, adapter=adapter)
             break
         except Exception as exc:
             if isinstance(exc, AdapterError):      # retrying does not change it
@@ -222,18 +220,18 @@ def load(model: str | None = None, device: str = "auto", arr_coc: str | None = N
             logger.warning("loading %s failed (attempt %d of %d); retrying", path, attempt + 1, attempts)
             time.sleep(2.0)
     try:
-        wrapper.arr_coc_layer  # built now, not racily on a first request
+        vlm.layer  # built now, not racily on a first request
     except Exception as exc:  # noqa: BLE001 - every request would keep every token: refuse to start instead
         raise LoadError(f"--arr-coc: the ARR-COC layer {layer_path or 'untrained'!r} could not be built for this "
                         f"model ({reason(exc)}); pass a layer trained for this model, or 'untrained'") from exc
     # every registered method (built-in modules load on first use), ARR-COC first; adaptive is a checkbox
     methods = ["arr_coc"] + [m for m in available_methods() if m not in ("arr_coc", "arr_coc_adaptive")]
-    logger.info("loaded %s on %s", path, wrapper.runtime.describe())
+    logger.info("loaded %s on %s", path, vlm.runtime.describe())
     layer = f"trained ({os.path.relpath(layer_path)})" if layer_path else "untrained"
     # Admission: twice the requests Gradio runs at once (the rest are still unwinding after a cancel), and
     # two of the largest images the validator decodes.
-    return Microscope(wrapper=wrapper, model_name=EMBEDDED_NAME if model is None else str(model), methods=methods,
-                      max_new_tokens=int(max_new_tokens), layer_name=layer, limits=limits_for(wrapper.processor),
+    return Microscope(vlm=vlm, model_name=EMBEDDED_NAME if model is None else str(model), methods=methods,
+                      max_new_tokens=int(max_new_tokens), layer_name=layer, limits=vlm.input_limits(),
                       admission=Admission(max_requests=2 * max(1, int(concurrency)),
                                           max_pixels=2 * LIMITS.max_decode_pixels))
 
@@ -253,18 +251,20 @@ def clip_model_path(video_model: str | None, model: str | None) -> str | None:
 
 def add_clip_model(scope: Microscope, path: str | None) -> None:
     """Load the clip model (issue 49: a clip is answered by the model made for clips, and the page says which):
-    one wrapper per layer the server offers, each with that layer, on the clip model. LoadError when it cannot."""
+    one vlm per layer the server offers, each with that layer, on the clip model. LoadError when it cannot."""
     if path is None:
         return
-    from arr_coc import ARRCOCQwen
+    from arr_coc import ARRCOC
     from arr_coc.paths import shown_path
+    from arr_coc.pipeline.backend import SharesWeights, require
 
     try:
-        first = ARRCOCQwen.from_pretrained(path, arr_coc=scope.wrapper.arr_coc_layer, device=scope.wrapper.device,
-                                           dtype=scope.wrapper.model.dtype)
-        scope.clip_wrappers = {name: ARRCOCQwen(first.model, first.processor, arr_coc=w.arr_coc_layer, seed=w.seed,
-                                                name=first.name, execution=w.execution)
-                               for name, w in scope.layers.items()}
+        first = ARRCOC.from_pretrained(path, arr_coc=scope.vlm.layer, device=scope.vlm.device,
+                                       dtype=scope.vlm.runtime.dtype)
+        require(first.backend, SharesWeights, "answer clips beside the image model's layers (--video-model)")
+        scope.clip_vlms = {name: ARRCOC(first.backend.sibling(), arr_coc=w.layer, seed=w.seed, name=first.name,
+                                        execution=w.execution)
+                           for name, w in scope.layers.items()}
     except (OSError, ValueError) as exc:
         raise LoadError(f"--video-model: {load_failure(path, exc)}") from exc
     scope.clip_model_name = shown_path(path)           # as every other model and layer: no server path
@@ -285,7 +285,7 @@ def warm_up(scope: Microscope) -> float:
     if result.error:
         logger.warning("warm-up request failed (%s); the first request pays its start-up", result.error)
     else:
-        logger.info("warmed up in %.1f s (%s)", seconds, scope.wrapper.execution.label)
+        logger.info("warmed up in %.1f s (%s)", seconds, scope.vlm.execution.label)
     return seconds
 
 

@@ -66,13 +66,15 @@ def make_image():
     return shapes_image
 
 
-def text_prefill_flops(wrapper, length: int) -> int:
+def text_prefill_flops(vlm, length: int) -> int:
     """FLOPs of the language model's prefill of a text prompt of `length` tokens (last position's logits): the
-    independent reference for the LM cost the evaluation counts on the real pruned prompt."""
+    independent reference for the LM cost the evaluation counts on the real pruned prompt. vlm: the front door
+    (`ARRCOC`) over a Qwen backend, or that backend."""
     import torch
 
     from arr_coc.evaluation.flops import count_flops
 
-    ids = torch.full((1, int(length)), int(wrapper.pad_token_id), dtype=torch.long, device=wrapper.device)
+    backend = getattr(vlm, "backend", vlm)
+    ids = torch.full((1, int(length)), int(backend.pad_token_id), dtype=torch.long, device=backend.device)
     with torch.no_grad():
-        return count_flops(wrapper.model, input_ids=ids, attention_mask=torch.ones_like(ids), logits_to_keep=1)[1]
+        return count_flops(backend.model, input_ids=ids, attention_mask=torch.ones_like(ids), logits_to_keep=1)[1]

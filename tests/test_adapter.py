@@ -245,7 +245,7 @@ def test_two_steps_move_the_adapter_and_in_joint_the_layer_and_never_the_vlm(sta
     vlm, net = _snapshot(wrapper.model), _snapshot(wrapper.arr_coc_layer)
     cfg = AdapterTrainConfig(out=str(tmp_path / "pair"), stage=stage, steps=2, batch_size=2, val_items=2,
                              eval_every=100, rank=4, lr=1e-2, layer_lr=1e-2, warmup=1)
-    state = train_adapter(cfg, model, layer, progress=False, wrapper=wrapper)
+    state = train_adapter(cfg, model, layer, progress=False, vlm=wrapper)
     assert state["step"] == 2 and all(r["grad_norm"] for r in state["log"])
     after = _snapshot(wrapper.model)
     lora = [n for n in after if ".lora_" in n]
@@ -268,7 +268,7 @@ def test_a_stopped_run_resumes_to_the_same_adapter(tmp_path):
         wrapper, model, layer = _shipped()
         cfg = AdapterTrainConfig(out=str(out), steps=2, batch_size=2, val_items=2, eval_every=100, rank=4, lr=1e-2,
                                  warmup=1, hard=True)
-        train_adapter(cfg, model, layer, progress=False, wrapper=wrapper, **kw)
+        train_adapter(cfg, model, layer, progress=False, vlm=wrapper, **kw)
         return wrapper
 
     straight = _snapshot(run(tmp_path / "a").model)

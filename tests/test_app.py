@@ -195,7 +195,7 @@ def test_ask_gives_both_answers_stats_and_pictures(scope, good_image):
     captions = [c for _, c in r.maps]
     assert [c.split(" ")[0] for c in captions] == ["information", "perspectival", "participatory", "relevance"]
     assert "w=" in captions[0] and "participatory" in r.weights
-    assert [name for _, name in r.channels] == list(scope.wrapper.arr_coc_layer.channel_names)
+    assert [name for _, name in r.channels] == list(scope.vlm.layer.channel_names)
     assert all(Image.open(p).format == "PNG" for p, _ in r.maps + r.channels)
     assert len({os.path.dirname(p) for p, _ in r.maps + r.channels} | {os.path.dirname(r.heatmap)}) == 1
     record = json.loads(Path(r.trace).read_text())
@@ -297,7 +297,7 @@ def test_a_failing_selector_falls_back_to_the_baseline_with_a_notice(scope, good
 
 
 def test_a_failing_layer_stage_falls_back_with_a_notice(scope, good_image, monkeypatch):
-    layer = scope.wrapper.arr_coc_layer
+    layer = scope.vlm.layer
 
     def explode(*args, **kwargs):
         raise ValueError("information scorer broke")
@@ -309,14 +309,14 @@ def test_a_failing_layer_stage_falls_back_with_a_notice(scope, good_image, monke
 
 
 def test_an_arr_coc_crash_still_answers_with_the_baseline(scope, good_image, monkeypatch):
-    real = scope.wrapper.respond
+    real = scope.vlm.respond
 
     def respond(images, questions, pruning=None, **kw):
         if pruning.method != "none":
             raise RuntimeError("pruning path crashed")
         return real(images, questions, pruning, **kw)
 
-    monkeypatch.setattr(scope.wrapper, "respond", respond)
+    monkeypatch.setattr(scope.vlm, "respond", respond)
     r = handler.ask(scope, good_image, "Is there a circle?", True, 0.25, False, "arr_coc")
     assert "ARR-COC failed (RuntimeError: pruning path crashed)" in r.error
     assert r.answer_arr == r.answer_baseline and r.record["arr_coc"]["fell_back_to"] == "baseline"

@@ -232,7 +232,7 @@ def test_two_layers_side_by_side_with_the_baseline(two_layers, layer_dirs, image
     a, b = r.record["arr_coc"], r.record["compare"]
     assert (a["config"]["layer"], b["config"]["layer"]) == (names[0], names[1])
     # B ran layer y: the same cells as that layer alone on the same VLM, not layer x's
-    alone = ARRCOCQwen(two_layers.wrapper.model, two_layers.wrapper.processor, arr_coc=layer_dirs[1])
+    alone = ARRCOCQwen(two_layers.vlm.backend.model, two_layers.vlm.backend.processor, arr_coc=layer_dirs[1])
     _, trace = alone.generate(Image.open(image).convert("RGB"), Q, budget=0.25, max_new_tokens=1)
     assert b["kept_indices"][0] == trace.kept_indices[0].tolist()
     assert a["kept_indices"][0] != b["kept_indices"][0]
@@ -338,11 +338,11 @@ def test_lm_flops_depend_on_the_prompt_length_only(scope, image):
     from arr_coc.evaluation.cost import lm_flops
     from conftest import text_prefill_flops
 
-    w = scope.wrapper
-    inputs = w.build_inputs([[Image.open(image).convert("RGB")]], [Q])
+    w = scope.vlm
+    inputs = w.backend.build_inputs([[Image.open(image).convert("RGB")]], [Q])
     for budget in (0.25, 1.0):
         pruned, traces = w.prepare(inputs, budget=budget, method="arr_coc").outputs
-        assert lm_flops(w.backend, pruned, 0, {}) == text_prefill_flops(w, traces[0].prompt_tokens) > 0
+        assert lm_flops(w.backend, pruned, 0, {}) == text_prefill_flops(w.backend, traces[0].prompt_tokens) > 0
 
 
 def test_no_flops_shows_dashes(scope, image, monkeypatch):

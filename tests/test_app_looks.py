@@ -86,7 +86,7 @@ def test_two_looks_show_the_table_and_cost_more(scope, image):
     assert b["vision"] > a["vision"] and b["lm_prefill"] > a["lm_prefill"] and b["whole_prefill"] > a["whole_prefill"]
     from conftest import text_prefill_flops
 
-    assert b["lm_prefill"] == sum(text_prefill_flops(scope.wrapper, look["prompt_tokens"]) for look in t["looks"])
+    assert b["lm_prefill"] == sum(text_prefill_flops(scope.vlm, look["prompt_tokens"]) for look in t["looks"])
     assert float(_rows(two)["whole prefill GFLOPs"][1]) > float(_rows(one)["whole prefill GFLOPs"][1])
     share = f"{100 * b['whole_prefill'] / base['whole_prefill']:.0f}%"
     assert _rows(two)["whole prefill FLOPs vs. baseline"][1] == share

@@ -203,7 +203,7 @@ def test_the_handler_stops_a_cancelled_request_and_frees_its_memory(scope, good_
 
     gate = Gate()
     monkeypatch.setitem(SELECTORS, "gate", gate)
-    steps = Steps(scope.wrapper.model)
+    steps = Steps(scope.vlm.backend.model)
     token = CancelToken()
     result: list = []
     worker = threading.Thread(target=lambda: result.append(_ask_in(token, scope, good_image)))
@@ -282,7 +282,7 @@ def test_a_client_cancel_stops_the_servers_work(scope, good_image, monkeypatch, 
     gate = Gate()
     monkeypatch.setitem(SELECTORS, "gate", gate)
     demo, url, client = _serve(scope, enforce, monkeypatch)
-    steps = Steps(scope.wrapper.model)
+    steps = Steps(scope.vlm.backend.model)
     try:
         job = client.submit(handle_file(good_image), Q, True, 0.5, False, "gate", api_name="/ask")
         assert gate.entered.wait(HANG_GUARD_S)
@@ -308,7 +308,7 @@ def test_a_disconnected_client_stops_the_servers_work(scope, good_image, monkeyp
     gate = Gate()
     monkeypatch.setitem(SELECTORS, "gate", gate)
     demo, url, client = _serve(scope, True, monkeypatch)
-    steps = Steps(scope.wrapper.model)
+    steps = Steps(scope.vlm.backend.model)
     try:
         config = httpx.get(f"{url}/config", timeout=30).json()
         fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "ask")
@@ -345,7 +345,7 @@ def test_a_cancel_sent_before_the_client_knew_the_request_id_still_stops_it(scop
     gate = Gate()
     monkeypatch.setitem(SELECTORS, "gate", gate)
     demo, url, client = _serve(scope, True, monkeypatch)
-    steps = Steps(scope.wrapper.model)
+    steps = Steps(scope.vlm.backend.model)
     try:
         job = client.submit(handle_file(good_image), Q, True, 0.5, False, "gate", api_name="/ask")
         assert gate.entered.wait(HANG_GUARD_S)

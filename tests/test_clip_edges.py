@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from _app_server import save_tiny_model
+from arr_coc import ARRCOC
 from arr_coc.budget import count_of
 from arr_coc.qwen import ARRCOCQwen
 from arr_coc.video import load_clip
@@ -94,7 +95,7 @@ def test_ask_and_the_app_keep_to_the_budget_and_say_when_the_minimum_applies(wra
     from arr_coc_microscope.handler import ask
 
     path = _gif(tmp_path / "clip.gif", _frames(16, 56))
-    monkeypatch.setattr(ARRCOCQwen, "from_pretrained", classmethod(lambda cls, *a, **k: wrapper))
+    monkeypatch.setattr(ARRCOC, "from_pretrained", classmethod(lambda cls, *a, **k: wrapper))
     from arr_coc.cli import main
 
     assert main(["ask", "--model", str(tiny_dir), "--video", str(path), "--question", Q, "--budget", "2tok",
@@ -122,7 +123,7 @@ def test_a_gif_path_is_the_same_clip_through_generate_ask_and_the_app(wrapper, t
     path = _gif(tmp_path / "merged.gif", frames)
     assert Image.open(path).n_frames < 8
     _, lib = wrapper.generate(str(path), Q, budget=0.5, max_new_tokens=1)
-    monkeypatch.setattr(ARRCOCQwen, "from_pretrained", classmethod(lambda cls, *a, **k: wrapper))
+    monkeypatch.setattr(ARRCOC, "from_pretrained", classmethod(lambda cls, *a, **k: wrapper))
     for flag in ("--video", "--image"):            # an animated GIF is a clip wherever it is given
         assert main(["ask", "--model", str(tiny_dir), flag, str(path), "--question", Q, "--budget", "0.5",
                      "--max-new-tokens", "1", "--json"]) == 0
@@ -148,7 +149,7 @@ def test_a_clip_given_as_a_picture_goes_to_the_clip_model_with_a_note_gif_and_mp
     if default_model_path(video=True) == default_model_path():
         pytest.skip("this checkout ships no model for clips")
     loaded = []
-    monkeypatch.setattr(ARRCOCQwen, "from_pretrained", classmethod(lambda cls, path, *a, **k: loaded.append(path)
+    monkeypatch.setattr(ARRCOC, "from_pretrained", classmethod(lambda cls, path, *a, **k: loaded.append(path)
                                                                    or wrapper))
     gif = _gif(tmp_path / "c.gif", _frames(4, 56))
     mp4 = tmp_path / "c.mp4"
@@ -176,7 +177,7 @@ def test_the_page_names_the_clip_model_relative_to_the_app_s_folder(tiny_dir, mo
     if path is None or path == default_model_path():
         pytest.skip("this checkout ships no model for clips")
     scope = server.load(str(tiny_dir), device="cpu", max_new_tokens=1)
-    monkeypatch.setattr(ARRCOCQwen, "from_pretrained", classmethod(lambda cls, *a, **k: scope.wrapper))
+    monkeypatch.setattr(ARRCOC, "from_pretrained", classmethod(lambda cls, *a, **k: scope.vlm))
     server.add_clip_model(scope, os.path.abspath(path))
     header = page._introduction(scope)
     assert "(`checkpoints/shapes-qwen2vl-video`)" in header and os.getcwd() not in header, header

@@ -383,7 +383,7 @@ def test_a_converted_gqa_file_trains_stage_one(tmp_path, tiny_vlm):
     data = str(tmp_path / "out" / "val_balanced.jsonl")
     model, processor = tiny_vlm("qwen2_vl")
     cfg = TrainConfig(stage=1, out=str(tmp_path / "layer"), steps=3, batch_size=2, eval_every=3, warmup=1)
-    state = train(cfg, "", data, progress=False, wrapper=ARRCOCQwen(model, processor))
+    state = train(cfg, "", data, progress=False, vlm=ARRCOCQwen(model, processor))
     assert state["step"] == 3 and state["train_items"] == 2 and state["val_items"] == 1
     # the boxes reach the loss: an item without answer cells contributes no gradient (ranking_loss skips it)
     assert all(torch.isfinite(torch.tensor(r["loss"])) and r["grad_norm"] > 0 for r in state["log"])

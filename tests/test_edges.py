@@ -21,6 +21,7 @@ from PIL import Image
 
 from _app_server import save_tiny_model, scene
 
+from arr_coc import ARRCOC
 from arr_coc.errors import InputError
 from arr_coc.validation.images import check_image, upright
 from arr_coc.qwen import ARRCOCQwen
@@ -116,14 +117,14 @@ def test_an_exif_turned_photo_is_seen_upright_once(photos, orientation):
 def _generate_spy(monkeypatch) -> list:
     """Record every (answer, trace) `ARRCOCQwen.respond` returns (whatever path called it: `generate`, `ask`)."""
     traces = []
-    real = ARRCOCQwen.respond
+    real = ARRCOC.respond
 
     def spy(self, *args, **kwargs):
         got = real(self, *args, **kwargs)
         traces.append((got.answers[0], got.traces[0]))
         return got
 
-    monkeypatch.setattr(ARRCOCQwen, "respond", spy)
+    monkeypatch.setattr(ARRCOC, "respond", spy)
     return traces
 
 
@@ -146,7 +147,7 @@ def test_a_turned_jpeg_and_its_upright_png_get_the_same_grid_cells_and_answer_ev
         seen[name, "app"] = (tuple(record["arr_coc"]["grid_hw"][0]), record["arr_coc"]["kept_indices"][0],
                              record["arr_coc"]["answer"])
         with monkeypatch.context() as m:
-            m.setattr(ARRCOCQwen, "from_pretrained", classmethod(lambda cls, *a, **k: wrapper))
+            m.setattr(ARRCOC, "from_pretrained", classmethod(lambda cls, *a, **k: wrapper))
             traces = _generate_spy(m)
             rc, out, err = ask_cli(["ask", "--model", str(tiny_dir), "--image", str(path), "--question", Q,
                                     "--budget", "0.25", "--max-new-tokens", "2", "--json"], capsys)
@@ -229,7 +230,7 @@ def test_a_layer_folder_that_is_not_there_is_refused_by_the_app_at_start_and_by_
 
 def test_a_layer_folder_that_is_there_prunes(tiny_dir, layer_dir, wrapper, one_item, capsys, monkeypatch):
     """Negative control: the same calls with a real layer folder run and keep fewer tokens than the image has."""
-    monkeypatch.setattr(ARRCOCQwen, "from_pretrained", classmethod(
+    monkeypatch.setattr(ARRCOC, "from_pretrained", classmethod(
         lambda cls, path, arr_coc=None, **k: ARRCOCQwen(wrapper.model, wrapper.processor, arr_coc=arr_coc)))
     rc, out, err = ask_cli(["ask", "--model", str(tiny_dir), "--image", str(one_item.parent / "img.png"),
                             "--question", Q, "--arr-coc", layer_dir, "--budget", "0.25", "--max-new-tokens", "1",

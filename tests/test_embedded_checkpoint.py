@@ -86,7 +86,7 @@ def test_the_app_compares_after_and_before_each_with_its_shipped_layer():
     from arr_coc_microscope import configs, server
     from arr_coc_microscope.handler import Microscope
 
-    scope = Microscope(wrapper=None, model_name="embedded", methods=["arr_coc"])
+    scope = Microscope(vlm=None, model_name="embedded", methods=["arr_coc"])
     assert server.shipped_before_layer(scope, server.parse_args([])) == [SHIPPED_BEFORE_LAYER]
     assert scope.before_layer == configs.layer_label(SHIPPED_BEFORE_LAYER)
     scope.more_layers[scope.before_layer] = None

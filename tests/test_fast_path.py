@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
+from arr_coc import ARRCOC
 from arr_coc.buckets import Buckets, fill
 from arr_coc.execution import Execution, read_fast_flag
 from arr_coc.core.layer import ARRCOCLayer
@@ -359,7 +360,7 @@ def test_the_trace_and_ask_say_the_cells_chosen_and_the_cells_after_filling(tiny
     assert got.bucket["chosen"][0] < got.bucket["filled"][0]                 # this budget's bucket adds cells
     assert want.bucket is None
     image.save(tmp_path / "p.png")
-    monkeypatch.setattr(ARRCOCQwen, "from_pretrained", classmethod(lambda cls, *a, **k: bucketed))
+    monkeypatch.setattr(ARRCOC, "from_pretrained", classmethod(lambda cls, *a, **k: bucketed))
     assert main(["ask", "--image", str(tmp_path / "p.png"), "--question", "Where is the red circle?", "--budget",
                  "0.1", "--encode", "before", "--max-new-tokens", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -26,6 +26,7 @@ from PIL import Image
 
 from _app_server import free_port, save_tiny_model, scene
 
+from arr_coc import ARRCOC
 from arr_coc.budget import BudgetError
 from arr_coc.errors import InputError
 from arr_coc.validation.images import open_image
@@ -253,7 +254,7 @@ def cli(wrapper, tiny_dir, capsys, monkeypatch, image: str, question: str, budge
     """`python -m arr_coc ask ...` in this process (the model load is the cached tiny model) -> (rc, out, err)."""
     from arr_coc.cli import main
 
-    monkeypatch.setattr(ARRCOCQwen, "from_pretrained", classmethod(lambda cls, *a, **k: wrapper))
+    monkeypatch.setattr(ARRCOC, "from_pretrained", classmethod(lambda cls, *a, **k: wrapper))
     argv = ["ask", "--model", str(tiny_dir), "--image", image, "--question", question, "--max-new-tokens", "4",
             "--json"]
     argv += [f"--budget={budget}"] if budget is not None else []

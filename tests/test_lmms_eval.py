@@ -71,16 +71,16 @@ def reference(items) -> dict:
     import torch
 
     from arr_coc.data import read_jsonl
-    from arr_coc.evaluation.loop import evaluate, load_wrapper
+    from arr_coc.evaluation.loop import evaluate, load_vlm
 
     records = read_jsonl(items)
-    wrapper = load_wrapper(EMBEDDED_MODEL, "cpu", 0)
-    report = evaluate(wrapper, records, ["arr_coc_trained"], [BUDGET], batch_size=4, max_new_tokens=8,
+    vlm = load_vlm(EMBEDDED_MODEL, "cpu", 0)
+    report = evaluate(vlm, records, ["arr_coc_trained"], [BUDGET], batch_size=4, max_new_tokens=8,
                       arr_coc_weights=SHIPPED_LAYER, progress=False)
     row = report["results"][0]
     assert row["status"] == "ok" and row["n"] == N_ITEMS
     with torch.no_grad():
-        inputs = wrapper.build_inputs([[r.load_image()] for r in records], [r.question for r in records])
+        inputs = vlm.backend.build_inputs([[r.load_image()] for r in records], [r.question for r in records])
     return {"row": row, "unpruned_prompt": [int(m.sum()) for m in inputs["attention_mask"]], "records": records}
 
 

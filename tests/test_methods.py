@@ -294,12 +294,15 @@ def test_oracle_scales_boxes_from_the_original_image():
 def test_downscale_yields_about_the_budgeted_token_count(grid, budget):
     from PIL import Image
 
+    from arr_coc.qwen.visuals import image_scale
     from arr_coc.shapes.embedded import build_image_processor
 
     ip = build_image_processor()                                 # the embedded model's processor (28 px, min 4 tokens)
+    scale = image_scale(ip)
+    assert (scale.cell_px, scale.min_cells) == (28, 4)
     h, w = grid
     image = Image.new("RGB", (w * 28, h * 28), (40, 120, 200))
-    small, (hh, ww) = downscale.downscale_image(image, grid, budget, ip)
+    small, (hh, ww) = downscale.downscale_image(image, grid, budget, scale)
     _, gh, gw = ip(images=[small], return_tensors="pt")["image_grid_thw"][0].tolist()
     got = (gh // 2) * (gw // 2)
     k = resolve_count(budget, h * w)

@@ -84,16 +84,16 @@ def test_a_wrong_name_says_what_is_accepted(kwargs, words):
 
 
 def test_the_python_api_refuses_a_wrong_name_before_loading(model_dirs, tmp_path):
-    from arr_coc.evaluation.loop import load_wrapper
+    from arr_coc.evaluation.loop import load_vlm
     from arr_coc.qwen import ARRCOCQwen
 
     missing = str(tmp_path / "not-a-model")   # nothing there: a name check that ran after loading would say so
     with pytest.raises(RuntimeChoiceError, match="dtype 'fp8' is not one of"):
         ARRCOCQwen.from_pretrained(missing, dtype="fp8")
     with pytest.raises(RuntimeChoiceError, match="device 'tpu' is not one of"):
-        load_wrapper(model_dirs["qwen2_vl"], device="tpu")
+        load_vlm(model_dirs["qwen2_vl"], device="tpu")
     with pytest.raises(RuntimeChoiceError, match="'flash_attention_2' runs on CUDA devices only"):
-        load_wrapper(model_dirs["qwen2_vl"], device="cpu", attn_implementation="flash_attention_2")
+        load_vlm(model_dirs["qwen2_vl"], device="cpu", attn_implementation="flash_attention_2")
     with pytest.raises(RuntimeChoiceError, match="'flash_attention_2' runs on CUDA devices only"):
         ARRCOCQwen.from_pretrained(missing, device="cpu", attn_implementation="flash_attention_2")
 
@@ -256,7 +256,7 @@ def test_the_app_takes_the_same_options_and_loads_in_bfloat16(model_dirs):
     assert (args.device, args.dtype, args.attn_implementation) == ("cpu", "bfloat16", "eager")
     assert (server.parse_args([]).device, server.parse_args([]).dtype) == ("auto", "auto")
     scope = server.load(model_dirs["qwen3_vl"], device="cpu", dtype="bfloat16", attn_implementation="eager")
-    assert scope.wrapper.runtime.describe() == "cpu, bfloat16, eager"
+    assert scope.vlm.runtime.describe() == "cpu, bfloat16, eager"
     with pytest.raises(server.LoadError, match="dtype 'fp8' is not one of"):
         server.load(model_dirs["qwen3_vl"], dtype="fp8")
 

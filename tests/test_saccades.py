@@ -159,7 +159,7 @@ def test_eval_counts_every_look_and_the_training_rows_predict_it_exactly(tmp_pat
     `train-saccade` collects give, at any threshold, exactly the accuracy and cost `eval` measures there."""
     from arr_coc.cli import main
     from arr_coc.data import read_jsonl
-    from arr_coc.evaluation.loop import load_wrapper
+    from arr_coc.evaluation.loop import load_vlm
     from arr_coc.qwen.tiny import build_tiny_qwen
     from arr_coc.shapes import write_split
     from arr_coc.training.saccade import collect, frontier
@@ -168,8 +168,8 @@ def test_eval_counts_every_look_and_the_training_rows_predict_it_exactly(tmp_pat
     model.save_pretrained(tmp_path / "m")
     processor.save_pretrained(str(tmp_path / "m"))
     split = write_split(tmp_path / "d", split="test", n=6, seed=0)
-    wrapper = load_wrapper(str(tmp_path / "m"))
-    rows = collect(wrapper, read_jsonl(split), 0.05, SaccadeConfig(passes=2, budget=0.05), batch_size=4,
+    vlm = load_vlm(str(tmp_path / "m"))
+    rows = collect(vlm, read_jsonl(split), 0.05, SaccadeConfig(passes=2, budget=0.05), batch_size=4,
                    progress=False)
     assert all(r["cost_2"] > r["cost_1"] > 0 and r["full"] > r["cost_2"] for r in rows)
     u = sorted(r["u_margin"] for r in rows)

@@ -47,7 +47,7 @@ def test_stage1_lowers_the_ranking_loss_on_a_fixed_batch(setup, tmp_path):
     before_layer = ARRCOCLayer(ARRCOCConfig(strict=True).with_query_dim(wrapper.text_hidden_size))
     m = batch_scores(before_layer, batch)
     before = float(ranking_loss(m["relevance"], m["valid"], m["target"], cfg.tau).detach())
-    train(cfg, "", data, progress=False, wrapper=wrapper)
+    train(cfg, "", data, progress=False, vlm=wrapper)
     after_layer = ARRCOCLayer.from_pretrained(cfg.out)
     m = batch_scores(after_layer, batch)
     after = float(ranking_loss(m["relevance"], m["valid"], m["target"], cfg.tau).detach())
@@ -91,10 +91,10 @@ def test_stage2_gradients_reach_every_scorer_parameter_and_the_loss_falls(setup,
 def test_checkpoint_round_trips_and_resume_continues_the_same_run(setup, tmp_path):
     wrapper, data = setup
     straight = _cfg(tmp_path / "a", stage=1, steps=8)
-    train(straight, "", data, progress=False, wrapper=wrapper)
+    train(straight, "", data, progress=False, vlm=wrapper)
     resumed = _cfg(tmp_path / "b", stage=1, steps=8)
-    assert train(resumed, "", data, progress=False, wrapper=wrapper, stop_after=5)["step"] == 5
-    state = train(resumed, "", data, resume=True, progress=False, wrapper=wrapper)
+    assert train(resumed, "", data, progress=False, vlm=wrapper, stop_after=5)["step"] == 5
+    state = train(resumed, "", data, resume=True, progress=False, vlm=wrapper)
     assert state["step"] == 8 and len(state["log"]) == 8
     a = ARRCOCLayer.from_pretrained(straight.out).state_dict()
     b = ARRCOCLayer.from_pretrained(resumed.out).state_dict()
@@ -106,8 +106,8 @@ def test_a_trained_layers_budget_follows_the_question_and_holds_on_average(setup
     wrapper, data = setup
     records = list(read_jsonl(data))[3:]  # the 13 items the stage trained on (the first 20% are held out)
     spread, exact = tmp_path / "spread", tmp_path / "exact"
-    train(_cfg(spread, stage=1, steps=6), "", data, progress=False, wrapper=wrapper)
-    train(_cfg(exact, stage=1, steps=6, spread_tau=0.0), "", data, progress=False, wrapper=wrapper)
+    train(_cfg(spread, stage=1, steps=6), "", data, progress=False, vlm=wrapper)
+    train(_cfg(exact, stage=1, steps=6, spread_tau=0.0), "", data, progress=False, vlm=wrapper)
 
     def kept(folder, **attending):
         layer = ARRCOCLayer.from_pretrained(str(folder / "layer"))
@@ -135,21 +135,21 @@ def test_a_trained_layers_budget_follows_the_question_and_holds_on_average(setup
 
 def test_a_fresh_layer_takes_attn_dim_and_a_warm_start_refuses_it(setup, tmp_path):
     wrapper, data = setup
-    train(_cfg(tmp_path / "a", stage=1, steps=1), "", data, progress=False, wrapper=wrapper)
+    train(_cfg(tmp_path / "a", stage=1, steps=1), "", data, progress=False, vlm=wrapper)
     assert ARRCOCLayer.from_pretrained(str(tmp_path / "a" / "layer")).config.knowing.attn_dim == 32  # the default
-    train(_cfg(tmp_path / "b", stage=1, steps=1, attn_dim=16), "", data, progress=False, wrapper=wrapper)
+    train(_cfg(tmp_path / "b", stage=1, steps=1, attn_dim=16), "", data, progress=False, vlm=wrapper)
     narrow = ARRCOCLayer.from_pretrained(str(tmp_path / "b" / "layer"))
     assert narrow.config.knowing.attn_dim == 16 and narrow.participatory.query_proj.out_features == 16
     with pytest.raises(ValueError, match="drop --attn-dim"):
         train(_cfg(tmp_path / "c", stage=2, steps=1, attn_dim=16), "", data, init=str(tmp_path / "b" / "layer"),
-              progress=False, wrapper=wrapper)
+              progress=False, vlm=wrapper)
 
 
 def test_stage2_can_keep_stage1s_ranking_loss_as_an_auxiliary_term(setup, tmp_path):
     wrapper, data = setup
-    plain = train(_cfg(tmp_path / "a", stage=2, steps=2), "", data, progress=False, wrapper=wrapper)
+    plain = train(_cfg(tmp_path / "a", stage=2, steps=2), "", data, progress=False, vlm=wrapper)
     assert "ranking_loss" not in plain["log"][0]
-    state = train(_cfg(tmp_path / "b", stage=2, steps=2, rank_weight=0.5), "", data, progress=False, wrapper=wrapper)
+    state = train(_cfg(tmp_path / "b", stage=2, steps=2, rank_weight=0.5), "", data, progress=False, vlm=wrapper)
     for rec in state["log"]:
         # loss = answer + budget penalty (>= 0) + 0.5 x ranking
         assert rec["ranking_loss"] > 0
@@ -170,7 +170,7 @@ def test_stage2_draws_only_the_given_budgets_and_holds_out_part_of_every_data_fi
     with pytest.raises(SystemExit):
         parser.parse_args(["--data", data, "--stage", "2", "--budgets", "0.05,2.5"])  # neither a share nor a count
 
-    state = train(_cfg(tmp_path, stage=2, steps=6, budgets=args.budgets), "", args.data, progress=False, wrapper=wrapper)
+    state = train(_cfg(tmp_path, stage=2, steps=6, budgets=args.budgets), "", args.data, progress=False, vlm=wrapper)
     assert {rec["budget"] for rec in state["log"]} <= {0.05, 0.1}
     # 16 records per file, val_fraction 0.2: 3 held out of each file, so validation sees 6 items.
     assert state["val_items"] == 6 and state["train_items"] == 26
@@ -195,8 +195,9 @@ def test_feature_cache_reuses_the_vlms_features_until_the_vlm_or_data_change(set
             load_features(wrapper, data, records[:-1], cache, progress=False)  # other data: extracted anew
     assert len(cached) == len(fresh)
     for a, b in zip(fresh, cached):
-        for name in ("image", "visual_tokens", "query", "target", "input_ids", "image_grid_thw"):
+        for name in ("image", "visual_tokens", "query", "target"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert a.prompt.keys() == b.prompt.keys() and all(torch.equal(a.prompt[k], b.prompt[k]) for k in a.prompt)
         assert (a.grid_hw, a.answer, a.question, a.image_path) == (b.grid_hw, b.answer, b.question, b.image_path)
 
     # Targets are the code's, not the cache's: a cache holding other ones (older code) is corrected on load.
@@ -263,7 +264,7 @@ def test_a_layer_trained_for_encode_before_without_a_gist_never_reads_visual_tok
         monkeypatch.setattr(loop, "load_features", features)
         cfg = _cfg(tmp_path / str(i), stage=1, steps=6, encode=encode)
         assert cfg.reads_tokens == (encode == "after")
-        train(cfg, "", data, progress=False, wrapper=wrapper)
+        train(cfg, "", data, progress=False, vlm=wrapper)
         weights.append(ARRCOCLayer.from_pretrained(cfg.out).state_dict())
     same = all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     assert same == (encode == "before")
@@ -281,10 +282,10 @@ def test_zero_steps_refit_only_the_budget_to_the_answers_extent(setup, tmp_path)
     items' answer cells; the saved layer then scales budgets by its predictions."""
     wrapper, data = setup
     first = _cfg(tmp_path / "first", stage=1, steps=6)
-    train(first, "", data, progress=False, wrapper=wrapper)
+    train(first, "", data, progress=False, vlm=wrapper)
     refit = _cfg(tmp_path / "refit", stage=1, steps=0, budget_follows="extent", spread_bounds=(0.3, 4.0),
                  spread_per_cell=4.0)
-    state = train(refit, "", data, init=first.out, progress=False, wrapper=wrapper)
+    state = train(refit, "", data, init=first.out, progress=False, vlm=wrapper)
     before, after = ARRCOCLayer.from_pretrained(first.out), ARRCOCLayer.from_pretrained(refit.out)
     assert before.extent is None and after.extent is not None
     old, new = before.state_dict(), after.state_dict()

@@ -214,16 +214,16 @@ def test_a_cpu_launch_that_starts_one_of_several_processes_is_refused(monkeypatc
 
 
 def test_train_loads_the_vlm_as_asked_and_the_layer_trains_in_float32(data, tmp_path, monkeypatch):
-    from arr_coc.qwen import ARRCOCQwen
+    from arr_coc import ARRCOC
 
-    loaded, load = [], ARRCOCQwen.from_pretrained.__func__
+    loaded, load = [], ARRCOC.from_pretrained.__func__
 
     def spy(cls, *args, **kwargs):
-        wrapper = load(cls, *args, **kwargs)
-        loaded.append((wrapper.model.dtype, wrapper.model.config._attn_implementation, wrapper.device.type))
-        return wrapper
+        vlm = load(cls, *args, **kwargs)
+        loaded.append((vlm.runtime.dtype, vlm.runtime.attn_implementation, vlm.device.type))
+        return vlm
 
-    monkeypatch.setattr(ARRCOCQwen, "from_pretrained", classmethod(spy))
+    monkeypatch.setattr(ARRCOC, "from_pretrained", classmethod(spy))
     out = tmp_path / "bf16"
     _train("--data", data, "--stage", "1", "--steps", "2", "--batch-size", "4", "--dtype", "bfloat16",
            "--attn-implementation", "eager", "--out", str(out))
@@ -261,4 +261,4 @@ def test_stage2_refuses_an_attention_that_cannot_take_its_soft_mask(data, tmp_pa
     # Refused before any feature is extracted: a VLM that only says how it attends is enough.
     vlm = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2")))
     with pytest.raises(ValueError, match="--attn-implementation sdpa"):
-        train(TrainConfig(stage=2, out=str(tmp_path / "never")), "", data, wrapper=vlm, progress=False)
+        train(TrainConfig(stage=2, out=str(tmp_path / "never")), "", data, vlm=vlm, progress=False)

@@ -22,7 +22,8 @@ from arr_coc.validation.requests import check_items
 from arr_coc.qwen.processing import (IMAGE_TOKEN, VIDEO_TOKEN, VISION_END, VISION_START, encode_prompts,
                                      render_prompt, video_inputs, video_sampling)
 from arr_coc.qwen.tiny import build_tiny_image_processor, build_tiny_video_processor
-from arr_coc.video import Clip, VideoError, VideoProcessor, load_clip, sample_indices
+from arr_coc.qwen.video_processor import VideoProcessor
+from arr_coc.video import Clip, VideoError, load_clip, sample_indices
 
 from conftest import FAMILIES
 

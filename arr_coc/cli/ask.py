@@ -56,12 +56,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         plan = _plan(args)                     # every argument read before the model loads
-        wrapper = _load(args, plan)
-        visual, info_notes = _visual(args, plan, wrapper)
+        vlm = _load(args, plan)
+        visual, info_notes = _visual(args, plan, vlm)
     except (InputError, LayerNotFound, ValueError) as exc:
         return refuse(exc)
-    got = wrapper.respond([visual], [plan.question], plan.pruning, max_new_tokens=plan.max_new_tokens)
-    _print(args, wrapper, got, visual, plan.question, plan.notes + info_notes)
+    got = vlm.respond([visual], [plan.question], plan.pruning, max_new_tokens=plan.max_new_tokens)
+    _print(args, vlm, got, visual, plan.question, plan.notes + info_notes)
     return 0
 
 
@@ -103,7 +103,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     notes += clip_notes
     layer = resolve_layer(model_path, args.arr_coc, encode)
     if getattr(args, "adapter", None) not in (None, False):   # an adapter that is not there, before the model loads
-        from arr_coc.qwen.adapter import adapter_folder
+        from arr_coc.adapter_files import adapter_folder
 
         adapter_folder(args.adapter)
     if args.video is None and (args.fps is not None or args.num_frames is not None):
@@ -119,15 +119,15 @@ def _plan(args: argparse.Namespace) -> _Plan:
 
 
 def _load(args: argparse.Namespace, plan: _Plan) -> Any:
-    from arr_coc.qwen import ARRCOCQwen
-    from arr_coc.qwen.adapter import AdapterError
+    from arr_coc.adapter_files import AdapterError
+    from arr_coc.front import ARRCOC
     from arr_coc.runtime import RuntimeChoiceError
 
     run_on = plan.run_on
     try:
-        wrapper = ARRCOCQwen.from_pretrained(plan.model, arr_coc=plan.layer, device=run_on.device,
-                                             dtype=run_on.dtype, attn_implementation=run_on.attn_implementation,
-                                             fast=args.fast, adapter=getattr(args, "adapter", None))
+        vlm = ARRCOC.from_pretrained(plan.model, arr_coc=plan.layer, device=run_on.device, dtype=run_on.dtype,
+                                     attn_implementation=run_on.attn_implementation, fast=args.fast,
+                                     adapter=getattr(args, "adapter", None))
     except RuntimeChoiceError as exc:  # e.g. flash_attention_2 without a GPU: not the model's fault
         raise SystemExit(f"error: {exc}") from None
     except AdapterError:               # the model loaded; the adapter does not fit it (its own one line)
@@ -137,26 +137,25 @@ def _load(args: argparse.Namespace, plan: _Plan) -> Any:
         raise SystemExit(f"could not load a Qwen-VL model from {plan.model!r} ({first}); "
                          "pass --model PATH to a local model folder")
     try:  # e.g. --whole-windows on a tower without window attention: said before any image work
-        wrapper.check_encode(plan.pruning.encode)
+        vlm.check_encode(plan.pruning.encode)
     except ValueError:
         if plan.opened is not None:
             plan.opened.close()
         raise
-    return wrapper
+    return vlm
 
 
-def _visual(args: argparse.Namespace, plan: _Plan, wrapper: Any) -> tuple[Any, list[str]]:
+def _visual(args: argparse.Namespace, plan: _Plan, vlm: Any) -> tuple[Any, list[str]]:
     """The image decoded and normalised with this model's limits, or the clip sampled by the model's rule."""
     from arr_coc.validation.images import finish_image
-    from arr_coc.validation.limits import limits_for
 
     if args.video is not None:
-        return load_video(args, wrapper.processor), []
-    image, info = finish_image(plan.opened, limits_for(wrapper.processor))
+        return load_video(args, vlm.input_limits(), vlm.video_sampling()), []
+    image, info = finish_image(plan.opened, vlm.input_limits())
     return image, list(info.notes)
 
 
-def _print(args: argparse.Namespace, wrapper: Any, got: Any, visual: Any, question: str, notes: list[str]) -> None:
+def _print(args: argparse.Namespace, vlm: Any, got: Any, visual: Any, question: str, notes: list[str]) -> None:
     """The answer on stdout (or one JSON object), what happened on stderr."""
     from arr_coc.answer_notes import answer_notes
 
@@ -165,7 +164,7 @@ def _print(args: argparse.Namespace, wrapper: Any, got: Any, visual: Any, questi
         "answer": answer, "kept_tokens": trace.kept_tokens, "total_tokens": trace.total_tokens,
         "latency_s": round(trace.total_s, 4), "method": args.method, "budget": trace.budget, "encode": trace.encode,
         "encoded_tokens": sum(int(c.numel()) for c in trace.encoded_cells), "vision_s": round(trace.vision_s, 4),
-        "runtime": wrapper.runtime.describe(),   # as loaded, e.g. "cpu, bfloat16, sdpa"
+        "runtime": vlm.runtime.describe(),   # as loaded, e.g. "cpu, bfloat16, sdpa"
         "model": trace.model,
         "adapter": trace.adapter,                # the adapter that ran ("": none, or every token kept)
     }
@@ -177,7 +176,7 @@ def _print(args: argparse.Namespace, wrapper: Any, got: Any, visual: Any, questi
                             "prompt": trace.bucket["prompt"]}
     if trace.looks:                            # --passes 2+: each look's cells, uncertainty and decision
         result["looks"] = [look.to_dict() for look in trace.looks]
-    result["notes"] = notes = notes + list(trace.notes) + answer_notes(answer, question, wrapper.tokenizer)
+    result["notes"] = notes = notes + list(trace.notes) + answer_notes(answer, question, vlm.tokenizer)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if args.json:
@@ -197,12 +196,10 @@ def _print(args: argparse.Namespace, wrapper: Any, got: Any, visual: Any, questi
               f"-> {'looked again' if look.saccade else 'stopped'}", file=sys.stderr)
 
 
-def _sampling(args: argparse.Namespace, processor: Any = None) -> dict[str, Any]:
-    """How --video is sampled: the model's own rule (its processor's; before it loads, Qwen's: 2 frames per
-    second), with --fps / --num-frames."""
-    from arr_coc.qwen.processing import video_sampling
-
-    sampling = dict(video_sampling(processor)) if processor is not None else {"fps": 2.0}
+def _sampling(args: argparse.Namespace, model_sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """How --video is sampled: the model's own rule (`ARRCOC.video_sampling`; before it loads, Qwen's: 2 frames
+    per second), with --fps / --num-frames."""
+    sampling = dict(model_sampling) if model_sampling is not None else {"fps": 2.0}
     if args.fps is not None:
         sampling["fps"] = args.fps
     if args.num_frames is not None:
@@ -210,12 +207,12 @@ def _sampling(args: argparse.Namespace, processor: Any = None) -> dict[str, Any]
     return sampling
 
 
-def load_video(args: argparse.Namespace, processor: Any) -> Any:
-    """The --video clip, checked by the one validator and sampled by the model's rule (--fps / --num-frames)."""
+def load_video(args: argparse.Namespace, limits: Any, model_sampling: dict[str, Any]) -> Any:
+    """The --video clip, checked by the one validator with the model's limits and sampled by the model's rule
+    (--fps / --num-frames)."""
     from arr_coc.validation.clips import check_clip
-    from arr_coc.validation.limits import limits_for
 
-    return check_clip(args.video, limits_for(processor), name=args.video, sampling=_sampling(args, processor))
+    return check_clip(args.video, limits, name=args.video, sampling=_sampling(args, model_sampling))
 
 
 def refuse(exc: Exception) -> int:

@@ -136,11 +136,11 @@ def _stages(args: argparse.Namespace, run_on) -> int:
 
             encode = EncodeConfig(encode, saccade=SaccadeConfig(passes=args.passes, budget=args.saccade_budget,
                                                                 threshold=args.saccade_threshold))
-        wrapper, note = _stage_model(args, run_on)
+        vlm, note = _stage_model(args, run_on)
     except ValueError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
-    report = stage_bench(wrapper, sizes, batches, budget, encode, args.repeats or 3, args.seed, args.budget_mode,
+    report = stage_bench(vlm, sizes, batches, budget, encode, args.repeats or 3, args.seed, args.budget_mode,
                          note=f"{note}; encode {getattr(encode, 'mode', encode)}, budget {budget}"
                               + (f", {args.passes} looks (saccade budget {args.saccade_budget}, threshold "
                                  f"{args.saccade_threshold})" if args.passes > 1 else ""))
@@ -148,21 +148,22 @@ def _stages(args: argparse.Namespace, run_on) -> int:
 
 
 def _stage_model(args: argparse.Namespace, run_on):
-    """The wrapper --stages runs: a real checkpoint (--model) or a preset's random model at real widths."""
+    """The model --stages runs: a real checkpoint (--model) or a preset's random model at real widths, behind
+    the front door."""
     from arr_coc.execution import read_fast_flag
-    from arr_coc.qwen import ARRCOCQwen
+    from arr_coc.front import ARRCOC
 
     arr_coc = None if args.arr_coc in (None, "untrained") else args.arr_coc
     if args.model:
-        wrapper = ARRCOCQwen.from_pretrained(args.model, arr_coc=arr_coc, device=run_on.device, dtype=run_on.dtype,
-                                             attn_implementation=run_on.attn_implementation, fast=args.fast)
-        return wrapper, f"{args.model}, ARR-COC layer {arr_coc or 'untrained'}"
-    from arr_coc.evaluation.bench_presets import build_model, get_preset, label, run_layers
+        vlm = ARRCOC.from_pretrained(args.model, arr_coc=arr_coc, device=run_on.device, dtype=run_on.dtype,
+                                     attn_implementation=run_on.attn_implementation, fast=args.fast)
+        return vlm, f"{args.model}, ARR-COC layer {arr_coc or 'untrained'}"
+    from arr_coc.evaluation.bench_presets import build_backend, get_preset, label, run_layers
 
     spec = get_preset(args.preset)
     n_vision, n_lm = run_layers(spec, args.vision_layers, args.lm_layers)
-    model, processor, summary = build_model(spec, n_vision, n_lm, run_on, args.seed)
-    wrapper = ARRCOCQwen(model, processor, arr_coc=arr_coc, seed=args.seed,
-                         execution=read_fast_flag(args.fast, run_on.device))
-    return wrapper, f"{summary['shape']} widths, random weights, {label(spec, n_vision, n_lm)}, ARR-COC layer " \
+    backend, model, summary = build_backend(spec, n_vision, n_lm, run_on, args.seed)
+    vlm = ARRCOC(backend, arr_coc=arr_coc, seed=args.seed, execution=read_fast_flag(args.fast, run_on.device),
+                 name=str(getattr(model.config, "_name_or_path", "") or ""))
+    return vlm, f"{summary['shape']} widths, random weights, {label(spec, n_vision, n_lm)}, ARR-COC layer " \
                     f"{arr_coc or 'untrained'}"

@@ -115,7 +115,7 @@ def _plan(args: argparse.Namespace) -> tuple[Any, str, list, list[str], dict[str
 def _check_adapter(args: argparse.Namespace, methods: list[str]) -> None:
     """An adapter that is not there, or methods naming one that was not given: refused before the model loads."""
     from arr_coc.evaluation.plans import split_adapter
-    from arr_coc.qwen.adapter import adapter_folder
+    from arr_coc.adapter_files import adapter_folder
 
     named = [m for m in methods if split_adapter(m)[0] != m]
     if named and not args.adapter:
@@ -130,8 +130,9 @@ def _error(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from arr_coc.evaluation.loop import evaluate, load_wrapper
-    from arr_coc.qwen import HubUnreachable
+    from arr_coc.evaluation.loop import evaluate, load_vlm
+    from arr_coc.pipeline.backend import Adapts, MissingCapability, has
+    from arr_coc.pipeline.registry import HubUnreachable
     from arr_coc.runtime import RuntimeChoiceError
     from arr_coc.distributed import LaunchError, Processes
 
@@ -148,30 +149,33 @@ def run(args: argparse.Namespace) -> int:
             raise
         return exc.code
     try:
-        wrapper = load_wrapper(model, run_on.device, args.seed, dtype=run_on.dtype,
-                               attn_implementation=run_on.attn_implementation, fast=args.fast,
-                               adapter=args.adapter or False)
-        wrapper.check_encode(encode_config(args))   # e.g. --whole-windows on a tower without windows
+        vlm = load_vlm(model, run_on.device, args.seed, dtype=run_on.dtype,
+                       attn_implementation=run_on.attn_implementation, fast=args.fast, adapter=args.adapter or False)
+        vlm.check_encode(encode_config(args))   # e.g. --whole-windows on a tower without windows
         adapter_for = "pruned"
-        if args.adapter is None and args.arr_coc_weights:   # the layer folder's own, for its layer's rows
-            args.adapter = wrapper.backend.default_adapter(args.arr_coc_weights, model)
+        if args.adapter is None and args.arr_coc_weights and has(vlm.backend, Adapts):   # the layer folder's own,
+            args.adapter = vlm.backend.default_adapter(args.arr_coc_weights, model)     # for its layer's rows
             if args.adapter:
-                wrapper.backend.load_adapter(args.adapter)
+                vlm.backend.load_adapter(args.adapter)
                 adapter_for = "trained"
     except (RuntimeChoiceError, HubUnreachable, ValueError) as exc:  # flash_attention_2 without a GPU; offline hub
         print(f"eval: error: {exc}", file=sys.stderr)
         return 2
-    report = evaluate(
-        wrapper, items, methods, args.budgets, batch_size=args.batch_size, seed=args.seed,
-        max_new_tokens=args.max_new_tokens, fastv_layer=args.fastv_layer, arr_coc_weights=args.arr_coc_weights,
-        progress=not args.quiet, strict=args.strict, budget_mode=args.budget_mode, encode=encode_config(args),
-        processes=processes, adapter_for=adapter_for,
-    )
+    try:
+        report = evaluate(
+            vlm, items, methods, args.budgets, batch_size=args.batch_size, seed=args.seed,
+            max_new_tokens=args.max_new_tokens, fastv_layer=args.fastv_layer, arr_coc_weights=args.arr_coc_weights,
+            progress=not args.quiet, strict=args.strict, budget_mode=args.budget_mode, encode=encode_config(args),
+            processes=processes, adapter_for=adapter_for,
+        )
+    except MissingCapability as exc:   # what this model's backend cannot do for a method or the FLOP counts
+        print(f"eval: error: {exc}", file=sys.stderr)
+        return 2
     processes.close()
     if not processes.is_main:
         return 0
     report = {"model": model, "data": args.data, "arr_coc_weights": args.arr_coc_weights, "adapter": args.adapter or None,
-              "runtime": wrapper.runtime.describe(), **report, "skipped": skipped}
+              "runtime": vlm.runtime.describe(), **report, "skipped": skipped}
     _write(args, report)
     return 0
 

@@ -32,7 +32,7 @@ def _range(text: str) -> tuple[float, float]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from arr_coc.paths import EMBEDDED_MODEL
-    from arr_coc.qwen.adapter import TARGET_GROUPS
+    from arr_coc.adapter_files import TARGET_GROUPS
     from arr_coc.training.adapter import AdapterTrainConfig
 
     d = AdapterTrainConfig()
@@ -84,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from arr_coc.encode import EncodeConfig
     from arr_coc.paths import LayerNotFound, check_layer_folder, resolve_layer
-    from arr_coc.qwen.adapter import AdapterError, adapter_folder
+    from arr_coc.adapter_files import AdapterError, adapter_folder
     from arr_coc.training.adapter import AdapterTrainConfig, check_run, train_adapter
 
     try:   # every argument, the layer and the adapter to continue, before the model loads

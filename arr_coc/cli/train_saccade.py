@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _collect(args: argparse.Namespace, config, collect) -> list[dict]:
     from arr_coc.data import read_jsonl
-    from arr_coc.evaluation.loop import load_wrapper
+    from arr_coc.evaluation.loop import load_vlm
     from arr_coc.paths import EMBEDDED_MODEL, resolve_layer
     from arr_coc.encode import EncodeConfig
 
@@ -96,9 +96,9 @@ def _collect(args: argparse.Namespace, config, collect) -> list[dict]:
     model = args.model or EMBEDDED_MODEL
     layer = args.arr_coc or resolve_layer(model, None, EncodeConfig(mode="before"))
     records = read_jsonl(args.data)[: args.limit]
-    wrapper = load_wrapper(model, run_on.device, dtype=run_on.dtype, attn_implementation=run_on.attn_implementation,
-                           arr_coc=layer)
-    return collect(wrapper, records, args.budget, config, batch_size=args.batch_size)
+    vlm = load_vlm(model, run_on.device, dtype=run_on.dtype, attn_implementation=run_on.attn_implementation,
+                   arr_coc=layer)
+    return collect(vlm, records, args.budget, config, batch_size=args.batch_size)
 
 
 def _plot(curve: list[dict], point: dict, one: dict, signal: str, path: str) -> None:

@@ -315,7 +315,7 @@ def _budget_of(budget: Budget | Sequence[Budget | None] | None, i: int) -> Budge
 
 
 
-# What `ARRCOCQwen(arr_coc=...)` accepts: a layer, a config, a folder of trained weights, or None (untrained).
+# What `ARRCOC(backend, arr_coc=...)` accepts: a layer, a config, a folder of trained weights, or None (untrained).
 LayerSpec = Union[ARRCOCLayer, ARRCOCConfig, str, os.PathLike, None]
 
 

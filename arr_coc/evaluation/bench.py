@@ -47,7 +47,7 @@ from typing import Any, Callable
 from ..execution import read_fast_flag
 from .bench_depth import (LMCount, TowerCount, full_lm_flops, full_tower_flops, lm_count, lm_layer_flops,
                           module_totals, subtract, tower_count)
-from .bench_presets import SHAPES, build_model, get_preset, label, run_layers
+from .bench_presets import SHAPES, build_backend, check_shape_encode, get_preset, label, run_layers
 from .flops import flop_counter
 from .report import fmt_budget
 
@@ -105,24 +105,24 @@ def row_specs(encodes, budgets, gist: float = 0.0, margin: int = 0, windows: boo
 
 
 class _Probe:
-    """Times the vision tower's forward calls and the gist during `prepare`, on one wrapper, reversibly.
+    """Times the vision tower's forward calls and the gist during `prepare`, on one model, reversibly.
 
     Hooks on the tower module time its calls (the gist's own tower call is left to the gist); the
     backend's gist (`VLMBackend.encode_gist`: downscale, processor, tower) is wrapped on this instance to time
     it whole and, when counting, to count it.
     """
 
-    def __init__(self, wrapper: Any, sync: Callable[[], None], count: bool):
-        self.wrapper, self.sync, self.count = wrapper, sync, count
+    def __init__(self, vlm: Any, tower: Any, sync: Callable[[], None], count: bool):
+        self.vlm, self.tower, self.sync, self.count = vlm, tower, sync, count
         self.tower_s = self.gist_s = 0.0
         self.gist_totals: dict[str, int] = {}
         self._in_gist = False
         self._t0 = 0.0
 
     def __enter__(self) -> _Probe:
-        visual = self.wrapper.model.model.visual
+        visual = self.tower
         self._hooks = [visual.register_forward_pre_hook(self._start), visual.register_forward_hook(self._stop)]
-        gist = self.wrapper.backend.encode_gist
+        gist = self.vlm.backend.encode_gist
 
         def timed_gist(*args: Any, **kwargs: Any):
             self.sync()
@@ -139,13 +139,13 @@ class _Probe:
                 self.sync()
                 self.gist_s += time.perf_counter() - t0
 
-        self.wrapper.backend.encode_gist = timed_gist
+        self.vlm.backend.encode_gist = timed_gist
         return self
 
     def __exit__(self, *exc: Any) -> None:
         for h in self._hooks:
             h.remove()
-        del self.wrapper.backend.encode_gist
+        del self.vlm.backend.encode_gist
 
     def _start(self, module: Any, args: Any) -> None:
         if not self._in_gist:
@@ -169,14 +169,14 @@ def kv_cache_bytes(cache: Any) -> int:
     return total
 
 
-def _layer(wrapper: Any, arr_coc: str | None, device: Any) -> str:
-    """Build the wrapper's ARR-COC layer now, on the device; -> a description for the report."""
+def _layer(vlm: Any, arr_coc: str | None, device: Any) -> str:
+    """Build the model's ARR-COC layer now, on the device; -> a description for the report."""
     try:
-        layer = wrapper.arr_coc_layer
+        layer = vlm.layer
     except ValueError as exc:
         raise ValueError(
             f"--arr-coc {arr_coc}: {exc}. The bench presets are random models at real widths (LM hidden "
-            f"{wrapper.text_hidden_size}); a layer trained against another VLM cannot read them: leave --arr-coc "
+            f"{vlm.backend.text_hidden_size}); a layer trained against another VLM cannot read them: leave --arr-coc "
             "out (or pass 'untrained') to bench the untrained layer built for this width") from None
     layer.to(device)
     width = layer.config.knowing.query_dim
@@ -190,8 +190,6 @@ def _check_args(shape: Any, encodes, method: str, gist: float, margin: int, wind
     """Reject a selector, gist share, margin or window choice the bench cannot run (the CLI's words)."""
     from ..encode import EncodeConfig
     from ..pipeline.selection import available_methods, get_selector, selects_before_encoding
-    from ..qwen.families import family_of
-
     if method not in available_methods() or method == "none":
         raise ValueError(f"--method must be a registered selector other than none; choose from "
                          f"{[m for m in available_methods() if m != 'none']}")
@@ -205,7 +203,7 @@ def _check_args(shape: Any, encodes, method: str, gist: float, margin: int, wind
     if (margin or windows) and "before" not in encodes:
         raise ValueError("--margin / --whole-windows add 'before' rows (context cells the tower encodes): pass "
                          "--encode before (or after,before)")
-    family_of(shape.family).check_encode(EncodeConfig("before", windows=windows))   # whole windows: Qwen2.5-VL only
+    check_shape_encode(shape, EncodeConfig("before", windows=windows))   # whole windows: Qwen2.5-VL only
 
 
 def _check_repeats(repeats: int | None, spec: Any) -> int:
@@ -218,11 +216,12 @@ def _check_repeats(repeats: int | None, spec: Any) -> int:
 
 @dataclass
 class _Rig:
-    """What every row runs on: the model, its ARR-COC wrapper, the bench item's inputs and the run's settings."""
+    """What every row runs on: the model, ARR-COC around its backend, the bench item's inputs and the run's
+    settings."""
 
     model: Any
     summary: Any
-    wrapper: Any
+    vlm: Any
     layer_note: str
     image: Any
     record: dict[str, Any]
@@ -241,18 +240,19 @@ def _build_rig(spec: Any, n_vision: int, n_lm: int, runtime: Any, seed: int, arr
     """Seed, build the model at the preset's widths, wrap it with ARR-COC and build the bench item's inputs."""
     import torch
 
-    from ..qwen import ARRCOCQwen
+    from ..front import ARRCOC
     from ..shapes import make_item
 
     torch.manual_seed(seed)
-    model, processor, summary = build_model(spec, n_vision, n_lm, runtime, seed)
-    wrapper = ARRCOCQwen(model, processor, arr_coc=arr_coc, seed=seed, execution=read_fast_flag(fast, runtime.device))
-    layer_note = _layer(wrapper, arr_coc, runtime.device)
+    backend, model, summary = build_backend(spec, n_vision, n_lm, runtime, seed)
+    vlm = ARRCOC(backend, arr_coc=arr_coc, seed=seed, execution=read_fast_flag(fast, runtime.device),
+                 name=str(getattr(model.config, "_name_or_path", "") or ""))
+    layer_note = _layer(vlm, arr_coc, runtime.device)
     image, record, _ = make_item(seed, "bench", 0, canvas=spec.canvas, hard_rate=0.0)
-    inputs = wrapper.build_inputs([[image]], [record["question"]])
+    inputs = backend.build_inputs([[image]], [record["question"]])
     sync = torch.cuda.synchronize if runtime.device.type == "cuda" else (lambda: None)
     tower_type = type(model.model.visual).__name__
-    return _Rig(model, summary, wrapper, layer_note, image, record, inputs, sync, tower_type, n_vision, n_lm,
+    return _Rig(model, summary, vlm, layer_note, image, record, inputs, sync, tower_type, n_vision, n_lm,
                 runtime, method, budget_mode)
 
 
@@ -262,18 +262,19 @@ def _run_row(rig: _Rig, row: RowSpec, count: bool) -> dict[str, Any]:
 
     name = "none" if row.budget == 1.0 else rig.method
     encode = EncodeConfig(mode=row.encode, gist=row.gist, margin=row.margin, windows=row.windows)
-    sync, wrapper = rig.sync, rig.wrapper   # counted: the compiled stages run eagerly (`Execution.compile`)
-    with _Probe(wrapper, sync, count) as probe, flop_counter() if count else nullcontext() as prep_counter:
+    sync, vlm = rig.sync, rig.vlm   # counted: the compiled stages run eagerly (`Execution.compile`)
+    tower = rig.model.model.visual
+    with _Probe(vlm, tower, sync, count) as probe, flop_counter() if count else nullcontext() as prep_counter:
         sync()
         t0 = time.perf_counter()
-        pruned, traces = wrapper.prepare(rig.inputs, budget=None if name == "none" else row.budget, method=name,
-                                         budget_mode=rig.budget_mode, encode=encode).outputs
+        pruned, traces = vlm.prepare(rig.inputs, budget=None if name == "none" else row.budget, method=name,
+                                     budget_mode=rig.budget_mode, encode=encode).outputs
         sync()
         t1 = time.perf_counter()
     with flop_counter() if count else nullcontext() as lm_counter:
         sync()
         t2 = time.perf_counter()
-        out = wrapper.backend.prefill(pruned, logits_to_keep=1)
+        out = vlm.backend.prefill(pruned, logits_to_keep=1)
         sync()
         t3 = time.perf_counter()
     prep_s = t1 - t0
@@ -306,7 +307,7 @@ def _row_counts(rig: _Rig, name: str, tr: Any, probe: _Probe, prep_counter: Any,
 def _measure(rig: _Rig, rows: list[RowSpec], repeats: int) -> tuple[dict, dict]:
     """A counted pass over every row (FLOPs, sizes; also the warm-up), then `repeats` timed passes in rotated order."""
     static = {row: _run_row(rig, row, count=True) for row in rows}      # FLOPs, sizes; also the warm-up
-    if rig.wrapper.execution.compiled:   # counted passes run eagerly: each row's graphs compile here, timed
+    if rig.vlm.execution.compiled:   # counted passes run eagerly: each row's graphs compile here, timed
         for row in rows:
             static[row]["compile_seconds"] = _run_row(rig, row, count=False)["total_s"]
     times: dict[RowSpec, dict[str, list[float]]] = {row: {} for row in rows}
@@ -328,7 +329,7 @@ def _report(preset: str, spec: Any, shape: Any, rig: _Rig, rows: list[RowSpec], 
     return {
         "preset": preset, "shape": shape.name, "label": label(spec, rig.n_vision, rig.n_lm),
         "layers": rig.n_lm, "vision_layers": rig.n_vision, "runtime": runtime.describe(),
-        "execution": rig.wrapper.execution.label,
+        "execution": rig.vlm.execution.label,
         "dtype": str(runtime.dtype).removeprefix("torch."), "method": rig.method, "arr_coc_layer": rig.layer_note,
         "budget_mode": rig.budget_mode, "model": rig.summary, "image": list(rig.image.size),
         "question": rig.record["question"],

@@ -200,3 +200,19 @@ def build_model(preset: Preset, vision_layers: int, lm_layers: int, runtime: Any
                    "parameters": sum(p.numel() for p in model.model.visual.parameters())},
     }
     return model, processor, summary
+
+
+def check_shape_encode(shape: Shape, encode: Any) -> None:
+    """Refuse (ValueError) an encoding the shape's family cannot run (whole windows: Qwen2.5-VL only)."""
+    from ..qwen.families import family_of
+
+    family_of(shape.family).check_encode(encode)
+
+
+def build_backend(preset: Preset, vision_layers: int, lm_layers: int, runtime: Any, seed: int = 0):
+    """(the Qwen backend over `build_model`'s random model, that model, summary): what `ARRCOC(backend)` wraps; the
+    model itself for the bench's probes on its tower."""
+    from ..qwen import QwenBackend
+
+    model, processor, summary = build_model(preset, vision_layers, lm_layers, runtime, seed)
+    return QwenBackend(model.eval().requires_grad_(False), processor), model, summary

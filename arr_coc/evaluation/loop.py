@@ -1,6 +1,6 @@
 """The evaluation loop: accuracy vs. visual-token budget, ARR-COC beside the anchor methods, on images or clips.
 
-Every method runs on the same model, the same batches and the same code path (the pipeline: `ARRCOCQwen.answer`,
+Every method runs on the same model, the same batches and the same code path (the pipeline: `ARRCOC.answer`,
 one look or several, then greedy decoding), one (method, budget) after the other inside each batch, so machine
 drift hits all of them alike. A split of clips (`gen-data --video`) is a split like any other: its items are
 clips, each a request whose units are its temporal groups. Per (method, budget):
@@ -45,7 +45,7 @@ from .plans import MethodPlan, split_spec
 from .report import paired_stats
 
 if TYPE_CHECKING:
-    from ..qwen import ARRCOCQwen
+    from ..front import ARRCOC
     from ..distributed import Processes
 
 logger = logging.getLogger(__name__)
@@ -88,20 +88,22 @@ def resolve_methods(spec: str, arr_coc_weights: str | None = None, video: bool =
     return names, skipped
 
 
-def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int = 3, dtype: str = "auto",
-                 attn_implementation: str | None = None, arr_coc: str | None = None, fast: str | bool = False,
-                 adapter: str | None = None) -> ARRCOCQwen:
-    """ARRCOCQwen.from_pretrained with a clear error; retries a moment later if a checkpoint is mid-save.
+def load_vlm(model: str, device: str = "cpu", seed: int = 0, attempts: int = 3, dtype: str = "auto",
+             attn_implementation: str | None = None, arr_coc: str | None = None, fast: str | bool = False,
+             adapter: str | None = None) -> ARRCOC:
+    """ARRCOC.from_pretrained (the checkpoint's backend) with a clear error; retries a moment later if a checkpoint
+    is mid-save.
 
-    arr_coc: the ARR-COC layer the wrapper builds (a folder, a hub id; None: the untrained layer). adapter: LoRA
-    adapters for its pruned requests (`ARRCOCQwen.from_pretrained(adapter=...)`; an unfit one is never retried).
+    arr_coc: the ARR-COC layer it builds (a folder, a hub id; None: the untrained layer). adapter: LoRA
+    adapters for its pruned requests (`ARRCOC.from_pretrained(adapter=...)`; an unfit one is never retried).
     device / dtype / attn_implementation: `arr_coc.runtime`'s names (a wrong one raises RuntimeChoiceError
-    at once, before anything loads; it is never retried). fast: `ARRCOCQwen.from_pretrained`'s, or "buckets":
+    at once, before anything loads; it is never retried). fast: `ARRCOC.from_pretrained`'s, or "buckets":
     the fast path's fixed shapes (each choice filled to its bucket, `arr_coc.buckets`) run eagerly, without
     compiling, so a report shows what the fill alone changes against `fast="off"`.
     """
-    from ..qwen import ARRCOCQwen, HubUnreachable
-    from ..qwen.adapter import AdapterError
+    from ..adapter_files import AdapterError
+    from ..front import ARRCOC
+    from ..pipeline.registry import HubUnreachable
     from ..runtime import Runtime, RuntimeChoiceError
 
     run = Runtime.resolve(device, dtype, attn_implementation)
@@ -112,9 +114,9 @@ def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int =
                              "`python -m arr_coc train-vlm --out checkpoints/shapes-qwen2vl` or pass --model PATH")
     for attempt in range(attempts):
         try:
-            wrapper = ARRCOCQwen.from_pretrained(model, arr_coc=arr_coc, device=run.device, dtype=run.dtype,
-                                                 attn_implementation=run.attn_implementation,
-                                                 fast=False if fast == "buckets" else fast, adapter=adapter)
+            vlm = ARRCOC.from_pretrained(model, arr_coc=arr_coc, device=run.device, dtype=run.dtype,
+                                         attn_implementation=run.attn_implementation,
+                                         fast=False if fast == "buckets" else fast, adapter=adapter)
             break
         except (HubUnreachable, RuntimeChoiceError, AdapterError):   # retrying changes none of them
             raise
@@ -127,9 +129,9 @@ def load_wrapper(model: str, device: str = "cpu", seed: int = 0, attempts: int =
         from ..buckets import Buckets
         from ..execution import Execution
 
-        wrapper.use(Execution(buckets=Buckets(), label="buckets (eager)"))
-    wrapper.seed = seed
-    return wrapper
+        vlm.use(Execution(buckets=Buckets(), label="buckets (eager)"))
+    vlm.seed = seed
+    return vlm
 
 
 @dataclasses.dataclass
@@ -183,15 +185,15 @@ class _Batch:
     cells: list[int]        # per item: its visual tokens (a clip: every temporal group's)
 
 
-def _load(wrapper: ARRCOCQwen, items: list[Item]) -> _Batch:
-    sampling = wrapper.backend.video_sampling()
+def _load(vlm: ARRCOC, items: list[Item]) -> _Batch:
+    from ..pipeline.backend import visual_grids
+
+    sampling = vlm.video_sampling()
     visuals = [it.load(sampling) for it in items]
     t0 = time.perf_counter()
-    inputs = wrapper.build_inputs([[v] for v in visuals], [it.question for it in items])
+    inputs = vlm.backend.build_inputs([[v] for v in visuals], [it.question for it in items])
     build_s = time.perf_counter() - t0
-    grids = [g for key in ("image_grid_thw", "video_grid_thw") if inputs.get(key) is not None
-             for g in inputs[key].tolist()]
-    cells = [int(t) * int(h) * int(w) // wrapper.merge ** 2 for t, h, w in grids]
+    cells = [g.cells for g in visual_grids(vlm.backend, inputs)]   # one visual per item
     return _Batch(items, visuals, inputs, build_s, cells)
 
 
@@ -199,12 +201,13 @@ def _load(wrapper: ARRCOCQwen, items: list[Item]) -> _Batch:
 class _Run:
     """What an evaluation holds fixed: the plans, the settings, the rows so far."""
 
-    wrapper: Any
+    vlm: ARRCOC
     plans: dict[str, MethodPlan]
     configs: list[Config]
     max_new_tokens: int
     strict: bool
     budget_mode: BudgetMode | None
+    cell_px: int | None = None      # the processed picture's pixels per cell side (box coverage); None: unknown
     memo: dict[Any, int] = dataclasses.field(default_factory=dict)   # FLOPs by shape: prompt length, grid, cells
     rows: dict[Config, _Rows] = dataclasses.field(default_factory=dict)
     failed: dict[Config, str] = dataclasses.field(default_factory=dict)
@@ -220,7 +223,7 @@ class _Run:
                 pass
             elif all(count_of(budget, n) >= n for n in batch.cells):
                 if everything is None:
-                    plan = self.plans.get("none") or MethodPlan("none", self.wrapper)
+                    plan = self.plans.get("none") or MethodPlan("none", self.vlm)
                     everything = run_one(self, plan, batch, 1.0)
                 self.rows[config].extend(everything)
             else:
@@ -234,7 +237,7 @@ class _Run:
                 bar.update(1)
 
 
-def evaluate(wrapper: ARRCOCQwen, records: Sequence[Any], methods: Sequence[str], budgets: Sequence[Budget],
+def evaluate(vlm: ARRCOC, records: Sequence[Any], methods: Sequence[str], budgets: Sequence[Budget],
              batch_size: int = 8, seed: int = 0, max_new_tokens: int = 8, fastv_layer: int = 2,
              arr_coc_weights: str | None = None, progress: bool = True, strict: bool = True,
              budget_mode: BudgetMode | None = None, encode: EncodeConfig | None = None,
@@ -242,7 +245,7 @@ def evaluate(wrapper: ARRCOCQwen, records: Sequence[Any], methods: Sequence[str]
     """Run every (method, budget) on `records` (VQA records, clip records or items); returns {"n", "results", ...}
     (see the module docstring).
 
-    adapter_for: which rows the wrapper's adapter runs for, where a method's spec does not say (`+adapter`,
+    adapter_for: which rows the model's adapter runs for, where a method's spec does not say (`+adapter`,
     `-adapter`): "pruned", every row that prunes (an adapter asked for with --adapter); "trained", only the rows
     of the trained layer (`arr_coc_trained`, from `arr_coc_weights`), whose folder holds the adapter (on by
     default).
@@ -253,14 +256,17 @@ def evaluate(wrapper: ARRCOCQwen, records: Sequence[Any], methods: Sequence[str]
     """
     import torch
 
+    from ..pipeline.backend import CostsTower, require
+
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    require(vlm.backend, CostsTower, "count the vision tower's FLOPs (eval)")   # MissingCapability, before any work
     torch.manual_seed(seed)
-    wrapper.seed = seed
+    vlm.seed = seed
     items = as_items(records)
     encode = encode or EncodeConfig()
-    plans = {m: MethodPlan(m, wrapper, fastv_layer, arr_coc_weights, encode, adapter_for) for m in methods}
-    run = _Run(wrapper, plans, configs_for(methods, budgets), max_new_tokens, strict, budget_mode)
+    plans = {m: MethodPlan(m, vlm, fastv_layer, arr_coc_weights, encode, adapter_for) for m in methods}
+    run = _Run(vlm, plans, configs_for(methods, budgets), max_new_tokens, strict, budget_mode, _cell_px(vlm))
     run.rows = {c: _Rows() for c in run.configs}
     batches = [items[i:i + batch_size] for i in range(0, len(items), batch_size)]
     if processes is not None:
@@ -273,12 +279,19 @@ def evaluate(wrapper: ARRCOCQwen, records: Sequence[Any], methods: Sequence[str]
         bar = tqdm(total=len(batches) * len(run.configs), desc="eval", unit="run", dynamic_ncols=True)
     t_start = time.perf_counter()
     for batch in batches:
-        run.batch(_load(wrapper, batch), bar)
+        run.batch(_load(vlm, batch), bar)
     if bar is not None:
         bar.close()
     if processes is not None and processes.world > 1:
         _gather(run, processes)
     return _report(run, items, budgets, seed, batch_size, fastv_layer, encode, time.perf_counter() - t_start)
+
+
+def _cell_px(vlm: ARRCOC) -> int | None:
+    """Pixels per cell side of the model's processed pictures (`LaysOutVisuals`), or None."""
+    from ..pipeline.backend import LaysOutVisuals, has
+
+    return vlm.backend.image_scale().cell_px if has(vlm.backend, LaysOutVisuals) else None
 
 
 def _gather(run: _Run, processes: Processes) -> None:
@@ -357,11 +370,11 @@ def run_one(run: _Run, plan: MethodPlan, batch: _Batch, budget: Budget) -> _Rows
 
     rows = _Rows()
     t0 = time.perf_counter()
-    job = plan.for_batch(run.wrapper, batch.items, batch.visuals, batch.inputs, batch.build_s, budget,
+    job = plan.for_batch(run.vlm, batch.items, batch.visuals, batch.inputs, batch.build_s, budget,
                          run.budget_mode, run.strict, batch.cells)
     prep_s = job.prep_s if job.inputs is batch.inputs else time.perf_counter() - t0
     try:
-        done = run.wrapper.answer(job.inputs, job.pruning, max_new_tokens=run.max_new_tokens)
+        done = run.vlm.answer(job.inputs, job.pruning, max_new_tokens=run.max_new_tokens)
     except SelectorFailed as exc:
         rows.errors.append(str(exc))
         return rows
@@ -371,19 +384,19 @@ def run_one(run: _Run, plan: MethodPlan, batch: _Batch, budget: Budget) -> _Rows
         return rows
     rows.latency.append((prep_s + done.ttft_s) / len(batch.items))
     selector = job.counted.flops() if job.counted is not None else 0
-    flops = item_flops(run.wrapper.backend, done, selector, job.pruning.encode.gist, run.memo)
-    answers = [run.wrapper.backend.decode_text(row) for row in done.new_tokens.tolist()]
+    flops = item_flops(run.vlm.backend, done, selector, job.pruning.encode.gist, run.memo)
+    answers = [run.vlm.backend.decode_text(row) for row in done.new_tokens.tolist()]
     for b, (item, tr) in enumerate(zip(batch.items, traces)):
-        _record(rows, run.wrapper, plan, item, batch.visuals[b], tr, answers[b].strip(), flops[b], batch.cells[b])
+        _record(rows, run.cell_px, plan, item, batch.visuals[b], tr, answers[b].strip(), flops[b], batch.cells[b])
     return rows
 
 
-def _record(rows: _Rows, wrapper: Any, plan: MethodPlan, item: Item, visual: Any, tr: Any, answer: str, flops: Any,
-            cells: int) -> None:
-    """One item's measurements into `rows`."""
+def _record(rows: _Rows, cell_px: int | None, plan: MethodPlan, item: Item, visual: Any, tr: Any, answer: str,
+            flops: Any, cells: int) -> None:
+    """One item's measurements into `rows` (cell_px: the processed picture's pixels per cell side; None: coverage
+    unknown)."""
     from ..data import score_record
     from ..geometry import box_cell_set
-    from ..methods import downscale
 
     rows.looks.append(max(1, len(tr.looks)))
     rows.notes.append(list(tr.notes))
@@ -399,9 +412,9 @@ def _record(rows: _Rows, wrapper: Any, plan: MethodPlan, item: Item, visual: Any
     rows.selector_flops.append(flops.selector)
     rows.vision_flops.append(flops.vision)
     rows.adapter_flops.append(flops.adapter)
-    if plan.name != "downscale" and item.boxes and tr.grid_hw:
+    if plan.name != "downscale" and item.boxes and tr.grid_hw and cell_px is not None:
         h, w = tr.grid_hw[0]
-        unit = downscale.pixel_unit(getattr(wrapper.processor, "image_processor", wrapper.processor))
+        unit = cell_px
         box_cells = box_cell_set(item.boxes, (h, w), (w * unit, h * unit), visual.size)
         if box_cells:
             rows.coverage[-1] = len(set(int(i) for i in tr.kept_indices[0].tolist()) & box_cells) / len(box_cells)

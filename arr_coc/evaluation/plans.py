@@ -24,13 +24,13 @@ import torch
 
 from ..budget import Budget, count_of
 from ..encode import ENCODE_MODES, EncodeConfig
-from ..pipeline.prompt import clip_members
 from ..pipeline.request import Pruning
 from ..pipeline.selection import get_selector, method_info, selects_before_encoding
 from .flops import CountedSelector
 
 if TYPE_CHECKING:
-    from ..qwen import ARRCOCQwen
+    from ..front import ARRCOC
+    from ..pipeline.backend import VLMBackend
     from .items import Item
 
 
@@ -48,7 +48,7 @@ ADAPTER_SUFFIXES = {"+adapter": True, "-adapter": False}
 
 
 def split_adapter(spec: str) -> tuple[str, bool]:
-    """'arr_coc@before-adapter' -> ('arr_coc@before', False): whether the wrapper's adapter (`eval --adapter`) runs
+    """'arr_coc@before-adapter' -> ('arr_coc@before', False): whether the model's adapter (`eval --adapter`) runs
     for the rows the method prunes; without a suffix it does (a row that keeps every token never runs it)."""
     for suffix, on in ADAPTER_SUFFIXES.items():
         if spec.endswith(suffix):
@@ -68,23 +68,27 @@ class MethodPlan:
     """One method of an evaluation (a `name` or `name@encode` spec), built once; `for_batch` gives its run on each
     batch."""
 
-    def __init__(self, spec: str, wrapper: ARRCOCQwen, fastv_layer: int = 2, arr_coc_weights: str | None = None,
+    def __init__(self, spec: str, vlm: ARRCOC, fastv_layer: int = 2, arr_coc_weights: str | None = None,
                  encode: EncodeConfig | None = None, adapter_for: str = "pruned"):
         from ..methods import arrcoc, fastv
 
         self.spec = spec
         self.name, mode = split_spec(spec)
         self.adapter = split_adapter(spec)[1]
-        if spec != split_adapter(spec)[0] and wrapper.adapter is None:
+        if spec != split_adapter(spec)[0] and not vlm.adapter_name:
             raise ValueError(f"{spec!r} names the adapter, and none is loaded: pass --adapter FOLDER")
         info = method_info(self.name)       # unknown names fail here, before any batch runs
+        if self.name == "downscale":        # what the backend lacks for it, too (MissingCapability, one line)
+            from ..pipeline.backend import LaysOutVisuals, require
+
+            require(vlm.backend, LaysOutVisuals, "downscale its images (downscale)")
         self.selector = None
         if self.name == "fastv":
             self.selector = fastv.make_selector(fastv_layer)
         elif self.name == "arr_coc_trained":
             if not arr_coc_weights:
                 raise ValueError("arr_coc_trained needs arr_coc_weights (a folder of trained ARR-COC weights)")
-            self.selector = arrcoc.trained_selector(wrapper, arr_coc_weights, wrapper.compile_layer)
+            self.selector = arrcoc.trained_selector(vlm.backend, arr_coc_weights, vlm.compile_layer)
         elif not info.needs and self.name != "none":
             self.selector = get_selector(self.name)
         if adapter_for == "trained" and spec == split_adapter(spec)[0] and self.name != "arr_coc_trained":
@@ -105,16 +109,16 @@ class MethodPlan:
     def encode_mode(self) -> str:
         return self.encode.mode
 
-    def for_batch(self, wrapper: ARRCOCQwen, items: Sequence[Item], visuals: Sequence[Any],
+    def for_batch(self, vlm: ARRCOC, items: Sequence[Item], visuals: Sequence[Any],
                   inputs: dict[str, torch.Tensor], build_s: float, budget: Budget, budget_mode: Any,
                   strict: bool, cells: Sequence[int]) -> BatchRun:
         """The run of this method at `budget` on a batch (cells: each item's visual tokens)."""
         if self.name == "none":
             return BatchRun(inputs, build_s, Pruning.of("none"))
         if self.name == "downscale":
-            return self._downscale(wrapper, items, visuals, inputs, build_s, budget)
+            return self._downscale(vlm.backend, items, visuals, inputs, build_s, budget)
         if self.name == "oracle" and items and items[0].kind == "clip":
-            kept = clip_oracle(wrapper, inputs, items)     # encoded and read: only the answer's cells
+            kept = clip_oracle(vlm.backend, inputs, items)     # encoded and read: only the answer's cells
             return BatchRun(inputs, build_s, Pruning.of("oracle", encode=self.encode, kept_indices=kept))
         fn = self.selector
         if self.name == "oracle":
@@ -125,39 +129,40 @@ class MethodPlan:
         pruning = Pruning.of(counted, budget, budget_mode, self.encode, strict, adapter=self.adapter)
         return BatchRun(inputs, build_s, pruning, counted)
 
-    def _downscale(self, wrapper: ARRCOCQwen, items: Sequence[Item], visuals: Sequence[Any],
+    def _downscale(self, backend: VLMBackend, items: Sequence[Item], visuals: Sequence[Any],
                    inputs: dict[str, torch.Tensor], build_s: float, budget: Budget) -> BatchRun:
         from ..methods import downscale
+        from ..pipeline.backend import LaysOutVisuals, require
+        from ..pipeline.layout import image_cells
 
-        ip = getattr(wrapper.processor, "image_processor", wrapper.processor)
-        grids = [(int(h) // wrapper.merge, int(w) // wrapper.merge) for _, h, w in inputs["image_grid_thw"].tolist()]
-        if all(downscale.downscale_grid(h, w, count_of(budget, h * w), downscale.min_tokens(ip)) == (h, w)
+        scale = require(backend, LaysOutVisuals, "downscale its images (downscale)").image_scale()
+        grids = image_cells(backend.visual_grids(inputs))
+        if all(downscale.downscale_grid(h, w, count_of(budget, h * w), scale.min_cells) == (h, w)
                for h, w in grids):
             return BatchRun(inputs, build_s, Pruning.of("none"))
         t0 = time.perf_counter()
-        small, _ = downscale.downscale_inputs(wrapper, visuals, [it.question for it in items], budget, grids)
+        small, _ = downscale.downscale_inputs(backend, visuals, [it.question for it in items], budget, grids)
         return BatchRun(small, time.perf_counter() - t0, Pruning.of("none"))
 
 
-def clip_oracle(wrapper: ARRCOCQwen, inputs: dict[str, torch.Tensor], items: Sequence[Item]) -> list[torch.Tensor]:
+def clip_oracle(backend: VLMBackend, inputs: dict[str, Any], items: Sequence[Item]) -> list[torch.Tensor]:
     """Every temporal group's oracle cells, in unit order (the batch holds one clip per item)."""
     from ..geometry import box_cell_set
-    from ..qwen.prompt import visual_units
+    from ..pipeline.backend import LaysOutVisuals, require
+    from ..pipeline.prompt import VIDEO
 
-    merge = wrapper.merge
-    units = visual_units(inputs["mm_token_type_ids"], inputs["attention_mask"], inputs.get("image_grid_thw"),
-                         inputs["video_grid_thw"], merge)
-    patch = int(wrapper.processor.image_processor.patch_size)
+    require(backend, LaysOutVisuals, "map a clip's boxes onto its cells (oracle on clips)")
+    unit = backend.image_scale().cell_px
+    clips = [g for g in backend.visual_grids(inputs) if g.kind == VIDEO]
     kept: list[torch.Tensor] = []
-    for v, members in enumerate(clip_members(units.clip, units.group)):
-        _, gh, gw = units.grid_thw[members[0]].tolist()
-        h, w = gh // merge, gw // merge
+    for v, clip in enumerate(clips):
+        h, w = clip.grid_hw
         rec = items[v].record
-        for g in range(len(members)):
+        for g in range(clip.groups):
             found: set[int] = set()
             for f in range(g * 2, min(len(rec["boxes_over_time"]), (g + 1) * 2)):   # temporal patch: 2 frames
                 if rec["boxes_over_time"][f]:
-                    found |= box_cell_set(rec["boxes_over_time"][f], (h, w), (gw * patch, gh * patch),
+                    found |= box_cell_set(rec["boxes_over_time"][f], (h, w), (w * unit, h * unit),
                                           tuple(rec["size"]))
             kept.append(torch.tensor(sorted(found) or [(h // 2) * w + w // 2]))
     return kept

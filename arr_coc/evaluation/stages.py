@@ -35,11 +35,11 @@ LAYER = OWN[:-2]   # the layer's forward: what must be sync-free and batched
 SHOWN = OWN + ("vision", "gist")
 
 
-def _inputs(wrapper: Any, size: int, batch: int, seed: int) -> dict[str, Any]:
+def _inputs(vlm: Any, size: int, batch: int, seed: int) -> dict[str, Any]:
     from ..shapes import make_item
 
     items = [make_item(seed, "bench", i, canvas=f"{size}x{size}", hard_rate=0.0) for i in range(batch)]
-    return wrapper.build_inputs([[it.image] for it in items], [it.record["question"] for it in items])
+    return vlm.backend.build_inputs([[it.image] for it in items], [it.record["question"] for it in items])
 
 
 def _pruning(budget: Any, method: str, encode: Any, budget_mode: Any = None) -> Any:
@@ -48,19 +48,19 @@ def _pruning(budget: Any, method: str, encode: Any, budget_mode: Any = None) -> 
     return Pruning.of(method, None if method == "none" else budget, budget_mode, encode)
 
 
-def _timed_pass(wrapper: Any, inputs: dict[str, Any], budget: Any, method: str, encode: Any, sync: bool,
+def _timed_pass(vlm: Any, inputs: dict[str, Any], budget: Any, method: str, encode: Any, sync: bool,
                 budget_mode: Any = None) -> tuple[dict[str, float], float, Any]:
     """One request through the pipeline (stages timed, the device synchronised at each), answered with one token:
     -> (stage seconds, the language model's seconds (its prefill; with looks, every look's), the first trace)."""
     from ..stopwatch import Stopwatch
 
-    clock = Stopwatch(wrapper.device, sync=sync)
-    done = wrapper.answer(inputs, _pruning(budget, method, encode, budget_mode), clock=clock, max_new_tokens=1)
+    clock = Stopwatch(vlm.device, sync=sync)
+    done = vlm.answer(inputs, _pruning(budget, method, encode, budget_mode), clock=clock, max_new_tokens=1)
     stages = dict(clock.seconds)
     return stages, stages.pop("answer", 0.0), done.traces[0]
 
 
-def _counted_pass(wrapper: Any, inputs: dict[str, Any], budget: Any, method: str, encode: Any,
+def _counted_pass(vlm: Any, inputs: dict[str, Any], budget: Any, method: str, encode: Any,
                   budget_mode: Any = None) -> dict[str, dict[str, int]]:
     """Aten ops, synchronising ops and uploads per stage of one request (no timing, no extra synchronisation)."""
     from ..stopwatch import Stopwatch
@@ -68,26 +68,26 @@ def _counted_pass(wrapper: Any, inputs: dict[str, Any], budget: Any, method: str
 
     with OpCounter(record_stacks=False) as ops:     # compiled stages run eagerly under it (`Execution.compile`)
         clock = Stopwatch(counter=ops).start()
-        wrapper.answer(inputs, _pruning(budget, method, encode, budget_mode), clock=clock, max_new_tokens=1)
+        vlm.answer(inputs, _pruning(budget, method, encode, budget_mode), clock=clock, max_new_tokens=1)
     return {"ops": dict(clock.ops), "kernels": dict(clock.kernels), "syncs": dict(clock.syncs),
             "uploads": dict(clock.uploads)}
 
 
-def measure(wrapper: Any, size: int, batch: int, budget: Any, encode: Any, repeats: int, seed: int = 0,
+def measure(vlm: Any, size: int, batch: int, budget: Any, encode: Any, repeats: int, seed: int = 0,
             budget_mode: Any = None) -> dict[str, Any]:
     """One row: the reference's and ARR-COC's stage times (medians, ms), ARR-COC's op counts per stage."""
-    sync = wrapper.device.type == "cuda"
-    inputs = _inputs(wrapper, size, batch, seed)
+    sync = vlm.device.type == "cuda"
+    inputs = _inputs(vlm, size, batch, seed)
     settings = {"none": (1.0, "after", None), "arr_coc": (budget, encode, budget_mode)}   # budget, encode, mode
     runs: dict[str, list[dict[str, float]]] = {"none": [], "arr_coc": []}
     trace = None
     for rep in range(repeats + 1):                                  # the first pass warms up (constants, kernels)
         for method, (b, enc, mode) in settings.items():             # side by side: drift hits both alike
-            stages, prefill_s, tr = _timed_pass(wrapper, inputs, b, method, enc, sync, mode)
+            stages, prefill_s, tr = _timed_pass(vlm, inputs, b, method, enc, sync, mode)
             if rep:
                 runs[method].append({**stages, "prefill": prefill_s})
                 trace = tr if method == "arr_coc" else trace
-    counts = _counted_pass(wrapper, inputs, budget, "arr_coc", encode, budget_mode)
+    counts = _counted_pass(vlm, inputs, budget, "arr_coc", encode, budget_mode)
 
     def medians(rows: list[dict[str, float]]) -> dict[str, float]:
         keys = sorted({k for r in rows for k in r})
@@ -111,18 +111,18 @@ def measure(wrapper: Any, size: int, batch: int, budget: Any, encode: Any, repea
     }
 
 
-def stage_bench(wrapper: Any, sizes=(448, 896), batches=(1, 8), budget: Any = 0.1, encode: Any = "before",
+def stage_bench(vlm: Any, sizes=(448, 896), batches=(1, 8), budget: Any = 0.1, encode: Any = "before",
                 repeats: int = 3, seed: int = 0, budget_mode: Any = None, note: str = "") -> dict[str, Any]:
     """Every (size, batch) row; the report dict (`markdown_stages` prints it)."""
     import torch
 
     t0 = time.perf_counter()
-    rows = [measure(wrapper, s, b, budget, encode, repeats, seed, budget_mode) for s in sizes for b in batches]
-    return {"runtime": wrapper.runtime.describe(), "execution": wrapper.execution.label, "note": note, "rows": rows,
+    rows = [measure(vlm, s, b, budget, encode, repeats, seed, budget_mode) for s in sizes for b in batches]
+    return {"runtime": vlm.runtime.describe(), "execution": vlm.execution.label, "note": note, "rows": rows,
             "repeats": repeats,
             "host": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                      "machine": platform.machine(), "wall_s": time.perf_counter() - t0,
-                     "device_name": torch.cuda.get_device_name(wrapper.device) if wrapper.device.type == "cuda"
+                     "device_name": torch.cuda.get_device_name(vlm.device) if vlm.device.type == "cuda"
                      else platform.processor() or platform.machine()}}
 
 

@@ -23,7 +23,7 @@ Model arguments (`--model_args k=v,...`; `--batch_size` and `--device` of lmms-e
     max_new_tokens       answer length when the task's gen_kwargs do not say (default 128)
     seed                 seed of random selections (default 0)
 
-Every request runs through `ARRCOCQwen.generate`, the library's own path (prompt, pruning, greedy decoding,
+Every request runs through `ARRCOC.respond`, the library's own path (prompt, pruning, greedy decoding,
 answer trimming), so an item gets the answer `python -m arr_coc eval` gives it at the same method and budget.
 Under `accelerate launch` each process holds the model on its own device (cpu with --cpu) and lmms-eval
 gives each its shard of the requests by rank; rank and world size come from `Accelerator`.
@@ -52,7 +52,8 @@ DEFAULT_MAX_NEW_TOKENS = 128    # lmms-eval's Qwen chat models' default
 
 
 class ARRCOCLmms(lmms):
-    """lmms-eval's `lmms` around `ARRCOCQwen`: generate_until, batched; loglikelihood and multi-round refused."""
+    """lmms-eval's `lmms` around the front door (`ARRCOC`, any registered backend): generate_until, batched;
+    loglikelihood and multi-round refused."""
 
     is_simple = False   # a chat model: lmms-eval sends the chat layout (ctx, doc_to_messages, gen_kwargs, ...)
 
@@ -71,7 +72,7 @@ class ARRCOCLmms(lmms):
                             "attn_implementation, batch_size, max_new_tokens, seed")
         from ..encode import EncodeConfig
         from ..pipeline.request import Pruning
-        from ..qwen import ARRCOCQwen
+        from ..front import ARRCOC
 
         # everything is checked before the model loads: a wrong argument fails in a second, not after a download
         pretrained = str(pretrained) if pretrained else default_model_path()
@@ -117,11 +118,11 @@ class ARRCOCLmms(lmms):
             self._rank, self._world_size = self.accelerator.process_index, self.accelerator.num_processes
         self.runtime = Runtime.resolve(device or "auto", dtype or "auto", attn_implementation or None)
         layer = resolve_layer(pretrained, None if arr_coc in (None, "") else str(arr_coc), self.encode)
-        self.wrapper = ARRCOCQwen.from_pretrained(pretrained, arr_coc=layer, device=self.runtime.device,
-                                                  dtype=self.runtime.dtype,
-                                                  attn_implementation=self.runtime.attn_implementation)
-        self.wrapper.seed = int(seed)
-        self.wrapper.check_encode(self.encode)   # whole_windows on a tower without windows: now, not per request
+        self.vlm = ARRCOC.from_pretrained(pretrained, arr_coc=layer, device=self.runtime.device,
+                                          dtype=self.runtime.dtype,
+                                          attn_implementation=self.runtime.attn_implementation)
+        self.vlm.seed = int(seed)
+        self.vlm.check_encode(self.encode)   # whole_windows on a tower without windows: now, not per request
         self.pretrained, self.layer = pretrained, layer
         self.usage = {"requests": 0, "kept_tokens": 0, "total_tokens": 0, "keep_all": 0}
         if self.rank == 0:
@@ -144,15 +145,16 @@ class ARRCOCLmms(lmms):
 
     @property
     def device(self):
-        return self.wrapper.device
+        return self.vlm.device
 
     @property
     def model(self):
-        return self.wrapper.model
+        """The backend behind the front door (what serves the model)."""
+        return self.vlm.backend
 
     @property
     def tokenizer(self):
-        return self.wrapper.tokenizer
+        return self.vlm.tokenizer
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -180,8 +182,8 @@ class ARRCOCLmms(lmms):
                 warned.add(key)
             prompts = [rq.read_prompt(spec, rq.find_doc(self.task_dict, spec)) for spec in batch]
             try:
-                got = self.wrapper.respond([list(p.images) for p in prompts], [p.question for p in prompts],
-                                           self.pruning, **gen.kwargs)
+                got = self.vlm.respond([list(p.images) for p in prompts], [p.question for p in prompts],
+                                       self.pruning, **gen.kwargs)
                 answers, traces = got.answers, got.traces
             except InputError as exc:
                 docs = ", ".join(f"{s.task}/{s.split}/{s.doc_id}" for s in batch)
@@ -213,7 +215,7 @@ NEEDS = {"input": "changes the input image", "boxes": "needs the answer's boxes"
 
 
 def check_method(method: str) -> str:
-    """A method `ARRCOCQwen.respond` can run from a request alone; the evaluation-only ones say what to do."""
+    """A method `ARRCOC.respond` can run from a request alone; the evaluation-only ones say what to do."""
     from ..pipeline.selection import get_selector, method_info
 
     if method == "arr_coc_trained":

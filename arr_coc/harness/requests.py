@@ -1,5 +1,5 @@
-"""lmms-eval's requests in the wrapper's terms: `Instance.args` -> a question with its images, the task's
-`gen_kwargs` -> `ARRCOCQwen.generate` keywords, and the batches they run in. Pure Python: no lmms-eval import.
+"""lmms-eval's requests in the front door's terms: `Instance.args` -> a question with its images, the task's
+`gen_kwargs` -> `ARRCOC.generate` keywords, and the batches they run in. Pure Python: no lmms-eval import.
 
 lmms-eval 0.7.x builds a `generate_until` request's `Instance.args` in one of two layouts
 (lmms_eval/api/task.py, `construct_requests`):
@@ -13,8 +13,8 @@ A 5-element tuple is one of the two without its split (the doc is then looked up
 split). The second element tells the layouts apart: a dict is the simple layout's gen_kwargs, a callable
 the chat layout's doc_to_messages. Multi-round and agentic requests have 7 elements; they are refused.
 
-The wrapper renders Qwen's chat template itself from (images, question), so a chat request must be one
-user turn: its images and videos (in order; a video is a file path, read by the wrapper with the model's own
+The backend renders its chat template itself from (images, question), so a chat request must be one
+user turn: its images and videos (in order; a video is a file path, read by the front door with the model's own
 sampling rule) and its text parts (joined as the template joins them, with nothing in between). A system
 prompt, an assistant turn (few-shot as chat) or an audio clip cannot be said that way and raises
 NotImplementedError naming what was sent.
@@ -46,7 +46,7 @@ class RequestSpec:
 
 @dataclass(frozen=True)
 class Prompt:
-    """What the wrapper is asked: one question and its images (PIL images or file paths), in prompt order."""
+    """What the front door is asked: one question and its images (PIL images or file paths), in prompt order."""
 
     question: str
     images: tuple[Any, ...]
@@ -54,7 +54,7 @@ class Prompt:
 
 @dataclass(frozen=True)
 class Generation:
-    """The task's gen_kwargs as `ARRCOCQwen.generate` keywords, and the stop strings applied to the answer."""
+    """The task's gen_kwargs as `ARRCOC.generate` keywords, and the stop strings applied to the answer."""
 
     kwargs: dict[str, Any]          # max_new_tokens, do_sample, and temperature / top_p / top_k / num_beams if asked
     until: tuple[str, ...]          # the answer is cut at the first of these

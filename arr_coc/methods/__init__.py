@@ -2,7 +2,7 @@
 
 Every method returns, per image, the raster indices of the merged visual tokens the LM keeps
 (ascending, exactly the budgeted count unless it says otherwise), so all of them run on the
-same model, images, budgets and code path (`ARRCOCQwen.prepare`). Each module is a pure
+same model, images, budgets and code path (`ARRCOC.prepare`). Each module is a pure
 function over tensors plus a thin selector, and cites its paper:
 
 | name             | module          | idea                                                        |

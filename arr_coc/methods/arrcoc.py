@@ -129,8 +129,8 @@ def select_adaptive(ctx: SelectionContext) -> Selection:
 def trained_selector(vlm: VLMBackend, weights: str | os.PathLike,
                      prepare: Callable[[ARRCOCLayer], None] | None = None) -> Selector:
     """A selector running the ARR-COC layer saved in `weights` (a folder or a hub id) on the same VLM (`vlm`: a
-    backend, or anything with its `text_hidden_size` and `device`, such as `ARRCOCQwen`); prepare: what the
-    caller does to the layer once built (`ARRCOCQwen.compile_layer`: its execution's compiled pass)."""
+    backend, or anything with its `text_hidden_size` and `device`); prepare: what the caller does to the layer
+    once built (`ARRCOC.compile_layer`: its execution's compiled pass)."""
     layer = build_layer(os.fspath(weights), vlm.text_hidden_size).to(vlm.device)  # a bad folder fails now
     if prepare is not None:
         prepare(layer)

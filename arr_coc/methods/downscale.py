@@ -11,8 +11,9 @@ image downsampling consistently outperforms many advanced compression methods.
 Unlike the other anchors this changes the INPUT, so it cannot be a selector over the
 visual tokens of the original image (`SelectionContext` comes after the vision tower).
 It is a pre-processing step instead: `downscale_image` resizes one image for a budget,
-`downscale_inputs` builds a batch of downscaled inputs for `ARRCOCQwen.prepare(...,
-method="none")`. Token counts must be reported against the ORIGINAL image: a 16x16
+`downscale_inputs` builds a batch of downscaled inputs for `ARRCOC.prepare(...,
+method="none")`, through the backend's `LaysOutVisuals` (its processor's `ImageScale`).
+Token counts must be reported against the ORIGINAL image: a 16x16
 merged grid (256 tokens) shrunk to 3x4 keeps 12 of 256 tokens (4.7%), not 12 of 12.
 
 Sizing: the scale s = sqrt(K / n) of the area, the new grid (h', w') from rounding
@@ -25,23 +26,13 @@ the processor does not resize it again.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..budget import resolve_count
 
-
-def pixel_unit(image_processor: Any) -> int:
-    """Pixels per merged token on a side (28 for Qwen2-VL / 2.5-VL, 32 for Qwen3-VL)."""
-    return int(image_processor.patch_size) * int(image_processor.merge_size)
-
-
-def min_tokens(image_processor: Any) -> int:
-    """The fewest merged tokens the processor produces for any image (its min_pixels)."""
-    size = getattr(image_processor, "size", None)
-    lo = getattr(size, "shortest_edge", None) if size is not None and not isinstance(size, dict) else \
-        (size or {}).get("shortest_edge")
-    lo = lo or getattr(image_processor, "min_pixels", None) or 0
-    return max(1, math.ceil(int(lo) / pixel_unit(image_processor) ** 2))
+if TYPE_CHECKING:
+    from ..pipeline.backend import VLMBackend
+    from ..pipeline.layout import ImageScale
 
 
 def downscale_grid(h: int, w: int, k: int, min_count: int = 1) -> tuple[int, int]:
@@ -63,38 +54,41 @@ def downscale_grid(h: int, w: int, k: int, min_count: int = 1) -> tuple[int, int
     return best
 
 
-def downscale_image(image: Any, grid_hw: tuple[int, int], budget: float | int, image_processor: Any):
+def downscale_image(image: Any, grid_hw: tuple[int, int], budget: float | int, scale: ImageScale):
     """Resize a PIL image so the processor yields about `budget` of its grid_hw tokens.
 
-    grid_hw: the merged grid the processor makes of the ORIGINAL image. Returns
-    (resized PIL image, (h', w') its merged grid).
+    grid_hw: the merged grid the processor makes of the ORIGINAL image; scale: the processor's pixels per cell
+    side and fewest cells (`LaysOutVisuals.image_scale`). Returns (resized PIL image, (h', w') its merged grid).
     """
     from PIL import Image
 
     h, w = grid_hw
     k = resolve_count(budget, h * w)
-    hh, ww = downscale_grid(h, w, k, min_tokens(image_processor))
+    hh, ww = downscale_grid(h, w, k, scale.min_cells)
     if (hh, ww) == (h, w):
         return image, (h, w)
-    u = pixel_unit(image_processor)
+    u = scale.cell_px
     return image.convert("RGB").resize((ww * u, hh * u), Image.BICUBIC), (hh, ww)
 
 
-def downscale_inputs(wrapper: Any, images: Sequence[Any], questions: Sequence[str], budget: float | int,
+def downscale_inputs(backend: VLMBackend, images: Sequence[Any], questions: Sequence[str], budget: float | int,
                      original_grids: Sequence[tuple[int, int]] | None = None):
-    """Processor tensors of a batch with each (single) image downscaled for `budget`.
+    """The backend's tensors of a batch with each (single) image downscaled for `budget` (a backend with
+    `LaysOutVisuals`).
 
-    original_grids: merged grids of the original images (computed with the processor if None).
+    original_grids: merged grids of the original images (read from the backend's inputs of them if None).
     Returns (inputs, original token counts per item).
     """
-    ip = getattr(wrapper.processor, "image_processor", wrapper.processor)
+    from ..pipeline.backend import LaysOutVisuals, require
+    from ..pipeline.layout import image_cells
+
+    scale = require(backend, LaysOutVisuals, "downscale its images (downscale)").image_scale()
     if original_grids is None:
-        grid = ip(images=list(images), return_tensors="pt")["image_grid_thw"]
-        m = int(ip.merge_size)
-        original_grids = [(int(gh) // m, int(gw) // m) for _, gh, gw in grid.tolist()]
-    small = [downscale_image(im, g, budget, ip)[0] for im, g in zip(images, original_grids)]
-    inputs = wrapper.build_inputs([[im] for im in small], list(questions))
+        original = backend.build_inputs([[im] for im in images], list(questions))
+        original_grids = image_cells(backend.visual_grids(original))
+    small = [downscale_image(im, g, budget, scale)[0] for im, g in zip(images, original_grids)]
+    inputs = backend.build_inputs([[im] for im in small], list(questions))
     return inputs, [h * w for h, w in original_grids]
 
 
-__all__ = ["downscale_grid", "downscale_image", "downscale_inputs", "min_tokens", "pixel_unit"]
+__all__ = ["downscale_grid", "downscale_image", "downscale_inputs"]

@@ -15,7 +15,11 @@ missing, before any work):
     TowerAttention  VisionZip's last-block attention                      VisionZip refused without it
     CostsTower      the stock tower's cost (the evaluation's FLOPs)       refused without it
     TrainsThrough   losses through the frozen VLM (training)              refused without it
+    TrainsAdapters  trainable adapters (train-adapter)                    refused without it
     FixedShapes     compiled fixed-shape execution (`--fast`)             refused without it
+    LaysOutVisuals  the processor's grids of a batch, its image scale      the prompt's grids; downscale refused
+    SharesWeights   another backend over the same weights (the app)       refused without it
+    Describes       where it runs, its tokenizer (what tools report)       the device alone; no tokenizer notes
 
 `arr_coc.qwen.QwenBackend` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL on transformers) implements all of them; a new family
 registers its backend (`arr_coc.pipeline.registry`); docs/DESIGN.md, "Adding a backend", shows one.
@@ -31,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, ru
 import numpy as np
 import torch
 
+from .layout import ImageScale, VisualGrid
 from .prompt import Prompt
 from .tokens import VisualRows
 
@@ -41,6 +46,7 @@ if TYPE_CHECKING:
     from ..stopwatch import Stopwatch
     from ..core.texture import WorkImages
     from ..core.grid import GridBatch
+    from ..runtime import Runtime
 
 
 @runtime_checkable
@@ -248,10 +254,47 @@ class TrainsThrough(Protocol):
     """Losses through the frozen VLM for training the layer (`soft_answer_loss`) and adapters
     (`pruned_answer_loss`)."""
 
-    def soft_answer_loss(self, input_ids: torch.Tensor, image_grid_thw: torch.Tensor, visual_tokens: torch.Tensor,
-                         answer: str, keep: torch.Tensor) -> torch.Tensor: ...
+    def answer_prompts(self, inputs: Mapping[str, Any]) -> list[dict[str, torch.Tensor]]:
+        """Per batch row of `build_inputs`' tensors, the backend's own tensors of its unpruned prompt, on the host:
+        what `soft_answer_loss` reads (kept with an item's cached training features)."""
+
+    def soft_answer_loss(self, prompt: Mapping[str, torch.Tensor], visual_tokens: torch.Tensor, answer: str,
+                         keep: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of `answer` after one row's unpruned prompt (an `answer_prompts` entry) whose visual tokens
+        [n, D] are `visual_tokens`, each weighted in the language model's attention by keep [n] in (0, 1]:
+        differentiable in `keep` (and in `visual_tokens`)."""
 
     def pruned_answer_loss(self, pruned: PrunedPrompt, answers: Sequence[str]) -> torch.Tensor: ...
+
+    def fingerprint(self) -> str:
+        """A content hash of the weights and the processor (what a cache of features is keyed by)."""
+
+
+@runtime_checkable
+class TrainableAdapter(Protocol):
+    """An adapter being trained (`TrainsAdapters.train_adapter`): its parameters, its dropout switch, its files."""
+
+    name: str          # its folder or hub id as traces report it ("" until saved)
+    trainable: bool    # its parameters take gradients when it runs
+
+    def parameters(self) -> Any:
+        """Its trainable parameters (an iterable of torch parameters)."""
+
+    def dropout(self, on: bool) -> None:
+        """Its dropout on (training steps) or off (validation)."""
+
+    def save_pretrained(self, folder: Any, card: Any = None) -> None:
+        """Its files into `folder` (`arr_coc.adapter_files`'s layout), with its card (`AdapterCard`)."""
+
+
+@runtime_checkable
+class TrainsAdapters(Protocol):
+    """Adapters trained through the frozen VLM (`train-adapter`)."""
+
+    def train_adapter(self, init: Any | None, rank: int, alpha: float, targets: Sequence[str], dropout: float,
+                      seed: int) -> TrainableAdapter:
+        """A trainable adapter on this model: the saved one at `init` (a folder or hub id), else a fresh LoRA of
+        `rank` / `alpha` on the target groups (`adapter_files.TARGET_GROUPS`); `Adapts.load_adapter(it)` runs it."""
 
 
 @runtime_checkable
@@ -266,8 +309,41 @@ class FixedShapes(Protocol):
         """`rewrite`, the rows padded to `round_length(longest row)` (`Buckets.prompt_for`)."""
 
 
+@runtime_checkable
+class LaysOutVisuals(Protocol):
+    """The processor's layout of a batch's visuals, read from its tensors without the prompt (the evaluation's
+    counts and coverage, the clip oracle), and how it scales an image to cells (`downscale`)."""
+
+    def visual_grids(self, inputs: Mapping[str, Any]) -> list[VisualGrid]:
+        """Per picture or clip of the batch (`build_inputs`' tensors), in prompt order."""
+
+    def image_scale(self) -> ImageScale:
+        """Pixels per cell side and the fewest cells of any image, as this model's processor makes them."""
+
+
+@runtime_checkable
+class SharesWeights(Protocol):
+    """More front doors over one model's weights (the app's layers side by side), each with its own state."""
+
+    def sibling(self) -> VLMBackend:
+        """Another backend over the same weights (nothing copied), with its own adapter and execution state."""
+
+
+@runtime_checkable
+class Describes(Protocol):
+    """What a tool reports of the model: where and how it runs, and its tokenizer (answer notes)."""
+
+    @property
+    def runtime(self) -> Runtime:
+        """The device, dtype and attention kernels as loaded (`Runtime.describe()`: e.g. "cpu, float32, sdpa")."""
+
+    @property
+    def tokenizer(self) -> Any:
+        """The text tokenizer (a transformers tokenizer: `unk_token_id`, called on text)."""
+
+
 CAPABILITIES = (ChecksInputs, AnswersText, EncodesBefore, RemembersTower, Adapts, TextAttention, TowerAttention,
-                CostsTower, TrainsThrough, FixedShapes)
+                CostsTower, TrainsThrough, TrainsAdapters, FixedShapes, LaysOutVisuals, SharesWeights, Describes)
 
 
 class MissingCapability(ValueError):
@@ -303,6 +379,25 @@ def adapter_name(backend: Any) -> str:
     return backend.adapter_name if isinstance(backend, Adapts) else ""
 
 
+def visual_grids(backend: VLMBackend, inputs: Mapping[str, Any]) -> list[VisualGrid]:
+    """Per picture or clip of the batch, in prompt order: the backend's `LaysOutVisuals.visual_grids`, or the
+    prompt's units grouped by visual (a core-only backend: `read_prompt` without the tower)."""
+    if has(backend, LaysOutVisuals):
+        return backend.visual_grids(inputs)
+    prompt = backend.read_prompt(inputs, encode_all=False)
+    seen: dict[tuple[int, int], int] = {}     # (row, visual) -> its place in the list
+    grids: list[VisualGrid] = []
+    for i, row in enumerate(prompt.item_of_image):
+        key = (row, prompt.visual_index[i])
+        if key in seen:                       # a clip's later temporal group
+            g = grids[seen[key]]
+            grids[seen[key]] = VisualGrid(g.row, g.kind, g.groups + 1, g.grid_hw)
+        else:
+            seen[key] = len(grids)
+            grids.append(VisualGrid(row, prompt.kind[i], 1, prompt.grid_hw[i]))
+    return grids
+
+
 def by_flag(flags: Sequence[bool]) -> list[tuple[list[int], bool]]:
     """Positions grouped by their flag, [(positions, flag)]: one group when all agree (the adapter's one split:
     a batch whose rows or units differ in whether the adapter runs is run once per setting, then merged)."""
@@ -312,6 +407,7 @@ def by_flag(flags: Sequence[bool]) -> list[tuple[list[int], bool]]:
     return [([j for j, f in enumerate(flags) if f == on], on) for on in (False, True)]
 
 
-__all__ = ["Adapts", "AnswersText", "CAPABILITIES", "ChecksInputs", "CostsTower", "Decoded", "EncodesBefore",
-           "FixedShapes", "MissingCapability", "PrunedPrompt", "RemembersTower", "TextAttention", "TowerAttention",
-           "TrainsThrough", "UnitPixels", "VLMBackend", "adapted", "adapter_name", "by_flag", "has", "require"]
+__all__ = ["Adapts", "AnswersText", "CAPABILITIES", "ChecksInputs", "CostsTower", "Decoded", "Describes",
+           "EncodesBefore", "FixedShapes", "LaysOutVisuals", "MissingCapability", "PrunedPrompt", "RemembersTower",
+           "SharesWeights", "TextAttention", "TowerAttention", "TrainableAdapter", "TrainsAdapters", "TrainsThrough",
+           "UnitPixels", "VLMBackend", "adapted", "adapter_name", "by_flag", "has", "require", "visual_grids"]

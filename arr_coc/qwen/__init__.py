@@ -11,6 +11,9 @@ attention.py    FastV's and VisionZip's attention, as the backend's services
 tower_memory.py a later look's tower attends to earlier looks' keys and values
 processing.py   chat prompts (questions tokenized as plain text), the image-only processor, un-patchify
 loading.py      checkpoints (hub id or folder); `ENTRY`, this backend's entry in `arr_coc.pipeline.registry`
+video_processor.py  Qwen-VL's video processor in torch alone (clips -> pixel_values_videos, video_grid_thw)
+visuals.py      `LaysOutVisuals`: a batch's visuals and the image scale, read from the processor's tensors
+train_inputs.py what training keeps of a prompt (`answer_prompts`) and the model's content hash
 tiny.py         tiny random models of the three families, for tests
 """
 

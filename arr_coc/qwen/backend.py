@@ -29,8 +29,10 @@ from ..encode import EncodeConfig
 from ..execution import Execution
 from ..validation.limits import InputLimits, limits_for
 from ..pipeline.backend import by_flag
+from ..pipeline.layout import ImageScale, VisualGrid
 from ..pipeline.prompt import IMAGE, Prompt
 from ..pipeline.tokens import VisualRows
+from ..runtime import Runtime
 from ..stopwatch import Stopwatch
 from .attention import LastBlockRecorder, attention_received, encoder_output, last_token_attention
 from .compiled import CompiledQwen
@@ -41,6 +43,8 @@ from .processing import IM_END, VISION_END, QwenProcessor, encode_prompts, video
 from .prompt import PromptTokens, question_tokens, read_prompt, user_header
 from .rewrite import PrunedInputs, model_tensors, rewrite
 from .tower_memory import TowerMemory, attending, remembering
+from .train_inputs import answer_prompts, fingerprint
+from .visuals import image_scale, visual_grids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -162,6 +166,15 @@ class QwenBackend:
 
         self.set_adapter(adapter if isinstance(adapter, Adapter) else load_adapter(self.model, adapter))
 
+    def train_adapter(self, init: Any | None, rank: int, alpha: float, targets: Sequence[str], dropout: float,
+                      seed: int) -> Adapter:
+        """A trainable adapter on this model: loaded from `init` (a folder or hub id), else a fresh peft LoRA."""
+        from .adapter import attach_adapter, load_adapter
+
+        if init:
+            return load_adapter(self.model, init, trainable=True)
+        return attach_adapter(self.model, rank, alpha, targets, dropout, seed)
+
     def default_adapter(self, layer: Any, model_name: str) -> str | None:
         """The layer folder whose `adapter/` was trained for this base model (`adapter.layer_adapter`), or None."""
         from .adapter import layer_adapter
@@ -183,7 +196,22 @@ class QwenBackend:
         tower, lm = self._adapter_flops
         return tower * int(tower_cells) * self.merge ** 2 + lm * int(lm_tokens)
 
+    def sibling(self) -> QwenBackend:
+        """Another backend over this model and processor (no copy): its own adapter and compiled stages."""
+        return QwenBackend(self.model.eval().requires_grad_(False), self.processor)
+
+    @property
+    def runtime(self) -> Runtime:
+        """Where and how the VLM runs, as loaded (`runtime.describe()`: e.g. "cpu, bfloat16, sdpa")."""
+        return Runtime(self.model.device, self.model.dtype, getattr(self.model.config, "_attn_implementation", None))
+
     # -- the request ----------------------------------------------------------------------------------------
+
+    def visual_grids(self, inputs: Mapping[str, Any]) -> list[VisualGrid]:
+        return visual_grids(inputs, self.tokens, self.merge)
+
+    def image_scale(self) -> ImageScale:
+        return image_scale(self.processor)
 
     def input_limits(self) -> InputLimits:
         return limits_for(self.processor)
@@ -377,11 +405,20 @@ class QwenBackend:
 
     # -- training through the frozen model ------------------------------------------------------------------
 
-    def soft_answer_loss(self, input_ids: torch.Tensor, image_grid_thw: torch.Tensor, visual_tokens: torch.Tensor,
-                         answer: str, keep: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy of `answer` (+ <|im_end|>) after the unpruned prompt `input_ids` [1, S] of one image, with
-        each visual token's attention column weighted by keep[i] in (0, 1] (log keep added to the causal mask), so
-        the loss is differentiable in `keep` [n]. visual_tokens [n, D]: what the language model reads."""
+    def answer_prompts(self, inputs: Mapping[str, Any]) -> list[dict[str, torch.Tensor]]:
+        """Per row, its unpruned prompt on the host (`train_inputs.answer_prompts`): input_ids, image_grid_thw."""
+        return answer_prompts(inputs, self.tokens, self.merge)
+
+    def fingerprint(self) -> str:
+        return fingerprint(self.model, self.processor)
+
+    def soft_answer_loss(self, prompt: Mapping[str, torch.Tensor], visual_tokens: torch.Tensor, answer: str,
+                         keep: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of `answer` (+ <|im_end|>) after the unpruned prompt of one image (an `answer_prompts`
+        entry: input_ids [1, S], image_grid_thw [1, 3]), with each visual token's attention column weighted by
+        keep[i] in (0, 1] (log keep added to the causal mask), so the loss is differentiable in `keep` [n].
+        visual_tokens [n, D]: what the language model reads."""
+        input_ids, image_grid_thw = prompt["input_ids"], prompt["image_grid_thw"]
         model, dev = self.model, keep.device
         answer_ids = self.tokenizer(answer, add_special_tokens=False)["input_ids"] + [self.tokens.im_end]
         full = torch.cat([input_ids, torch.tensor([answer_ids])], 1).to(dev)

@@ -6,7 +6,7 @@ processor needs torchvision. `ImageOnlyQwenProcessor` reproduces what the stock
 processor does — render the chat template, expand each `<|image_pad|>` into one
 pad per merged visual token, tokenize, run the PIL image processor — and returns
 the same tensors (`input_ids`, `attention_mask`, `pixel_values`, `image_grid_thw`,
-`mm_token_type_ids`). Given a `video_processor` (`arr_coc.video.VideoProcessor`,
+`mm_token_type_ids`). Given a `video_processor` (`arr_coc.qwen.video_processor.VideoProcessor`,
 torch only) it reads videos too, as its family's stock processor does: clips
 (`arr_coc.video.Clip`) become `pixel_values_videos`, `video_grid_thw` (and
 Qwen2.5-VL's `second_per_grid_ts`), and each `<|video_pad|>` becomes the clip's
@@ -276,8 +276,8 @@ class ImageOnlyQwenProcessor:
         if video_list:
             if self.video_processor is None:
                 raise ValueError(f"this processor was built without a video processor, so it reads images only "
-                                 f"({self.fallback_reason}); build it with video_processor=arr_coc.video."
-                                 "VideoProcessor(family), as load_processor and build_tiny_qwen do")
+                                 f"({self.fallback_reason}); build it with video_processor=arr_coc.qwen."
+                                 "video_processor.VideoProcessor(family), as load_processor and build_tiny_qwen do")
             video = dict(self.video_processor(video_list))
         merge = int(getattr(self.image_processor, "merge_size", 2))
         counts = [] if not vision else (vision["image_grid_thw"].prod(-1) // merge**2).tolist()
@@ -369,7 +369,7 @@ def load_processor(path: str, family: str | None = None, **kwargs: Any) -> Any:
 
     family: the checkpoint's model_type ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"); None reads it from the folder's
     config.json. The video processor's settings are read where transformers reads them
-    (`arr_coc.video.processor.read_video_config`), on top of the family's stock defaults."""
+    (`arr_coc.qwen.video_processor.read_video_config`), on top of the family's stock defaults."""
     from transformers import AutoProcessor, AutoTokenizer
 
     try:
@@ -386,7 +386,7 @@ def load_processor(path: str, family: str | None = None, **kwargs: Any) -> Any:
     family = family or _read_family(path)
     video_processor = None
     if family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
-        from ..video.processor import VideoProcessor, read_video_config
+        from .video_processor import VideoProcessor, read_video_config
 
         video_processor = VideoProcessor.from_image_processor(family, image_processor, read_video_config(path))
     processor = ImageOnlyQwenProcessor(image_processor, tokenizer, chat_template=_read_chat_template(path, tokenizer),
@@ -397,7 +397,7 @@ def load_processor(path: str, family: str | None = None, **kwargs: Any) -> Any:
 
 def _read_family(path: str) -> str | None:
     """The checkpoint's model_type from its config.json (a folder, or a hub id's cached copy); None if unknown."""
-    from ..video.processor import read_json
+    from .video_processor import read_json
 
     config = read_json(path, "config.json")
     return config.get("model_type") if isinstance(config, dict) else None

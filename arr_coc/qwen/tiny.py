@@ -4,7 +4,7 @@ Nothing can be downloaded here, so tests, benchmarks and the embedded model star
 from these builders: a byte-level tokenizer (256 byte tokens + the Qwen special
 tokens, no merges, so any text round-trips), Qwen's chat template, the PIL image
 processor with each family's patch size / normalisation, the torch-only video
-processor (`arr_coc.video.VideoProcessor`) with the same geometry, and a model whose
+processor (`arr_coc.qwen.video_processor.VideoProcessor`) with the same geometry, and a model whose
 architecture is the real one at toy width. Weights are random (seeded).
 
     model, processor = build_tiny_qwen("qwen3_vl", seed=0)
@@ -115,7 +115,7 @@ def build_tiny_image_processor(family: str, min_pixels: int | None = None, max_p
 def build_tiny_video_processor(family: str, min_pixels: int | None = None, max_pixels: int | None = None) -> Any:
     """The family's video processor with the tiny image processor's geometry, normalisation and pixel limits
     (per frame for Qwen2-VL / Qwen2.5-VL; for Qwen3-VL the limits bound the whole clip, as its stock processor's do)."""
-    from ..video.processor import VideoProcessor
+    from .video_processor import VideoProcessor
 
     image_processor = build_tiny_image_processor(family, min_pixels, max_pixels)
     return VideoProcessor.from_image_processor(family, image_processor, {"size": dict(image_processor.size)})

@@ -3,7 +3,7 @@
 Nothing can be downloaded here, so the project ships its own model of the real
 `Qwen2VLForConditionalGeneration` architecture at toy width, with a word-level
 tokenizer over the benchmark's vocabulary, Qwen's chat template and a PIL image
-processor config. It loads through the same `ARRCOCQwen.from_pretrained` path as
+processor config. It loads through the same `ARRCOC.from_pretrained` path as
 a real checkpoint. Training lives in `arr_coc.shapes.trainer`.
 """
 

@@ -23,7 +23,7 @@ layer chooses, encode="before" by default). Then, with gradients:
 The VLM's own weights never move (tested bit for bit). AdamW, warm-up + cosine, gradient clipping, seeded, resumable
 (`--resume`: the state file in --out), a tqdm bar, a JSON log, a loss plot and a model card. --out receives the pair:
 the layer's files (saved only when the layer trained, or when --out holds none) and the adapter in adapter/
-(`ARRCOCQwen.from_pretrained(model, arr_coc=OUT, adapter=OUT)` loads both).
+(`ARRCOC.from_pretrained(model, arr_coc=OUT, adapter=OUT)` loads both).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from ..schedule import lr_at
 from .adapter_items import JsonlItems, ShapesItems
 
 if TYPE_CHECKING:
-    from ..qwen import ARRCOCQwen
+    from ..front import ARRCOC
+    from ..pipeline.backend import TrainableAdapter
     from ..runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -155,7 +156,8 @@ def _collate(batch: list) -> list:
 @dataclass
 class _Run:
     cfg: AdapterTrainConfig
-    wrapper: ARRCOCQwen
+    vlm: ARRCOC
+    adapter: TrainableAdapter
     params: list[torch.nn.Parameter]
     layer_params: list[torch.nn.Parameter]
     opt: torch.optim.Optimizer
@@ -168,54 +170,54 @@ class _Run:
 
 def train_adapter(cfg: AdapterTrainConfig, model_path: str, layer: str | None, init_adapter: str | None = None,
                   resume: bool = False, progress: bool = True, runtime: Runtime | None = None,
-                  wrapper: ARRCOCQwen | None = None, stop_after: int | None = None) -> dict:
+                  vlm: ARRCOC | None = None, stop_after: int | None = None) -> dict:
     """Run (or resume) one train-adapter stage (module docstring) -> its state (step, log)."""
     from tqdm import tqdm
 
     torch.manual_seed(cfg.seed)
-    run = _start(cfg, model_path, layer, init_adapter, resume, runtime, wrapper)
+    run = _start(cfg, model_path, layer, init_adapter, resume, runtime, vlm)
     bar = tqdm(total=cfg.steps, initial=run.state["step"], desc=f"train-adapter {cfg.stage}", disable=not progress,
                dynamic_ncols=True)
     batches = iter(run.loader)
     if run.rng is not None:              # after the loader's iterator drew its seed, as a straight run's had
         torch.set_rng_state(run.rng)
-    run.wrapper.adapter.dropout(True)
+    run.adapter.dropout(True)
     while run.state["step"] < min(cfg.steps, stop_after or cfg.steps):
         rec = _step(run, next(batches))
         if run.state["step"] % cfg.eval_every == 0 or run.state["step"] == cfg.steps:
-            rec["val_loss"] = validate(run.wrapper, run.val, cfg)
+            rec["val_loss"] = validate(run.vlm, run.adapter, run.val, cfg)
             bar.write(f"[{cfg.stage} step {run.state['step']}] loss {rec['loss']:.3f} val {rec['val_loss']:.3f}")
             save(run, model_path, layer)
         run.state["log"].append(rec)
         bar.set_postfix(loss=f"{rec['loss']:.3f}")
         bar.update(1)
     bar.close()
-    run.wrapper.adapter.dropout(False)
+    run.adapter.dropout(False)
     save(run, model_path, layer)
     return run.state
 
 
 def _start(cfg: AdapterTrainConfig, model_path: str, layer: str | None, init_adapter: str | None, resume: bool,
-           runtime: Runtime | None, wrapper: ARRCOCQwen | None) -> _Run:
+           runtime: Runtime | None, vlm: ARRCOC | None) -> _Run:
     """The VLM (frozen) with a trainable adapter, the layer, the optimiser, the data; a saved state when resuming."""
-    from ..qwen import ARRCOCQwen
-    from ..qwen.adapter import attach_adapter, load_adapter
+    from ..front import ARRCOC
+    from ..pipeline.backend import Adapts, TrainsAdapters, TrainsThrough, require
     from ..runtime import Runtime
 
-    if wrapper is None:
+    if vlm is None:
         run_on = runtime or Runtime.resolve("cpu")
-        wrapper = ARRCOCQwen.from_pretrained(model_path, arr_coc=layer, device=run_on.device, dtype=run_on.dtype,
-                                             attn_implementation=run_on.attn_implementation, adapter=False)
-    model = wrapper.model
-    adapter = load_adapter(model, init_adapter, trainable=True) if init_adapter else attach_adapter(
-        model, cfg.rank, cfg.alpha, cfg.targets, cfg.dropout, cfg.seed)
+        vlm = ARRCOC.from_pretrained(model_path, arr_coc=layer, device=run_on.device, dtype=run_on.dtype,
+                                     attn_implementation=run_on.attn_implementation, adapter=False)
+    for capability in (TrainsAdapters, Adapts, TrainsThrough):
+        require(vlm.backend, capability, "train adapters (train-adapter)")
+    adapter = vlm.backend.train_adapter(init_adapter, cfg.rank, cfg.alpha, cfg.targets, cfg.dropout, cfg.seed)
     adapter.name = adapter.name or cfg.out
-    wrapper.backend.set_adapter(adapter)
+    vlm.backend.load_adapter(adapter)
     adapter.trainable = True
     params = [p.requires_grad_(True) for p in adapter.parameters()]
     groups = [{"params": params, "lr": cfg.lr, "base": cfg.lr}]
     layer_params: list[torch.nn.Parameter] = []
-    net = wrapper.arr_coc_layer
+    net = vlm.layer
     net.config.strict = True            # training must see the layer's errors
     if cfg.stage == "joint":
         layer_params = [p.requires_grad_(True) for p in net.parameters()]
@@ -223,7 +225,7 @@ def _start(cfg: AdapterTrainConfig, model_path: str, layer: str | None, init_ada
         net.train()
     else:
         net.requires_grad_(False).eval()
-    run = _Run(cfg, wrapper, params, layer_params, torch.optim.AdamW(groups, weight_decay=cfg.weight_decay), None,
+    run = _Run(cfg, vlm, adapter, params, layer_params, torch.optim.AdamW(groups, weight_decay=cfg.weight_decay), None,
                [])
     if resume and os.path.isfile(os.path.join(cfg.out, STATE_FILE)):
         _resume(run)
@@ -272,7 +274,7 @@ def _step(run: _Run, batch: list) -> dict:
         g["lr"] = lr_at(step, cfg.steps, g["base"], cfg.warmup)
     low, high = cfg.budgets
     budgets = [low + (high - low) * float(u) for u in torch.rand(len(batch), generator=gen)]
-    loss, rec = adapter_loss(run.wrapper, batch, budgets, cfg, step)
+    loss, rec = adapter_loss(run.vlm, batch, budgets, cfg, step)
     run.opt.zero_grad(set_to_none=True)
     if loss.requires_grad:            # every row kept every token (a fallback): nothing to learn from this batch
         loss.backward()
@@ -284,14 +286,14 @@ def _step(run: _Run, batch: list) -> dict:
     return rec
 
 
-def adapter_loss(wrapper: ARRCOCQwen, batch: Sequence, budgets: Sequence[float], cfg: AdapterTrainConfig,
+def adapter_loss(vlm: ARRCOC, batch: Sequence, budgets: Sequence[float], cfg: AdapterTrainConfig,
                  step: int = 0) -> tuple[torch.Tensor, dict]:
     """The step's loss on `batch` [(image, question, answer, type)] at per-item `budgets` (module docstring)."""
     from ..encode import EncodeConfig
     from ..pipeline.request import Pruning
     from ..pipeline.selection import choose_before_encoding, get_selector
 
-    backend = wrapper.backend
+    backend = vlm.backend
     images, questions, answers = [[b[0]] for b in batch], [b[1] for b in batch], [b[2] for b in batch]
     inputs = backend.build_inputs(images, questions)
     contexts: list = []
@@ -304,7 +306,7 @@ def adapter_loss(wrapper: ARRCOCQwen, batch: Sequence, budgets: Sequence[float],
 
     arr_coc_seen.handles_video = arr_coc_seen.runs_layer = True
     pruning = Pruning.of(arr_coc_seen, list(budgets), encode=EncodeConfig(cfg.encode))
-    first = wrapper.prepare(inputs, pruning)       # under no_grad: the choice itself trains nothing
+    first = vlm.prepare(inputs, pruning)       # under no_grad: the choice itself trains nothing
     pruned = first.pruned
     if first.fovea is not None:          # the chosen cells again, with gradients into the tower's adapter
         fovea = _foveate_again(backend, first)
@@ -313,7 +315,7 @@ def adapter_loss(wrapper: ARRCOCQwen, batch: Sequence, budgets: Sequence[float],
     loss = backend.pruned_answer_loss(pruned, answers)
     rec = {"answer_loss": float(loss.detach()), "kept_share": sum(t.kept_ratio for t in first.traces) / len(batch)}
     if cfg.stage == "joint":
-        relaxed, penalty = relaxed_loss(wrapper, contexts[-1], inputs, answers, budgets, cfg, step)
+        relaxed, penalty = relaxed_loss(vlm, contexts[-1], inputs, answers, budgets, cfg, step)
         loss = loss + relaxed + cfg.budget_weight * penalty
         rec.update(relaxed_loss=float(relaxed.detach()), budget_penalty=float(penalty.detach()))
     rec["loss"] = float(loss.detach())
@@ -328,7 +330,7 @@ def _foveate_again(backend: Any, first: Any) -> Any:
     return foveate(backend, first.batch, first.choice.kept, first.encoding, first.gist, None, units)
 
 
-def relaxed_loss(wrapper: ARRCOCQwen, ctx: Any, inputs: dict, answers: Sequence[str], budgets: Sequence[float],
+def relaxed_loss(vlm: ARRCOC, ctx: Any, inputs: dict, answers: Sequence[str], budgets: Sequence[float],
                  cfg: AdapterTrainConfig, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Joint: the layer's relaxation (`train` stage 2) with the adapter on: (answer loss, budget penalty), both
     differentiable in the layer's scorers and the adapters."""
@@ -337,7 +339,8 @@ def relaxed_loss(wrapper: ARRCOCQwen, ctx: Any, inputs: dict, answers: Sequence[
     from ..core.texture import texture_array
     from .losses import soft_keep
 
-    backend, layer = wrapper.backend, wrapper.arr_coc_layer
+    backend, layer = vlm.backend, vlm.layer
+    prompts = backend.answer_prompts(inputs)     # per row, its unpruned prompt (one image each)
     batch = layer_batch_of(ctx, layer)
     with torch.no_grad():
         tex = texture_array(batch.work, layer.config.texture, converge=True)[0]
@@ -351,23 +354,23 @@ def relaxed_loss(wrapper: ARRCOCQwen, ctx: Any, inputs: dict, answers: Sequence[
         keep = soft_keep(relevance[i, :h, :w].reshape(-1), k, temperature)
         with backend.adapted(True):
             tokens, _ = backend.encode_cells(prompt, [i], [np.arange(h * w)])
-            row = inputs["input_ids"][i][inputs["attention_mask"][i].bool()][None]
-            losses.append(backend.soft_answer_loss(row, inputs["image_grid_thw"][i: i + 1], tokens, answers[i], keep))
+            losses.append(backend.soft_answer_loss(prompts[i], tokens, answers[i], keep))
         penalties.append((keep.mean() - k / (h * w)) ** 2)
     return torch.stack(losses).mean(), torch.stack(penalties).mean()
 
 
 @torch.no_grad()
-def validate(wrapper: ARRCOCQwen, items: Sequence, cfg: AdapterTrainConfig) -> float:
-    """The pruned answer loss on fixed held-out items at the middle of the budget range (the adapter on)."""
+def validate(vlm: ARRCOC, adapter: TrainableAdapter, items: Sequence, cfg: AdapterTrainConfig) -> float:
+    """The pruned answer loss on fixed held-out items at the middle of the budget range (the adapter on, its
+    dropout off)."""
     mid = sum(cfg.budgets) / 2
     losses = []
-    wrapper.adapter.dropout(False)
+    adapter.dropout(False)
     for s in range(0, len(items), cfg.batch_size):
         chunk = items[s: s + cfg.batch_size]
         frozen = dataclasses.replace(cfg, stage="frozen")
-        losses.append(float(adapter_loss(wrapper, chunk, [mid] * len(chunk), frozen)[0]) * len(chunk))
-    wrapper.adapter.dropout(True)
+        losses.append(float(adapter_loss(vlm, chunk, [mid] * len(chunk), frozen)[0]) * len(chunk))
+    adapter.dropout(True)
     return sum(losses) / max(1, len(items))
 
 
@@ -387,7 +390,7 @@ def save(run: _Run, model_path: str, layer: str | None) -> None:
     """The adapter (peft's files + card) in out/adapter/, the layer when it trained (or out has none), the state
     file, the log and the loss plot."""
     from ..core.persistence import LayerCard
-    from ..qwen.adapter import SUBFOLDER, AdapterCard
+    from ..adapter_files import SUBFOLDER, AdapterCard
 
     cfg, state = run.cfg, run.state
     os.makedirs(cfg.out, exist_ok=True)
@@ -401,8 +404,8 @@ def save(run: _Run, model_path: str, layer: str | None) -> None:
                        training=recipe,
                        results=[] if last is None else [f"- validation answer loss (pruned, adapter on) at step "
                                                         f"{state['step']}: {last:.4f}"])
-    run.wrapper.adapter.save_pretrained(folder, card)
-    net = run.wrapper.arr_coc_layer
+    run.adapter.save_pretrained(folder, card)
+    net = run.vlm.layer
     if cfg.stage == "joint" or not os.path.isfile(os.path.join(cfg.out, "config.json")):
         strict, net.config.strict = net.config.strict, False
         net.save_pretrained(cfg.out, LayerCard(vlm=shown_path(model_path), encode=cfg.encode,

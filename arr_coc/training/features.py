@@ -1,12 +1,11 @@
 """The frozen VLM's fixed per-item inputs of the layer (visual tokens, question embeddings, the
-resized image, the answer's target cells), extracted once through the wrapper's own path and
-kept in a content-addressed cache between runs.
+resized image, the answer's target cells, the backend's own record of the unpruned prompt), extracted once
+through the front door's own path (`ARRCOC.prepare`) and kept in a content-addressed cache between runs.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from dataclasses import dataclass, fields
@@ -18,7 +17,7 @@ from ..data import VQARecord
 from ..geometry import boxes_to_cell_shares, scale_boxes
 
 if TYPE_CHECKING:
-    from ..qwen import ARRCOCQwen
+    from ..front import ARRCOC
     from ..distributed import Processes
 
 logger = logging.getLogger(__name__)
@@ -37,21 +36,23 @@ class Features:
     answer: str
     question: str
     image_path: str
-    input_ids: torch.Tensor      # [1, S] the unpruned prompt (stage 2 appends the answer)
-    image_grid_thw: torch.Tensor  # [1, 3]
+    prompt: dict[str, torch.Tensor]   # the backend's tensors of the unpruned prompt (`TrainsThrough.answer_prompts`:
+                                      # what stage 2's `soft_answer_loss` appends the answer to)
     lm_tokens: torch.Tensor | None = None   # [h * w, D] what the LM reads in stage 2 when the layer reads
                                             # something else (encode="before": the gist); None: visual_tokens
 
 
 @torch.no_grad()
-def extract_features(wrapper: ARRCOCQwen, records: Sequence[VQARecord], progress: bool = True,
+def extract_features(vlm: ARRCOC, records: Sequence[VQARecord], progress: bool = True,
                      gist: float = 0.0) -> list[Features]:
-    """Vision tower + question embeddings per record through the wrapper's own path.
+    """Vision tower + question embeddings per record through the front door's own path (a backend that
+    `TrainsThrough`).
 
     gist > 0: the layer's visual tokens are what it reads with encode="before" (the gist's token under
     each cell, from a gist of that share of the tokens); the full encoding is kept as `lm_tokens`.
     """
     from ..encode import EncodeConfig
+    from ..pipeline.backend import TrainsThrough, require
     from ..pipeline.selection import choose_before_encoding
     from PIL import Image
     from tqdm import tqdm
@@ -65,14 +66,15 @@ def extract_features(wrapper: ARRCOCQwen, records: Sequence[VQARecord], progress
         return [torch.arange(h * w) for h, w in ctx.grid_hw]
 
     before = EncodeConfig("before", gist=gist) if gist > 0 else None
+    backend = require(vlm.backend, TrainsThrough, "train through the frozen VLM (train)")
 
     for rec in tqdm(records, desc="features", disable=not progress, dynamic_ncols=True):
         image = Image.open(rec.image).convert("RGB")
         captured.clear()
-        inputs = wrapper.build_inputs([[image]], [rec.question])
-        wrapper.prepare(inputs, method=capture)
+        inputs = backend.build_inputs([[image]], [rec.question])
+        vlm.prepare(inputs, method=capture)
         if before is not None:
-            wrapper.prepare(inputs, method=capture, encode=before)
+            vlm.prepare(inputs, method=capture, encode=before)
         ctx = captured[-1]
         h, w = ctx.grid_hw[0]
         target = answer_target(rec.boxes, image.size, tuple(ctx.images[0].shape[-2:]), (h, w))
@@ -81,7 +83,7 @@ def extract_features(wrapper: ARRCOCQwen, records: Sequence[VQARecord], progress
         # a GPU holds only a step's batch, not every item.
         feats.append(Features(pixels, (h, w), ctx.visual_tokens[0].float().cpu(), ctx.query_embeds[0].float().cpu(),
                               target, rec.answers[0], rec.question, str(rec.image),
-                              inputs["input_ids"].cpu(), inputs["image_grid_thw"].cpu(),
+                              backend.answer_prompts(inputs)[0],
                               captured[0].visual_tokens[0].float().cpu() if before is not None else None))
     return feats
 
@@ -93,24 +95,15 @@ def answer_target(boxes, original_wh: tuple[int, int], image_hw: tuple[int, int]
     return torch.from_numpy(boxes_to_cell_shares(scaled, (ws, hs), ws // w)).reshape(-1).float()
 
 
-def features_key(wrapper: ARRCOCQwen, path: str, records: Sequence[VQARecord]) -> str:
-    """Content hash of everything a record's features depend on: VLM weights, processor, JSONL, images.
+FORMAT = b"features v2: the prompt as the backend's answer_prompts"   # a cache of another layout is not read
 
-    Hashing the weights takes about 0.8 s per GiB on this 2-core CPU (some 4 s for a 2B model in
-    bf16), minutes less than re-extracting.
-    """
-    from ..qwen.processing import image_processor_of
 
-    h = hashlib.sha256()
-    for name, tensor in sorted(wrapper.model.state_dict().items()):
-        h.update(name.encode())
-        h.update(tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy())
-    processor = wrapper.processor
-    h.update(image_processor_of(processor).to_json_string().encode())
-    h.update(str(getattr(processor, "chat_template", "")).encode())
-    tokenizer = getattr(processor, "tokenizer", None)
-    if tokenizer is not None:
-        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+def features_key(vlm: ARRCOC, path: str, records: Sequence[VQARecord]) -> str:
+    """Content hash of everything a record's features depend on: the VLM (weights, processor: the backend's
+    `TrainsThrough.fingerprint`, seconds for a 2B model, minutes less than re-extracting), the JSONL, the images,
+    the cache's layout."""
+    h = hashlib.sha256(FORMAT)
+    h.update(vlm.backend.fingerprint().encode())
     with open(path, "rb") as f:
         h.update(f.read())
     for rec in records:
@@ -119,7 +112,7 @@ def features_key(wrapper: ARRCOCQwen, path: str, records: Sequence[VQARecord]) -
     return h.hexdigest()[:20]
 
 
-def load_features(wrapper: ARRCOCQwen, path: str, records: Sequence[VQARecord], cache: str | None,
+def load_features(vlm: ARRCOC, path: str, records: Sequence[VQARecord], cache: str | None,
                   progress: bool = True, gist: float = 0.0, processes: Processes | None = None) -> list[Features]:
     """`extract_features`, or its copy in the `cache` folder if the same VLM already read the same data.
 
@@ -133,26 +126,26 @@ def load_features(wrapper: ARRCOCQwen, path: str, records: Sequence[VQARecord], 
         if world > 1:
             raise ValueError("several processes share their features through files: pass a feature cache folder "
                              "that every process can read (train --feature-cache DIR)")
-        return extract_features(wrapper, records, progress=progress, gist=gist)
+        return extract_features(vlm, records, progress=progress, gist=gist)
     stem = os.path.splitext(os.path.basename(path))[0]
     mode = f"-gist{gist:g}" if gist > 0 else ""
-    file = os.path.join(cache, f"{stem}-{len(records)}{mode}-{features_key(wrapper, path, records)}.pt")
+    file = os.path.join(cache, f"{stem}-{len(records)}{mode}-{features_key(vlm, path, records)}.pt")
     if processes is not None and world > 1:
-        return _load_sharded(wrapper, records, file, progress, gist, processes)
+        return _load_sharded(vlm, records, file, progress, gist, processes)
     if os.path.isfile(file):
         logger.info("features of %s from %s", path, file)
         return _read(file, records)
-    feats = extract_features(wrapper, records, progress=progress, gist=gist)
+    feats = extract_features(vlm, records, progress=progress, gist=gist)
     _write(feats, file)
     return feats
 
 
-def _load_sharded(wrapper: ARRCOCQwen, records: Sequence[VQARecord], file: str, progress: bool, gist: float,
+def _load_sharded(vlm: ARRCOC, records: Sequence[VQARecord], file: str, progress: bool, gist: float,
                   processes: Processes) -> list[Features]:
     """Several processes: a shared cache hit, or extraction shared out and joined by rank 0 (see `load_features`)."""
     if not processes.agree(os.path.isfile(file)):  # one decision (rank 0's), or some processes would wait forever
         part = processes.share(len(records))
-        mine = extract_features(wrapper, records[part], progress=progress and processes.is_main, gist=gist)
+        mine = extract_features(vlm, records[part], progress=progress and processes.is_main, gist=gist)
         _write(mine, _part_file(file, processes.rank, processes.world))  # this process's own file
         processes.barrier()  # every part is written
         if processes.is_main:

@@ -63,7 +63,7 @@ from ..schedule import lr_at
 from .widen import widen_texture
 
 if TYPE_CHECKING:
-    from ..qwen import ARRCOCQwen
+    from ..front import ARRCOC
     from ..runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class _Run:
 
     cfg: TrainConfig
     procs: Processes
-    wrapper: ARRCOCQwen
+    vlm: ARRCOC
     layer: ARRCOCLayer
     opt: torch.optim.Optimizer
     train_set: list[Features]
@@ -88,7 +88,7 @@ class _Run:
 
 
 def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | None = None, resume: bool = False,
-          progress: bool = True, wrapper: ARRCOCQwen | None = None, stop_after: int | None = None,
+          progress: bool = True, vlm: ARRCOC | None = None, stop_after: int | None = None,
           feature_cache: str | None = None, runtime: Runtime | None = None, processes: Processes | None = None) -> dict:
     """Run (or resume) one stage; `stop_after` ends this process early at that step (resumable).
 
@@ -108,10 +108,10 @@ def train(cfg: TrainConfig, model_path: str, data: str | list[str], init: str | 
     progress = progress and procs.is_main
     feature_cache = _shared_feature_cache(cfg, procs, feature_cache)
     torch.manual_seed(cfg.seed)
-    wrapper = _load_vlm(cfg, model_path, wrapper, runtime, procs)
-    train_set, val_set = _load_data(cfg, wrapper, data, feature_cache, progress, procs)
-    layer = _build_layer(cfg, wrapper, init)
-    run = _start_run(cfg, procs, wrapper, layer, train_set, val_set, layer_card(cfg, model_path, data, init), resume)
+    vlm = _load_vlm(cfg, model_path, vlm, runtime, procs)
+    train_set, val_set = _load_data(cfg, vlm, data, feature_cache, progress, procs)
+    layer = _build_layer(cfg, vlm, init)
+    run = _start_run(cfg, procs, vlm, layer, train_set, val_set, layer_card(cfg, model_path, data, init), resume)
     bar = tqdm(total=cfg.steps, initial=run.state["step"], desc=f"train stage {cfg.stage}", disable=not progress,
                dynamic_ncols=True)
     while run.state["step"] < min(cfg.steps, stop_after or cfg.steps):
@@ -133,23 +133,24 @@ def _shared_feature_cache(cfg: TrainConfig, procs: Processes, feature_cache: str
     return feature_cache
 
 
-def _load_vlm(cfg: TrainConfig, model_path: str, wrapper: ARRCOCQwen | None, runtime: Runtime | None,
-              procs: Processes) -> ARRCOCQwen:
-    """The frozen VLM (loaded unless given), refused for stage 2 if its attention cannot take a soft mask."""
-    from ..qwen import ARRCOCQwen
+def _load_vlm(cfg: TrainConfig, model_path: str, vlm: ARRCOC | None, runtime: Runtime | None,
+              procs: Processes) -> ARRCOC:
+    """The frozen VLM behind the front door (loaded unless given), refused for stage 2 if its attention cannot take
+    a soft mask."""
+    from ..front import ARRCOC
     from ..runtime import Runtime
 
-    if wrapper is None:
+    if vlm is None:
         run = runtime or Runtime.resolve(procs.device or "cpu")
-        wrapper = ARRCOCQwen.from_pretrained(model_path, device=run.device, dtype=run.dtype,
-                                             attn_implementation=run.attn_implementation)
-    if cfg.stage == 2 and getattr(wrapper.model.config, "_attn_implementation", None) == "flash_attention_2":
+        vlm = ARRCOC.from_pretrained(model_path, device=run.device, dtype=run.dtype,
+                                     attn_implementation=run.attn_implementation)
+    if cfg.stage == 2 and vlm.runtime.attn_implementation == "flash_attention_2":
         raise ValueError("stage 2 masks visual tokens softly with an additive attention bias, which flash_attention_2 "
                          "cannot apply: train stage 2 with --attn-implementation sdpa (the default) or eager")
-    return wrapper
+    return vlm
 
 
-def _load_data(cfg: TrainConfig, wrapper: ARRCOCQwen, data: str | list[str], feature_cache: str | None,
+def _load_data(cfg: TrainConfig, vlm: ARRCOC, data: str | list[str], feature_cache: str | None,
                progress: bool, procs: Processes) -> tuple[list[Features], list[Features]]:
     """The training and validation items' features, the first `val_fraction` of each file held out."""
     train_set, val_set = [], []
@@ -158,7 +159,7 @@ def _load_data(cfg: TrainConfig, wrapper: ARRCOCQwen, data: str | list[str], fea
         if not records:
             raise ValueError(f"{path} holds no records")
         n_val = max(1, int(len(records) * cfg.val_fraction))
-        feats = load_features(wrapper, path, records, feature_cache, progress=progress, gist=cfg.gist,
+        feats = load_features(vlm, path, records, feature_cache, progress=progress, gist=cfg.gist,
                               processes=procs)
         if not cfg.reads_tokens:  # encode="before" without a gist: the layer sees no visual token, the LM all of them
             for f in feats:
@@ -172,29 +173,29 @@ def _load_data(cfg: TrainConfig, wrapper: ARRCOCQwen, data: str | list[str], fea
     return train_set, val_set
 
 
-def _build_layer(cfg: TrainConfig, wrapper: ARRCOCQwen, init: str | None) -> ARRCOCLayer:
+def _build_layer(cfg: TrainConfig, vlm: ARRCOC, init: str | None) -> ARRCOCLayer:
     """The layer to train, from `init` or fresh, strict, in training mode on the VLM's device."""
     if init:
         layer = ARRCOCLayer.from_pretrained(init)
         if cfg.add_texture:  # new channels with zero weights: it starts scoring exactly as `init` does
             layer = widen_texture(layer, cfg.add_texture)
     else:
-        config = ARRCOCConfig(strict=True).with_query_dim(wrapper.text_hidden_size)
+        config = ARRCOCConfig(strict=True).with_query_dim(vlm.backend.text_hidden_size)
         if cfg.attn_dim:
             config = config.replace(knowing={"attn_dim": cfg.attn_dim})
         if cfg.add_texture:
             config = config.replace(texture={"groups": config.texture.groups + cfg.add_texture})
         layer = ARRCOCLayer(config)
     layer.config.strict = True  # training must see errors, not silently keep all tokens
-    layer.to(wrapper.device)  # float32, beside the VLM (a no-op on the CPU)
+    layer.to(vlm.device)  # float32, beside the VLM (a no-op on the CPU)
     layer.train()
     return layer
 
 
-def _start_run(cfg: TrainConfig, procs: Processes, wrapper: ARRCOCQwen, layer: ARRCOCLayer,
+def _start_run(cfg: TrainConfig, procs: Processes, vlm: ARRCOC, layer: ARRCOCLayer,
                train_set: list[Features], val_set: list[Features], card: LayerCard, resume: bool) -> _Run:
     """The optimiser and the loop's state, fresh or resumed from the stage's state file, alike in every process."""
-    run = _Run(cfg=cfg, procs=procs, wrapper=wrapper, layer=layer,
+    run = _Run(cfg=cfg, procs=procs, vlm=vlm, layer=layer,
                opt=torch.optim.AdamW(layer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay),
                train_set=train_set, val_set=val_set, state={"step": 0, "log": [], "warnings": []},
                state_path=os.path.join(cfg.out, f"train_state_stage{cfg.stage}.pt"), card=card)
@@ -259,7 +260,7 @@ def _stage2_loss(run: _Run, items: list[Features], batch: list[Features], maps: 
     budget = cfg.budgets[int(torch.randint(len(cfg.budgets), (1,), generator=gen))]
     t0, t1 = cfg.mask_temperature
     temperature = t0 * (t1 / t0) ** (step / max(1, cfg.steps - 1))
-    ans, penalty, share = answer_loss(run.wrapper, items, maps["relevance"], budget, temperature)
+    ans, penalty, share = answer_loss(run.vlm, items, maps["relevance"], budget, temperature)
     ans, penalty = procs.weigh(ans, len(items), len(batch)), procs.weigh(penalty, len(items), len(batch))
     loss = ans + cfg.budget_weight * penalty
     if cfg.rank_weight:

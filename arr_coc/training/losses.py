@@ -16,7 +16,7 @@ from ..core.layer import ARRCOCLayer, pad_grid
 from .features import Features
 
 if TYPE_CHECKING:
-    from ..qwen import ARRCOCQwen
+    from ..front import ARRCOC
 
 
 def batch_scores(layer: ARRCOCLayer, items: list[Features]) -> dict[str, torch.Tensor]:
@@ -78,7 +78,7 @@ def soft_keep(relevance: torch.Tensor, k: int, temperature: float) -> torch.Tens
     return torch.sigmoid((z - threshold) / temperature)
 
 
-def answer_loss(wrapper: ARRCOCQwen, items: list[Features], relevance: torch.Tensor, budget: float,
+def answer_loss(vlm: ARRCOC, items: list[Features], relevance: torch.Tensor, budget: float,
                 temperature: float) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Cross-entropy of the answers with visual tokens softly masked by relevance (`soft_keep`), through the frozen
     VLM (`VLMBackend.soft_answer_loss`: the mask enters the language model's attention as log m on each visual
@@ -86,13 +86,13 @@ def answer_loss(wrapper: ARRCOCQwen, items: list[Features], relevance: torch.Ten
 
     Returns (answer loss, budget penalty = mean (soft kept share - budget share)^2, soft kept share).
     """
-    backend = wrapper.backend
+    backend = vlm.backend
     losses, shares, kept_share = [], [], []
     for i, f in enumerate(items):
         h, w = f.grid_hw
         m = soft_keep(relevance[i, :h, :w].reshape(-1), resolve_count(budget, h * w), temperature)
         lm = f.lm_tokens if f.lm_tokens is not None else f.visual_tokens
-        losses.append(backend.soft_answer_loss(f.input_ids, f.image_grid_thw, lm, f.answer, m))
+        losses.append(backend.soft_answer_loss(f.prompt, lm, f.answer, m))
         shares.append((m.mean() - resolve_count(budget, h * w) / (h * w)) ** 2)
         kept_share.append(float(m.detach().mean()))
     return torch.stack(losses).mean(), torch.stack(shares).mean(), sum(kept_share) / len(kept_share)

@@ -29,11 +29,11 @@ from ..saccade import SaccadeConfig, SaccadeGate, uncertainty
 
 if TYPE_CHECKING:
     from ..data import VQARecord
-    from ..qwen import ARRCOCQwen
+    from ..front import ARRCOC
 
 
 @torch.no_grad()
-def collect(wrapper: ARRCOCQwen, records: Sequence[VQARecord], budget: float, saccade: SaccadeConfig,
+def collect(vlm: ARRCOC, records: Sequence[VQARecord], budget: float, saccade: SaccadeConfig,
             batch_size: int = 8, progress: bool = True, method: str = "arr_coc") -> list[dict[str, Any]]:
     """Per item: {id, type, u_margin, u_entropy, nll_1, nll_2, correct_1, correct_2, cost_1, cost_2, full}
     (costs: whole-prefill FLOPs; `full`: the every-token model's). Two looks forced for every item."""
@@ -41,6 +41,7 @@ def collect(wrapper: ARRCOCQwen, records: Sequence[VQARecord], budget: float, sa
     from ..encode import EncodeConfig
     from ..evaluation.cost import vision_flops
     from ..evaluation.flops import CountedSelector, count_flops
+    from ..pipeline.backend import Describes, require
     from ..pipeline.request import Pruning
     from ..pipeline.selection import get_selector
 
@@ -54,12 +55,12 @@ def collect(wrapper: ARRCOCQwen, records: Sequence[VQARecord], budget: float, sa
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(records), desc="looks", unit="item", dynamic_ncols=True)
-    tok = wrapper.tokenizer
-    backend = wrapper.backend
+    backend = vlm.backend
+    tok = require(backend, Describes, "tokenize the gold answers (train-saccade)").tokenizer
     for batch in batches:
-        inputs = wrapper.build_inputs([[r.load_image()] for r in batch], [r.question for r in batch])
+        inputs = backend.build_inputs([[r.load_image()] for r in batch], [r.question for r in batch])
         counted = CountedSelector(get_selector(method), method)
-        looked = wrapper.answer(inputs, Pruning.of(counted, budget, None, encode, strict=True), max_new_tokens=8)
+        looked = vlm.answer(inputs, Pruning.of(counted, budget, None, encode, strict=True), max_new_tokens=8)
         per_call = counted.flops_per_call() or []        # [first look, "grow": choosing again]
         first = len(batch)                               # the first look: one call per item (each chosen alone)
         selector = [sum(per_call[:first]) / len(batch), sum(per_call[first:]) / len(batch)]
@@ -69,7 +70,7 @@ def collect(wrapper: ARRCOCQwen, records: Sequence[VQARecord], budget: float, sa
         vision_2 = vision_flops(backend, prompt, traces, 0.0, memo)
         full_vision = vision_flops(backend, prompt, [dataclasses.replace(tr, encode="after") for tr in traces], 0.0,
                                    memo)
-        every, _ = wrapper.prepare(inputs, method="none").outputs
+        every, _ = vlm.prepare(inputs, method="none").outputs
         gold = [tok(r.answers[0], add_special_tokens=False)["input_ids"][:1] or [0] for r in batch]
         gold_t = torch.as_tensor([g[0] for g in gold], device=looked.passes[0].first_logits.device)
         answers = [tok.batch_decode(p.answers, skip_special_tokens=True) for p in looked.passes]
@@ -89,7 +90,7 @@ def collect(wrapper: ARRCOCQwen, records: Sequence[VQARecord], budget: float, sa
                 j = p.rows.index(b)
                 length = p.pruned.lengths[j]
                 if length not in memo:
-                    memo[length] = count_flops(wrapper.backend.prefill, p.pruned.rows([j]), logits_to_keep=1)[1]
+                    memo[length] = count_flops(backend.prefill, p.pruned.rows([j]), logits_to_keep=1)[1]
                 cost += memo[length] + (selector[1] if n == 1 else 0.0)
                 row[f"correct_{n + 1}"] = float(score_record(answers[n][j].strip(), rec))
                 row[f"nll_{n + 1}"] = stats[n][2][j]
@@ -101,7 +102,7 @@ def collect(wrapper: ARRCOCQwen, records: Sequence[VQARecord], budget: float, sa
                 row.update(correct_2=row["correct_1"], nll_2=row["nll_1"], cost_2=row["cost_1"])
             key = ("every token", every.lengths[b])
             if key not in memo:
-                memo[key] = count_flops(wrapper.backend.prefill, every.rows([b]), logits_to_keep=1)[1]
+                memo[key] = count_flops(backend.prefill, every.rows([b]), logits_to_keep=1)[1]
             row["full"] = memo[key] + full_vision[b]
             out.append(row)
         if bar is not None:

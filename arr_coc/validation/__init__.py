@@ -11,7 +11,7 @@ A method and the encoding are checked beside the method registry they need, in `
 pipeline runs this validator, so the validator cannot import the pipeline. Every refusal is an
 `arr_coc.errors.InputError`.
 
-`ARRCOCQwen.generate`, `python -m arr_coc ask` and the microscope app all check their inputs here, so the
+`ARRCOC.generate`, `python -m arr_coc ask` and the microscope app all check their inputs here, so the
 same input gets the same verdict and the same words everywhere. A problem is an `InputError` whose
 message says what is wrong and what to do, and never names a server's file paths; `InputError.code`
 names the case for programs and tests. What can be made valid safely is made valid, with a note:

@@ -77,7 +77,7 @@ def read_budget(value: Any, default: Budget | None = None, limits: InputLimits =
 
 def check_items(images: list[list[Any]], questions: list[Any], limits: InputLimits = LIMITS,
                 sampling: Mapping[str, Any] | None = None) -> tuple[list[list[Any]], list[str], list[list[str]]]:
-    """The library's entry check (`ARRCOCQwen.generate`): per question its visuals, checked and normalised,
+    """The library's entry check (`ARRCOC.generate`): per question its visuals, checked and normalised,
     and the question text -> (visuals, questions, notes per question). Images are PIL images, file paths or
     bytes; arrays and tensors pass through unchanged (the processor reads them as it always did). Videos are
     `arr_coc.video.Clip`s or paths with a video extension (`generate("clip.mp4", q)`), checked by `check_clip`

@@ -1,9 +1,8 @@
-"""Video input: decode and sample a video into a `Clip` (PyAV), and turn clips into a Qwen-VL model's video
-inputs without torchvision (`VideoProcessor`), as the stock Qwen-VL video processors do.
+"""Video input: decode and sample a video into a `Clip` (PyAV), whatever the model. Turning clips into a model's
+video inputs is its backend's (Qwen-VL's, without torchvision: `arr_coc.qwen.video_processor.VideoProcessor`).
 
-    from arr_coc.video import load_clip, VideoProcessor
+    from arr_coc.video import load_clip
     clip = load_clip("walk.mp4", fps=2.0)               # Clip: frames [N, H, W, 3] uint8, timestamps, fps
-    inputs = VideoProcessor("qwen2_5_vl")([clip])       # pixel_values_videos, video_grid_thw, second_per_grid_ts
 
 Names are imported on first use: `import arr_coc.video` loads neither PyAV nor torch.
 """
@@ -23,7 +22,6 @@ _EXPORTS = {
     "VideoError": "arr_coc.video.decode",
     "VideoInfo": "arr_coc.video.decode",
     "VIDEO_EXTENSIONS": "arr_coc.video.decode",
-    "VideoProcessor": "arr_coc.video.processor",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -32,7 +30,6 @@ if TYPE_CHECKING:
     from .clip import Clip
     from .decode import VIDEO_EXTENSIONS, VideoError, VideoInfo, is_video_path, probe_video, sample_indices
     from .reading import is_clip_path, load_clip
-    from .processor import VideoProcessor
 
 
 def __getattr__(name: str):

@@ -40,8 +40,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from .clip import Clip
-from .decode import DEFAULT_MAX_FRAMES, DEFAULT_MIN_FRAMES, FAMILIES, load_clip
+from ..video.clip import Clip
+from ..video.decode import DEFAULT_MAX_FRAMES, DEFAULT_MIN_FRAMES, FAMILIES, load_clip
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
