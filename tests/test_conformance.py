@@ -43,7 +43,8 @@ from arr_coc.execution import Execution
 from arr_coc.pipeline import Pruning
 from arr_coc.pipeline.backend import (
     CAPABILITIES, Adapts, AnswersText, ChecksInputs, CostsTower, EncodesBefore, FixedShapes, MissingCapability,
-    RemembersTower, TextAttention, TowerAttention, TrainsThrough, has,
+    Describes, LaysOutVisuals, RemembersTower, SharesWeights, TextAttention, TowerAttention, TrainsAdapters,
+    TrainsThrough, has,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -343,10 +344,12 @@ REFUSED: dict[type, tuple[str, Callable[[ARRCOC, Any], Any]]] = {
 DEGRADES = {
     ChecksInputs: "the validator's default limits",
     RemembersTower: "a later look's cells form their own segment",
-    # Refused by `eval`'s FLOP counts and by training once they reach the model through the front door alone
-    # (issue 62, part 2); until then they call the Qwen backend directly.
-    CostsTower: "the evaluation's FLOP counts (not yet refused through the front door)",
-    TrainsThrough: "training (not yet refused through the front door)",
+    CostsTower: "`eval` refused in one line before any work (its FLOP counts; tests/test_second_backend.py)",
+    TrainsThrough: "training cannot run (not yet refused up front)",
+    TrainsAdapters: "train-adapter refused in one line",
+    LaysOutVisuals: "`downscale` refused in one line; the evaluation's counts read from the prompt",
+    SharesWeights: "the app offers no other layer beside it (refused in one line)",
+    Describes: "the tools name the device alone and no tokenizer",
 }
 # What a backend that has it runs here (Adapts and FixedShapes are run on Qwen by test_adapter.py / test_fast_path.py).
 RUNS = (AnswersText, EncodesBefore, TextAttention, TowerAttention)
