@@ -5,7 +5,7 @@ r"""Which cells the shipped ARR-COC layers keep on a split, and where two versio
     # compare: every item whose kept cells differ, with the old relevance gap at the budget's boundary
     python scripts/kept_cells.py compare runs/kept_old.json runs/kept_new.json
 
-The dump runs `ARRCOCQwen.prepare` on the embedded model in batches of --batch items, with the shipped layer of
+The dump runs `ARRCOC.prepare` on the embedded model in batches of --batch items, with the shipped layer of
 each encode mode ("after": checkpoints/arr-coc-shapes reading the encoded tokens; "before":
 checkpoints/arr-coc-shapes-before, no gist) at the README's budgets in the layer's default budget mode, and
 records per item the kept raster indices, the budget kept, and `gap`: the relevance of the lowest kept cell
@@ -41,20 +41,20 @@ def dump(args: argparse.Namespace) -> None:
     from PIL import Image
 
     from arr_coc.data.jsonl import read_jsonl
-    from arr_coc.qwen import ARRCOCQwen
+    from arr_coc import ARRCOC
 
     torch.set_num_threads(args.threads)
     records = read_jsonl(args.data)[: args.limit]
     out: dict = {"data": args.data, "rows": {}}
     t0 = time.perf_counter()
     for mode in args.modes.split(","):
-        vlm = ARRCOCQwen.from_pretrained("checkpoints/shapes-qwen2vl", arr_coc=LAYERS[mode])
+        vlm = ARRCOC.from_pretrained("checkpoints/shapes-qwen2vl", arr_coc=LAYERS[mode])
         for budget in BUDGETS[mode]:
             row = out["rows"][f"{mode} {budget:g}"] = {}
             for start in range(0, len(records), args.batch):
                 chunk = records[start:start + args.batch]
                 images = [[Image.open(r.image).convert("RGB")] for r in chunk]
-                inputs = vlm.build_inputs(images, [r.question for r in chunk])
+                inputs = vlm.backend.build_inputs(images, [r.question for r in chunk])
                 _, traces = vlm.prepare(inputs, budget=budget, encode=mode).outputs
                 for r, tr in zip(chunk, traces):
                     kept = tr.kept_indices[0]

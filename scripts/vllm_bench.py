@@ -22,7 +22,7 @@ Setups (`--setups shapes,2b`):
 
 Rows per setup: stock vLLM; vLLM + the plugin (`ARRCOCQwen2VLForConditionalGeneration`, encode "before", adapter
 off) at each --budgets share (one engine, each batch naming its budget in `mm_processor_kwargs`); the Hugging Face
-path (`ARRCOCQwen.from_pretrained(..., adapter=False)`, the `arr_coc.ARRCOC` front door for Qwen) with every token
+path (`ARRCOC.from_pretrained(..., adapter=False)`, the front door) with every token
 (method none, the stock model's path) and at each budget (`budget_mode="exact"`, `encode="before"`).
 
 Items: `gen-data --n N+K+1`; the first N are the throughput set (and scored), the next K the time-to-first-token
@@ -32,7 +32,7 @@ one.
 
 Columns (the JSON's names):
 - throughput_rps: N / the wall time of answering all N (greedy, --max-tokens); vLLM: the N requests submitted at
-  once (`LLM.chat` on all of them: its scheduler batches them); HF: `ARRCOCQwen.generate` on batches of
+  once (`LLM.chat` on all of them: its scheduler batches them); HF: `ARRCOC.generate` on batches of
   --hf-batch-* items (the project's own batching: padded to the batch's longest prompt, decoding until every row
   stopped), one batch after the other.
 - ttft_s: time to first token, defined as the wall time of one request sent ALONE with max_tokens=1 (vLLM:
@@ -247,12 +247,12 @@ def hf_worker(job: Job) -> None:
     import torch
     from tqdm.auto import tqdm
 
-    from arr_coc.qwen import ARRCOCQwen
+    from arr_coc import ARRCOC
 
     setup = Setup(**job.setup)
     main, ttft, warm = item_sets(setup)
     t0 = time.perf_counter()
-    vlm = ARRCOCQwen.from_pretrained(setup.model, arr_coc=setup.layer, adapter=False)
+    vlm = ARRCOC.from_pretrained(setup.model, arr_coc=setup.layer, adapter=False)
     _ = vlm.layer                                           # built now, not inside the first timed request
     load_s = time.perf_counter() - t0
     pictures = {id(it): it.load() for it in [*main, *ttft, warm]}

@@ -3,7 +3,7 @@
     respond   visuals + questions -> validate (the one validator) -> the processor's tensors -> `answer` -> text
     answer    the processor's tensors -> one look (`look.prepare`) or several (`looks.Looker`) -> decoding
 
-Every entry point of the project ends here: `ARRCOC.generate` (and `ARRCOCQwen.model_generate`), `eval` on images and
+Every entry point of the project ends here: `ARRCOC.generate` (and the Qwen alias's `model_generate`), `eval` on images and
 clips, `bench`, the microscope, `ask` and the lmms-eval plugin. The number of looks is decided in `answer`
 and nowhere else.
 """
