@@ -1,6 +1,7 @@
 """Wall time per stage of one pass through the pruning path, measured where the work runs.
 
-The pruning path calls `clock.lap("texture")` after each stage; with a plain `Stopwatch()` a lap
+The pruning path calls `clock.lap("texture")` after each stage (the layer's pass in sub-stages, "texture.sobel",
+"scorers.information", ...: `folded` adds them up per stage); with a plain `Stopwatch()` a lap
 only reads the host clock (a few hundred nanoseconds, no synchronisation: the stages' device work may
 still be queued, so a lap on a GPU then times the launches, not the kernels). `Stopwatch(device,
 sync=True)` waits for the device at every lap, so each stage gets the time its kernels took: what
@@ -63,6 +64,15 @@ class Stopwatch:
 
     def total(self, *stages: str) -> float:
         return sum(self.seconds.get(s, 0.0) for s in stages)
+
+    def folded(self, field: str = "seconds") -> dict[str, float]:
+        """`seconds` (or `ops`, `kernels`, `syncs`, `uploads`) with sub-stages folded into their stage: the layer
+        laps "texture.rgb", "texture.sobel", ..., "scorers.information", ...; folded they are "texture", "scorers"."""
+        out: dict[str, float] = {}
+        for stage, value in getattr(self, field).items():
+            top = stage.split(".", 1)[0]
+            out[top] = out.get(top, 0) + value
+        return out
 
 
 def lap(clock: Stopwatch | None, stage: str) -> None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from ..lazy import cached
+from ..stopwatch import Stopwatch, lap
 from typing import Callable, Sequence, Union
 
 import numpy as np
@@ -373,23 +374,31 @@ def work_images(images: Sequence[ImageLike], grid: GridBatch, px: int) -> WorkIm
     return WorkImages(fill_edges(torch.cat(frames), grid, px), grid, px)
 
 
-def texture_array(work: WorkImages, config: TextureConfig | None = None, converge: bool = False
-                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def texture_array(work: WorkImages, config: TextureConfig | None = None, converge: bool = False,
+                  clock: Stopwatch | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The texture array of a padded batch: float32 [F, C, H, W] in [0, 1] (zero on padding), channel order
     `channel_names(config)`, and whether its fixed-step parts converged ([F] bool on the device, read with the
     layer's result; None when the config has none: only the `object` group's components do).
 
     converge: run the components until nothing changes instead (reads a flag back after every step: the exact
     redo for the rare frame whose flag came back False, and `generate_texture_array`).
+    clock: laps "texture.<group>" after each group (the intermediates a group is the first to need count as its
+    own: `bench --layer`), then "texture" for the assembly.
     """
     config = config or TextureConfig()
     if work.px != config.work_px:
         raise ValueError(f"work images at {work.px} px per cell, but texture.work_px is {config.work_px}")
     ctx = _Context(work, config, converge)
-    out = torch.cat([TEXTURE_REGISTRY[g].fn(ctx) for g in config.groups], dim=1).clamp(0.0, 1.0)
+    groups = []
+    for g in config.groups:
+        groups.append(TEXTURE_REGISTRY[g].fn(ctx))
+        lap(clock, f"texture.{g}")
+    out = torch.cat(groups, dim=1).clamp(0.0, 1.0)
     if not work.grid.uniform:
         out = out * work.grid.frame_valid[:, None]
-    return out.contiguous(), ctx.converged
+    out = out.contiguous()
+    lap(clock, "texture")
+    return out, ctx.converged
 
 
 @torch.no_grad()
