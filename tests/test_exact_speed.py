@@ -66,3 +66,29 @@ def test_local_information_refuses_a_texture_with_gradients():
     weights = torch.rand(2, requires_grad=True)                # gradients to the weights still flow
     local_information(texture.detach(), torch.ones(1, 4, 4, dtype=torch.bool), weights, 8, 3).sum().backward()
     assert weights.grad is not None
+
+
+def test_pixel_maps_pool_once_to_the_cell_means_before():
+    """One buffer, one pooling: each group's cell means are the old per-map pools of the same maps, bit for bit."""
+    from arr_coc.core.pixel_maps import PixelSources, pixel_cell_means
+    from arr_coc.core.texture import pool_to
+
+    g = torch.Generator().manual_seed(64)
+    luma = torch.rand(3, 1, 48, 64, generator=g)
+    gradients = (torch.rand(3, 4, 48, 64, generator=g) - 0.5) * torch.rand(1, generator=g)
+    blurred = torch.rand(3, 1, 48, 64, generator=g)
+    pool = lambda x: pool_to(x, (3, 4))                                          # noqa: E731  16 px cells
+    groups = ("rgb", "sobel", "saliency", "highpass", "orientation")
+    got = pixel_cell_means(groups, PixelSources(lambda: luma, lambda: gradients, lambda: blurred), luma, pool)
+    lg, fg = gradients[:, 0:2], gradients[:, 2:4]
+    gx, gy = fg[:, :1], fg[:, 1:]
+    want = {
+        "saliency": torch.cat([pool(luma), pool(luma**2)], 1),
+        "sobel": pool(torch.cat([lg.abs(), lg.pow(2).sum(1, keepdim=True).sqrt()], dim=1)),
+        "highpass": pool((luma - blurred) ** 2),
+        "orientation": pool(torch.cat([gx**2, gy**2, (gx + gy) ** 2 / 2, (gx - gy) ** 2 / 2], dim=1)),
+    }
+    assert list(got) == ["sobel", "saliency", "highpass", "orientation"]          # config order, rgb reads none
+    for group, means in want.items():
+        assert torch.equal(got[group], means), group
+    assert pixel_cell_means(("rgb", "position"), PixelSources(None, None, None), luma, pool) == {}
