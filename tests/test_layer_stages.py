@@ -17,7 +17,7 @@ def test_bench_layer_names_every_sub_stage(tmp_path, capsys):
     report = json.loads(out.read_text())
     groups = json.loads(open("checkpoints/arr-coc-shapes-before/config.json").read())["texture"]["groups"]
     for row in report["rows"]:
-        assert list(row["ms"]) == [f"texture.{g}" for g in groups] + [
+        assert list(row["ms"]) == ["texture.pixels"] + [f"texture.{g}" for g in groups] + [
             "texture", "scorers.information", "scorers.perspectival", "scorers.participatory", "scorers.balancing",
             "scorers", "allocator"]
         assert sum(row["ops"].values()) == row["total_ops"] > 0

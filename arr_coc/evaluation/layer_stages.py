@@ -8,6 +8,8 @@ balancing -> attending, on ShapesVQA scenes of each size (--sizes) in batches of
 seeded random question embeddings of the layer's width (the layer alone has no VLM to embed a question; the
 budget and the extent head read them, nothing else differs). Its sub-stages, as the layer laps them:
 
+- texture.pixels: the full-resolution maps most groups summarise (luminance, foreground, gradients, blur; one
+  buffer, one pooling: `arr_coc.core.pixel_maps`);
 - texture.<group>: each channel group of the layer's texture array, in config order (an intermediate that several
   groups share, the luminance, the foreground, the gradients, the k-means, counts for the first that needs it);
   texture: stacking the groups into the array;
@@ -95,6 +97,8 @@ def layer_stage_bench(layer: Any, sizes=(448, 896), batches=(1, 8), budget: Any 
 
 
 def _label(stage: str) -> str:
+    if stage == "texture.pixels":
+        return "texture: full-resolution maps"
     if stage.startswith("texture."):
         return f"texture: {stage.split('.', 1)[1]}"
     return "texture: stacking" if stage == "texture" else KNOWING.get(stage, stage)
