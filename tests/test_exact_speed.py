@@ -79,7 +79,7 @@ def test_pixel_maps_pool_once_to_the_cell_means_before():
     blurred = torch.rand(3, 1, 48, 64, generator=g)
     pool = lambda x: pool_to(x, (3, 4))                                          # noqa: E731  16 px cells
     groups = ("rgb", "sobel", "saliency", "highpass", "orientation")
-    got = pixel_cell_means(groups, PixelSources(lambda: luma, lambda: gradients, lambda: blurred), luma, pool)
+    got = pixel_cell_means(groups, PixelSources(luma, gradients, blurred), pool)
     lg, fg = gradients[:, 0:2], gradients[:, 2:4]
     gx, gy = fg[:, :1], fg[:, 1:]
     want = {
@@ -91,4 +91,4 @@ def test_pixel_maps_pool_once_to_the_cell_means_before():
     assert list(got) == ["sobel", "saliency", "highpass", "orientation"]          # config order, rgb reads none
     for group, means in want.items():
         assert torch.equal(got[group], means), group
-    assert pixel_cell_means(("rgb", "position"), PixelSources(None, None, None), luma, pool) == {}
+    assert pixel_cell_means(("rgb", "position"), PixelSources(luma, None, None), pool) == {}

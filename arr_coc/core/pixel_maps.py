@@ -3,12 +3,12 @@
 Most texture channels end as one number per cell, the mean over its px x px working pixels of a map of the whole
 picture: the luminance and its square (saliency's luminance spread), the luminance's Sobel magnitudes (sobel), the
 highpass detail's energy (highpass), the foreground gradients' energy per direction (orientation). Each map is
-written straight into its plane of one buffer [F, K, H * px, W * px], in place (no tensor per map, no
+written straight into its plane of one buffer [K, F, 1, H * px, W * px], in place (no tensor per map, no
 concatenation), and the buffer is pooled once.
 
 Exact: avg_pool2d pools every plane by itself, so a plane's cell means are bit for bit those of pooling its map
-alone, and every map is the float32 arithmetic it was (x ** 2 is x * x; a sum over two planes is one addition;
-tests/test_exact_speed.py).
+alone, and every map is the float32 arithmetic it was (x ** 2 and square_ are x * x; a sum over two planes is one
+addition; tests/test_exact_speed.py).
 """
 
 from __future__ import annotations
@@ -29,43 +29,43 @@ PLANES: dict[str, tuple[str, ...]] = {
 
 @dataclass
 class PixelSources:
-    """What the maps are made of, computed on first use by the texture's context (`texture._Context`)."""
+    """What the maps are made of (the texture's context computes those its groups need: `needs`)."""
 
-    luma: Callable[[], torch.Tensor]        # [F, 1, H, W] the luminance
-    gradients: Callable[[], torch.Tensor]   # [F, 2 or 4, H, W] d/dx, d/dy of the luminance (and the foreground)
-    blurred: Callable[[], torch.Tensor]     # [F, 1, H, W] the luminance's Gaussian blur (highpass)
-
-
-def _saliency(out: torch.Tensor, src: PixelSources) -> None:
-    luma = src.luma()
-    out[:, 0:1].copy_(luma)
-    torch.mul(luma, luma, out=out[:, 1:2])
+    luma: torch.Tensor                      # [F, 1, H, W] the luminance
+    gradients: torch.Tensor | None          # [F, 2 or 4, H, W] d/dx, d/dy of the luminance (and the foreground)
+    blurred: torch.Tensor | None            # [F, 1, H, W] the luminance's Gaussian blur (highpass)
 
 
-def _sobel(out: torch.Tensor, src: PixelSources) -> None:
-    g = src.gradients()[:, 0:2]                                  # the luminance's d/dx, d/dy
-    torch.abs(g, out=out[:, 0:2])
-    magnitude = torch.mul(g[:, :1], g[:, :1], out=out[:, 2:3])
-    magnitude.add_(g[:, 1:2] * g[:, 1:2]).sqrt_()                # sqrt(gx^2 + gy^2)
+def needs(groups: Sequence[str]) -> tuple[bool, bool]:
+    """Whether `groups` read the gradients, the blur."""
+    return any(g in groups for g in ("sobel", "orientation")), "highpass" in groups
 
 
-def _highpass(out: torch.Tensor, src: PixelSources) -> None:
-    detail = torch.sub(src.luma(), src.blurred(), out=out[:, 0:1])
-    detail.mul_(detail)
+def _saliency(out: list[torch.Tensor], src: PixelSources) -> None:
+    out[0].copy_(src.luma)
+    torch.mul(src.luma, src.luma, out=out[1])
 
 
-def _orientation(out: torch.Tensor, src: PixelSources) -> None:
-    g = src.gradients()[:, 2:4]                                  # the foreground's d/dx, d/dy
-    gx, gy = g[:, :1], g[:, 1:]
-    torch.mul(gx, gx, out=out[:, 0:1])
-    torch.mul(gy, gy, out=out[:, 1:2])
-    rise = torch.add(gx, gy, out=out[:, 2:3])
-    rise.mul_(rise).div_(2)                                      # (gx + gy)^2 / 2
-    fall = torch.sub(gx, gy, out=out[:, 3:4])
-    fall.mul_(fall).div_(2)                                      # (gx - gy)^2 / 2
+def _sobel(out: list[torch.Tensor], src: PixelSources) -> None:
+    gx, gy = src.gradients[:, 0:1], src.gradients[:, 1:2]        # the luminance's d/dx, d/dy
+    torch.abs(gx, out=out[0])
+    torch.abs(gy, out=out[1])
+    torch.mul(gx, gx, out=out[2]).add_(gy * gy).sqrt_()          # sqrt(gx^2 + gy^2)
 
 
-WRITERS: dict[str, Callable[[torch.Tensor, PixelSources], None]] = {
+def _highpass(out: list[torch.Tensor], src: PixelSources) -> None:
+    torch.sub(src.luma, src.blurred, out=out[0]).square_()       # (luma - blur)^2
+
+
+def _orientation(out: list[torch.Tensor], src: PixelSources) -> None:
+    gx, gy = src.gradients[:, 2:3], src.gradients[:, 3:4]        # the foreground's d/dx, d/dy
+    torch.mul(gx, gx, out=out[0])
+    torch.mul(gy, gy, out=out[1])
+    torch.add(gx, gy, out=out[2]).square_().div_(2)              # (gx + gy)^2 / 2
+    torch.sub(gx, gy, out=out[3]).square_().div_(2)              # (gx - gy)^2 / 2
+
+
+WRITERS: dict[str, Callable[[list[torch.Tensor], PixelSources], None]] = {
     "saliency": _saliency, "sobel": _sobel, "highpass": _highpass, "orientation": _orientation}
 
 
@@ -74,22 +74,27 @@ def pixel_groups(groups: Sequence[str]) -> list[str]:
     return [g for g in groups if g in PLANES]
 
 
-def pixel_cell_means(groups: Sequence[str], src: PixelSources, like: torch.Tensor,
+def pixel_cell_means(groups: Sequence[str], src: PixelSources,
                      pool: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
     """{group: [F, len(PLANES[group]), h, w] cell means of its maps} for the groups that read any, from one buffer
-    shaped like `like` ([F, *, H, W]) and one `pool` ([F, K, H, W] -> [F, K, h, w])."""
+    and one `pool` ([N, 1, H, W] -> [N, 1, h, w]).
+
+    The buffer is plane-major, [K, F, 1, H, W]: every plane a contiguous [F, 1, H, W] that an op writes whole
+    (`out=`; a compiled graph takes no strided `out=`), pooled as K * F single-channel pictures."""
     names = pixel_groups(groups)
     if not names:
         return {}
-    f, _, hh, ww = like.shape
-    buffer = like.new_empty(f, sum(len(PLANES[g]) for g in names), hh, ww)     # [F, K, H, W]
+    f, _, hh, ww = src.luma.shape
+    k = sum(len(PLANES[g]) for g in names)
+    buffer = src.luma.new_empty(k, f, 1, hh, ww)                                 # [K, F, 1, H, W]
     spans, start = {}, 0
     for g in names:
         spans[g] = (start, len(PLANES[g]))
-        WRITERS[g](buffer.narrow(1, start, len(PLANES[g])), src)
+        WRITERS[g](list(buffer[start: start + len(PLANES[g])]), src)
         start += len(PLANES[g])
-    means = pool(buffer)                                                        # [F, K, h, w]
+    means = pool(buffer.view(k * f, 1, hh, ww))                                  # [K * F, 1, h, w]
+    means = means.view(k, f, *means.shape[-2:]).transpose(0, 1)                 # [F, K, h, w]
     return {g: means.narrow(1, s, n) for g, (s, n) in spans.items()}
 
 
-__all__ = ["PLANES", "PixelSources", "pixel_cell_means", "pixel_groups"]
+__all__ = ["PLANES", "PixelSources", "needs", "pixel_cell_means", "pixel_groups"]

@@ -55,7 +55,7 @@ from .components import CAP, OBJECT_CHANNELS, PX_PER_CELL, STEPS, object_channel
 from .config import TextureConfig
 from .grid import GridBatch, constant, fill_edges, masked_median
 from .kmeans import kmeans
-from .pixel_maps import PixelSources, pixel_cell_means, pixel_groups
+from .pixel_maps import PixelSources, needs, pixel_cell_means, pixel_groups
 from .spectral import gauss_taps, gaussian_blur, spectral_saliency, squash
 
 ImageLike = Union[Image.Image, np.ndarray, torch.Tensor]
@@ -149,9 +149,10 @@ class _Context:
 
     @cached
     def cell_means(self) -> dict[str, torch.Tensor]:  # {group: [F, k, h, w]} of its full-resolution maps, one pooling
-        sources = PixelSources(lambda: self.luma, lambda: self.gradients,
-                               lambda: gaussian_blur(self.luma, sigma=BLUR_SIGMA, cpu_taps=BLUR_TAPS))
-        return pixel_cell_means(self.config.groups, sources, self.image, self.pool)
+        gradients, blur = needs(self.config.groups)
+        sources = PixelSources(self.luma, self.gradients if gradients else None,
+                               gaussian_blur(self.luma, sigma=BLUR_SIGMA, cpu_taps=BLUR_TAPS) if blur else None)
+        return pixel_cell_means(self.config.groups, sources, self.pool)
 
     @cached
     def cell_luma_std(self) -> torch.Tensor:  # [F, 1, h, w]
