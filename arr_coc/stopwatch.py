@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -23,7 +23,9 @@ import torch
 class Stopwatch:
     """Seconds (and, with a counter, aten ops and host synchronisations) per named stage."""
 
-    def __init__(self, device: torch.device | str | None = None, sync: bool = False, counter: Any = None):
+    def __init__(self, device: torch.device | str | None = None, sync: bool = False, counter: Any = None,
+                 timer: Callable[[], float] = time.perf_counter):
+        self.timer = timer   # time.perf_counter (wall) or time.process_time (this process's CPU time)
         self.device = None if device is None else torch.device(device)
         self.sync = sync and self.device is not None and self.device.type == "cuda"
         self.counter = counter
@@ -32,14 +34,14 @@ class Stopwatch:
         self.syncs: dict[str, int] = defaultdict(int)
         self.uploads: dict[str, int] = defaultdict(int)
         self.kernels: dict[str, int] = defaultdict(int)
-        self._t = time.perf_counter()
+        self._t = self.timer()
         self._marks = (0, 0, 0, 0)
 
     def start(self) -> Stopwatch:
         """Begin the first stage now."""
         if self.sync:
             torch.cuda.synchronize(self.device)
-        self._t = time.perf_counter()
+        self._t = self.timer()
         self._marks = self._read()
         return self
 
@@ -51,7 +53,7 @@ class Stopwatch:
         """The work since the last lap was `stage` (stages repeat: their times add up)."""
         if self.sync:
             torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
+        now = self.timer()
         self.seconds[stage] += now - self._t
         self._t = now
         if self.counter is not None:

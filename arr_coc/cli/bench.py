@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "channel group, the three ways of knowing, balancing, attending, with aten-op counts; "
                              "--arr-coc (default: the shipped before-mode layer), --sizes, --batches, the first of "
                              "--budgets, --repeats (default 7)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="--layer on the CPU: time with this process's CPU clock, not the wall clock (a shared "
+                             "machine's other jobs disturb it less)")
     parser.add_argument("--passes", type=int, default=1,
                         help="--stages with --encode before: looks per item (2+: saccades; the gate is forced open "
                              "with --saccade-threshold -1, so every item pays for every look)")
@@ -149,7 +152,7 @@ def _layer(args: argparse.Namespace, run_on) -> int:
     layer = ARRCOCLayer.from_pretrained(folder).to(run_on.device).eval()
     budget = next((b for b in args.budgets if b != 1.0), args.budgets[0])
     report = layer_stage_bench(layer, sizes, batches, budget, args.repeats or 7, args.seed,
-                               note=f"layer {folder}, budget {budget}")
+                               note=f"layer {folder}, budget {budget}", cpu_time=args.cpu_time)
     return _write(args, report, markdown_layer_stages(report))
 
 

@@ -18,7 +18,8 @@ budget and the extent head read them, nothing else differs). Its sub-stages, as 
 - allocator: attending (extent head, budgets, top-k).
 
 Times are medians over --repeats passes after one warm-up pass, ms per batch (on a GPU the device is synchronised
-at each lap). Aten ops are counted on one more pass by an `OpCounter` (a `TorchDispatchMode`): deterministic, the
+at each lap); --cpu-time times them with this process's CPU clock instead of the wall clock, which other jobs on a
+shared machine disturb less (their cache and memory traffic still shows). Aten ops are counted on one more pass by an `OpCounter` (a `TorchDispatchMode`): deterministic, the
 same on any machine and load, and on a GPU one kernel launch each (views aside).
 """
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -47,16 +48,16 @@ def layer_inputs(layer: Any, size: int, batch: int, budget: Any, seed: int = 0) 
     return work, layer.allocator.plan(work.grid, budget)
 
 
-def _timed(layer: Any, batch: Any, plan: Any) -> tuple[dict[str, float], float]:
+def _timed(layer: Any, batch: Any, plan: Any, timer: Callable[[], float]) -> tuple[dict[str, float], float]:
     """One pass: (seconds per sub-stage, seconds in all)."""
     from ..stopwatch import Stopwatch
 
-    clock = Stopwatch(layer.device, sync=True).start()
-    t0 = time.perf_counter()
+    clock = Stopwatch(layer.device, sync=True, timer=timer).start()
+    t0 = timer()
     layer.device_pass(batch, plan, clock=clock)
     if layer.device.type == "cuda":
         torch.cuda.synchronize(layer.device)
-    return dict(clock.seconds), time.perf_counter() - t0
+    return dict(clock.seconds), timer() - t0
 
 
 def _counted(layer: Any, batch: Any, plan: Any) -> dict[str, Any]:
@@ -72,12 +73,12 @@ def _counted(layer: Any, batch: Any, plan: Any) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def measure_layer(layer: Any, size: int, batch: int, budget: Any = 0.1, repeats: int = 7, seed: int = 0
-                  ) -> dict[str, Any]:
-    """One row: median ms per sub-stage and for the whole pass, and the pass's aten ops."""
+def measure_layer(layer: Any, size: int, batch: int, budget: Any = 0.1, repeats: int = 7, seed: int = 0,
+                  timer: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+    """One row: median ms per sub-stage and for the whole pass (on `timer`'s clock), and the pass's aten ops."""
     inputs, plan = layer_inputs(layer, size, batch, budget, seed)
     layer.device_pass(inputs, plan)                                     # warm-up: constants, buffers
-    runs = [_timed(layer, inputs, plan) for _ in range(repeats)]
+    runs = [_timed(layer, inputs, plan, timer) for _ in range(repeats)]
     stages = sorted({s for r, _ in runs for s in r}, key=list(runs[0][0]).index)
     ms = {s: 1e3 * statistics.median(r.get(s, 0.0) for r, _ in runs) for s in stages}
     return {"size": size, "batch": batch, "budget": budget, "ms": ms,
@@ -85,13 +86,16 @@ def measure_layer(layer: Any, size: int, batch: int, budget: Any = 0.1, repeats:
 
 
 def layer_stage_bench(layer: Any, sizes=(448, 896), batches=(1, 8), budget: Any = 0.1, repeats: int = 7,
-                      seed: int = 0, note: str = "") -> dict[str, Any]:
-    """Every (size, batch) row; the report dict (`markdown_layer_stages` prints it)."""
+                      seed: int = 0, note: str = "", cpu_time: bool = False) -> dict[str, Any]:
+    """Every (size, batch) row; the report dict (`markdown_layer_stages` prints it). cpu_time: this process's CPU
+    time (`time.process_time`) instead of the wall clock (CPU only: a GPU's kernels run outside it)."""
     import os
     import platform
 
-    rows = [measure_layer(layer, s, b, budget, repeats, seed) for s in sizes for b in batches]
+    timer = time.process_time if cpu_time else time.perf_counter
+    rows = [measure_layer(layer, s, b, budget, repeats, seed, timer) for s in sizes for b in batches]
     return {"note": note, "rows": rows, "repeats": repeats, "device": str(layer.device),
+            "clock": "process CPU time" if cpu_time else "wall",
             "host": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                      "machine": platform.machine()}}
 
@@ -112,8 +116,8 @@ def markdown_layer_stages(report: dict[str, Any]) -> str:
         stages += [s for s in r["ms"] if s not in stages]
     head = " | ".join(f"{r['size']} px x {r['batch']}: ms | ops" for r in rows)
     lines = [f"bench --layer: {report['note']}; {report['device']}, {report['host']['torch_threads']} torch "
-             f"thread(s), medians of {report['repeats']} passes, ms per batch; aten ops per forward "
-             "(`OpCounter`).\n", f"| stage | {head} |", "|---|" + "---|---|" * len(rows)]
+             f"thread(s), medians of {report['repeats']} passes, ms per batch ({report.get('clock', 'wall')} clock); "
+             "aten ops per forward (`OpCounter`).\n", f"| stage | {head} |", "|---|" + "---|---|" * len(rows)]
     for s in stages:
         cells = " | ".join(f"{r['ms'].get(s, 0.0):.2f} | {r['ops'].get(s, 0)}" for r in rows)
         lines.append(f"| {_label(s)} | {cells} |")
