@@ -303,9 +303,9 @@ def _silhouette(ctx: _Context) -> torch.Tensor:
 @register_channels("orientation", ("edge_vert", "edge_horiz", "edge_rise", "edge_fall"))
 def _orientation(ctx: _Context) -> torch.Tensor:
     # The foreground's gradient (gx, gy) runs across an edge and y grows downwards: a vertical edge has a
-    # horizontal gradient, a rising edge "/" a gradient along (1, 1). vert + horiz = rise + fall = the cell's whole edge energy, so each
-    # channel is that energy (squashed) times its direction's share of it: an upright square's sides read
-    # (1, 0, .5, .5) of it, a triangle's slanted sides (.5, .5, 1, 0).
+    # horizontal gradient, a rising edge "/" a gradient along (1, 1). vert + horiz = rise + fall = the cell's whole
+    # edge energy, so each channel is that energy (squashed) times its direction's share of it: an upright square's
+    # sides read (1, 0, .5, .5) of it, a triangle's slanted sides (.5, .5, 1, 0).
     energy = ctx.cell_means["orientation"]  # [F, 4, h, w] cell means of gx^2, gy^2, (gx + gy)^2 / 2, (gx - gy)^2 / 2
     total = energy[:, :2].sum(1, keepdim=True)
     return squash(total.sqrt(), ctx.config.edge_scale) * energy / total.clamp_min(1e-12)
