@@ -12,8 +12,8 @@ from arr_coc.__main__ import main
 
 def test_bench_layer_names_every_sub_stage(tmp_path, capsys):
     out = tmp_path / "layer.json"
-    assert main(["bench", "--layer", "--cpu-time", "--sizes", "336", "--batches", "1,2", "--repeats", "1", "--budgets", "0.1",
-                 "--out", str(out)]) == 0
+    assert main(["bench", "--layer", "--cpu-time", "--sizes", "336", "--batches", "1,2", "--repeats", "1",
+                 "--budgets", "0.1", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     groups = json.loads(open("checkpoints/arr-coc-shapes-before/config.json").read())["texture"]["groups"]
     for row in report["rows"]:

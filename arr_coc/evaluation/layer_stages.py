@@ -19,8 +19,9 @@ budget and the extent head read them, nothing else differs). Its sub-stages, as 
 
 Times are medians over --repeats passes after one warm-up pass, ms per batch (on a GPU the device is synchronised
 at each lap); --cpu-time times them with this process's CPU clock instead of the wall clock, which other jobs on a
-shared machine disturb less (their cache and memory traffic still shows). Aten ops are counted on one more pass by an `OpCounter` (a `TorchDispatchMode`): deterministic, the
-same on any machine and load, and on a GPU one kernel launch each (views aside).
+shared machine disturb less (their cache and memory traffic still shows). Aten ops are counted on one more pass by
+an `OpCounter` (a `TorchDispatchMode`): deterministic, the same on any machine and load, and on a GPU one kernel
+launch each (views aside).
 """
 
 from __future__ import annotations
