@@ -1,6 +1,7 @@
 """Wall time per stage of one pass through the pruning path, measured where the work runs.
 
-The pruning path calls `clock.lap("texture")` after each stage; with a plain `Stopwatch()` a lap
+The pruning path calls `clock.lap("texture")` after each stage (the layer's pass in sub-stages, "texture.sobel",
+"scorers.information", ...: `folded` adds them up per stage); with a plain `Stopwatch()` a lap
 only reads the host clock (a few hundred nanoseconds, no synchronisation: the stages' device work may
 still be queued, so a lap on a GPU then times the launches, not the kernels). `Stopwatch(device,
 sync=True)` waits for the device at every lap, so each stage gets the time its kernels took: what
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -22,7 +23,9 @@ import torch
 class Stopwatch:
     """Seconds (and, with a counter, aten ops and host synchronisations) per named stage."""
 
-    def __init__(self, device: torch.device | str | None = None, sync: bool = False, counter: Any = None):
+    def __init__(self, device: torch.device | str | None = None, sync: bool = False, counter: Any = None,
+                 timer: Callable[[], float] = time.perf_counter):
+        self.timer = timer   # time.perf_counter (wall) or time.process_time (this process's CPU time)
         self.device = None if device is None else torch.device(device)
         self.sync = sync and self.device is not None and self.device.type == "cuda"
         self.counter = counter
@@ -31,14 +34,14 @@ class Stopwatch:
         self.syncs: dict[str, int] = defaultdict(int)
         self.uploads: dict[str, int] = defaultdict(int)
         self.kernels: dict[str, int] = defaultdict(int)
-        self._t = time.perf_counter()
+        self._t = self.timer()
         self._marks = (0, 0, 0, 0)
 
     def start(self) -> Stopwatch:
         """Begin the first stage now."""
         if self.sync:
             torch.cuda.synchronize(self.device)
-        self._t = time.perf_counter()
+        self._t = self.timer()
         self._marks = self._read()
         return self
 
@@ -50,7 +53,7 @@ class Stopwatch:
         """The work since the last lap was `stage` (stages repeat: their times add up)."""
         if self.sync:
             torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
+        now = self.timer()
         self.seconds[stage] += now - self._t
         self._t = now
         if self.counter is not None:
@@ -63,6 +66,15 @@ class Stopwatch:
 
     def total(self, *stages: str) -> float:
         return sum(self.seconds.get(s, 0.0) for s in stages)
+
+    def folded(self, field: str = "seconds") -> dict[str, float]:
+        """`seconds` (or `ops`, `kernels`, `syncs`, `uploads`) with sub-stages folded into their stage: the layer
+        laps "texture.rgb", "texture.sobel", ..., "scorers.information", ...; folded they are "texture", "scorers"."""
+        out: dict[str, float] = {}
+        for stage, value in getattr(self, field).items():
+            top = stage.split(".", 1)[0]
+            out[top] = out.get(top, 0) + value
+        return out
 
 
 def lap(clock: Stopwatch | None, stage: str) -> None:

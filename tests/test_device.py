@@ -72,7 +72,7 @@ def test_the_counter_catches_a_host_read_and_a_loop_over_images(before_vlm, monk
     batch1, batch8 = _layer_batch(before_vlm, 1), _layer_batch(before_vlm, 8)
     real = layer_module.texture_array
 
-    def reads_back(work, config, converge=False):
+    def reads_back(work, config, converge=False, clock=None):
         tex, converged = real(work, config, converge)
         float(tex.sum())                                  # a host read: what .item() does
         return tex, converged
@@ -80,7 +80,7 @@ def test_the_counter_catches_a_host_read_and_a_loop_over_images(before_vlm, monk
     monkeypatch.setattr(layer_module, "texture_array", reads_back)
     assert _count(layer, batch1).syncs == 1
 
-    def per_image(work, config, converge=False):        # one texture pass per frame, then stacked
+    def per_image(work, config, converge=False, clock=None):   # one texture pass per frame, then stacked
         from arr_coc.core.texture import WorkImages
 
         parts = []

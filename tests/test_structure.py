@@ -30,8 +30,8 @@ MAX_FUNCTION_LINES = 80
 
 # The core (`arr_coc/core/`: the layer and what it is made of) and the small owners beside it. They import
 # nothing above them.
-CORE_MODULES = ("config", "texture", "spectral", "kmeans", "components", "extent", "knowing", "balancing", "attending",
-                "layer", "persistence", "output", "batch", "grid", "temporal")
+CORE_MODULES = ("config", "texture", "pixel_maps", "spectral", "kmeans", "components", "extent", "knowing", "balancing",
+                "attending", "layer", "persistence", "output", "batch", "grid", "temporal")
 CORE = {f"arr_coc.core.{m}" for m in CORE_MODULES} | {"arr_coc.core"} | {f"arr_coc.{m}" for m in (
     "viz", "saccade", "resolution", "budget", "stopwatch", "errors", "geometry", "cancel", "schedule", "lazy")}
 ABOVE_THE_CORE = ("arr_coc.pipeline", "arr_coc.qwen", "arr_coc.methods", "arr_coc.evaluation", "arr_coc.training",
@@ -259,7 +259,7 @@ def test_the_core_folder_holds_the_layer_and_what_only_it_uses():
     users = {m: {k for k, deps in graph.items() if m in deps} for m in graph}
     flat = [m for m in graph if m.count(".") == 1 and (ROOT / "arr_coc" / f"{m.split('.')[1]}.py").exists()]
     assert [m for m in flat if users[m] and all(u.startswith("arr_coc.core.") for u in users[m])] == []
-    for helper in ("spectral", "kmeans", "components"):
+    for helper in ("spectral", "kmeans", "components", "pixel_maps"):
         assert users[f"arr_coc.core.{helper}"] == {"arr_coc.core.texture"}
 
 

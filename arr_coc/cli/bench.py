@@ -4,8 +4,10 @@
     python -m arr_coc bench --preset qwen2.5-vl-3b --encode before --budgets 0.1,0.25 --margin 1 --whole-windows \
         --repeats 1 --out bench_context.json    # cells only, margin 1, whole windows, both: side by side
     python -m arr_coc bench --stages --device cuda --dtype bfloat16 --out stages.json   # ARR-COC stage by stage
+    python -m arr_coc bench --layer --out layer.json         # the layer's pass alone: channel groups, knowing, ...
 
-What it measures and how: arr_coc/evaluation/bench.py (--stages: arr_coc/evaluation/stages.py); the model shapes:
+What it measures and how: arr_coc/evaluation/bench.py (--stages: arr_coc/evaluation/stages.py; --layer:
+arr_coc/evaluation/layer_stages.py); the model shapes:
 arr_coc/evaluation/bench_presets.py.
 """
 
@@ -55,6 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="time ARR-COC's own work stage by stage (un-patchify, texture, scorers, allocator, read, "
                              "packing) beside the tower and the LM prefill, with aten-op and host-sync counts, per image "
                              "size and batch size; the first of --budgets, the first of --encode")
+    parser.add_argument("--layer", action="store_true",
+                        help="time the ARR-COC layer's pass alone (no VLM), sub-stage by sub-stage: each texture "
+                             "channel group, the three ways of knowing, balancing, attending, with aten-op counts; "
+                             "--arr-coc (default: the shipped before-mode layer), --sizes, --batches, the first of "
+                             "--budgets, --repeats (default 7)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="--layer on the CPU: time with this process's CPU clock, not the wall clock (a shared "
+                             "machine's other jobs disturb it less)")
     parser.add_argument("--passes", type=int, default=1,
                         help="--stages with --encode before: looks per item (2+: saccades; the gate is forced open "
                              "with --saccade-threshold -1, so every item pays for every look)")
@@ -81,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     from arr_coc.evaluation.bench import bench, markdown_table
 
     run_on = runtime(args)
+    if args.layer:
+        return _layer(args, run_on)
     if args.stages or args.model:
         return _stages(args, run_on)
     encodes = [e.strip() for e in args.encode.split(",") if e.strip()]
@@ -118,6 +130,32 @@ def _ints(text: str, name: str) -> list[int]:
     return values
 
 
+def _sizes(args: argparse.Namespace) -> tuple[list[int], list[int]]:
+    sizes, batches = _ints(args.sizes, "--sizes"), _ints(args.batches, "--batches")
+    if any(s % 28 or not 336 <= s <= 896 for s in sizes):
+        raise ValueError(f"--sizes {args.sizes}: each side a multiple of 28 in [336, 896] (ShapesVQA canvases)")
+    return sizes, batches
+
+
+def _layer(args: argparse.Namespace, run_on) -> int:
+    """bench --layer: the layer's pass alone, sub-stage by sub-stage (arr_coc/evaluation/layer_stages.py)."""
+    from arr_coc.core.layer import ARRCOCLayer
+    from arr_coc.evaluation.layer_stages import layer_stage_bench, markdown_layer_stages
+    from arr_coc.paths import default_layer_path
+
+    try:
+        sizes, batches = _sizes(args)
+    except ValueError as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 2
+    folder = args.arr_coc or default_layer_path("before")
+    layer = ARRCOCLayer.from_pretrained(folder).to(run_on.device).eval()
+    budget = next((b for b in args.budgets if b != 1.0), args.budgets[0])
+    report = layer_stage_bench(layer, sizes, batches, budget, args.repeats or 7, args.seed,
+                               note=f"layer {folder}, budget {budget}", cpu_time=args.cpu_time)
+    return _write(args, report, markdown_layer_stages(report))
+
+
 def _stages(args: argparse.Namespace, run_on) -> int:
     """bench --stages: ARR-COC's own work stage by stage (arr_coc/evaluation/stages.py)."""
     from arr_coc.evaluation.stages import markdown_stages, stage_bench
@@ -125,9 +163,7 @@ def _stages(args: argparse.Namespace, run_on) -> int:
     try:
         if not args.stages:
             raise ValueError("--model benches a real checkpoint stage by stage: add --stages")
-        sizes, batches = _ints(args.sizes, "--sizes"), _ints(args.batches, "--batches")
-        if any(s % 28 or not 336 <= s <= 896 for s in sizes):
-            raise ValueError(f"--sizes {args.sizes}: each side a multiple of 28 in [336, 896] (ShapesVQA canvases)")
+        sizes, batches = _sizes(args)
         budget = next((b for b in args.budgets if b != 1.0), args.budgets[0])
         encode = args.encode.split(",")[0].strip()
         if args.passes > 1:

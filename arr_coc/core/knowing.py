@@ -33,14 +33,25 @@ def _inv_softplus(y: torch.Tensor) -> torch.Tensor:
 
 def box_sum(x: torch.Tensor, window: int) -> torch.Tensor:
     """Sum over each cell's window x window neighbourhood (zero outside the grid): x [..., h, w] -> same shape.
-    Shifted slices, rows then columns: 2 * (window - 1) adds, no unfolded copy of the neighbourhoods."""
+
+    Rows then columns, each the neighbours added in window order (offset -r first) onto zeros, in place in one
+    buffer: bit for bit the sums of shifted slices of a zero-padded copy started from 0 (what this did before),
+    since a sum started from +0 is never -0 and adding the padding's +0 then changes nothing; no padded copies.
+    """
     if window == 1:
         return x
-    pad = window // 2
-    p = F.pad(x, (pad, pad, pad, pad))
-    h, w = x.shape[-2:]
-    rows = sum(p[..., i: i + h, :] for i in range(window))
-    return sum(rows[..., j: j + w] for j in range(window))
+    return _running_sum(_running_sum(x, window, -2), window, -1)
+
+
+def _running_sum(x: torch.Tensor, window: int, dim: int) -> torch.Tensor:
+    """out[i] = x[i - r] + ... + x[i + r] along `dim` (r = window // 2; out-of-range terms left out), left to right."""
+    r, n = window // 2, x.shape[dim]
+    out = torch.zeros_like(x)
+    for offset in range(-r, r + 1):             # term x[i + offset] of every out[i] that has one
+        lo, hi = max(0, -offset), min(n, n - offset)
+        if hi > lo:
+            out.narrow(dim, lo, hi - lo).add_(x.narrow(dim, lo + offset, hi - lo))
+    return out
 
 
 def local_information(
@@ -55,20 +66,29 @@ def local_information(
     window is uniform, up to 1 (after dividing by log bins) where values spread
     over all bins. Vectorised over cells with window sums (`box_sum`); no loop over cells.
     """
+    if texture.requires_grad:
+        raise ValueError("local_information reads the texture as data (computed without gradients) and works on "
+                         "it in place; pass texture.detach()")
     centres = (torch.arange(bins, dtype=texture.dtype, device=texture.device) + 0.5) / bins
     sigma = 1.0 / bins
-    z = -((texture[:, :, None] - centres[:, None, None]) ** 2) / (2 * sigma**2)   # [B, C, K, h, w]
+    z = texture[:, :, None] - centres[:, None, None]                              # [B, C, K, h, w]
+    z = z.mul_(z).div_(-2 * sigma**2)                    # -(d ** 2) / (2 sigma^2), the same floats, in place
     member = torch.softmax(z, dim=2)
     mask = valid[:, None].to(texture.dtype)                                       # [B, 1, h, w]
     count = box_sum(mask, window).clamp_min(1.0)                                  # cells in each window
-    mixture = box_sum(member * mask[:, :, None], window) / count[:, :, None]       # [B, C, K, h, w]
-    mixture_entropy = -(mixture * torch.log(mixture.clamp_min(1e-12))).sum(2)     # [B, C, h, w]
-    member_entropy = -(member * torch.log(member.clamp_min(1e-12))).sum(2)
+    mixture = box_sum(member * mask[:, :, None], window).div_(count[:, :, None])  # [B, C, K, h, w]
+    mixture_entropy = _entropy(mixture)                                           # [B, C, h, w]
+    member_entropy = _entropy(member)
     # Mean member entropy over the window (members are masked, so use the same window sums).
-    mean_member = box_sum(member_entropy * mask, window) / count
-    info = (mixture_entropy - mean_member).clamp_min(0) / math.log(bins)          # [B, C, h, w]
+    mean_member = box_sum(member_entropy.mul_(mask), window).div_(count)
+    info = (mixture_entropy - mean_member).clamp_min_(0).div_(math.log(bins))    # [B, C, h, w]
     info = (weights[None, :, None, None] * info).sum(1) / weights.sum().clamp_min(1e-12)
     return info * valid
+
+
+def _entropy(p: torch.Tensor) -> torch.Tensor:
+    """-(p * log(max(p, 1e-12))).sum(2) of [B, C, K, h, w] -> [B, C, h, w], in place on one temporary."""
+    return p.clamp_min(1e-12).log_().mul_(p).sum(2).neg_()
 
 
 class InformationScorer(nn.Module):

@@ -91,16 +91,22 @@ class ARRCOCLayer(LayerPersistence, nn.Module):
         query: torch.Tensor | None = None,
         query_mask: torch.Tensor | None = None,
         visual_tokens: torch.Tensor | None = None,
+        clock: Stopwatch | None = None,
     ) -> dict[str, torch.Tensor]:
         """Differentiable part on a padded batch: texture [B, C, Hm, Wm] -> maps and relevance.
 
         This is what training optimises (learn scores, select by top-k later).
         visual_tokens: [B, Hm * Wm, D] on the padded grid, or None.
+        clock: laps "scorers.information", ".perspectival", ".participatory" (knowing) and ".balancing".
         """
         info = self.information(texture, valid)
+        lap(clock, "scorers.information")
         persp = self.perspectival(texture, valid)
+        lap(clock, "scorers.perspectival")
         part = self.participatory(texture, valid, query, query_mask, visual_tokens)
+        lap(clock, "scorers.participatory")
         relevance, weights = self.balancer(torch.stack([info, persp, part], 1), valid, query, query_mask)
+        lap(clock, "scorers.balancing")
         return {
             "information": info,
             "perspectival": persp,
@@ -224,10 +230,9 @@ class ARRCOCLayer(LayerPersistence, nn.Module):
         finite, converged), the fields of `LayerDecision` (see there). Pure device work on tensors and the
         host's plan: what `compile_device_pass` captures as one graph per batch shape."""
         grid = batch.grid
-        texture, converged = texture_array(batch.work, self.config.texture, converge)
-        lap(clock, "texture")
+        texture, converged = texture_array(batch.work, self.config.texture, converge, clock)
         valid = grid.frame_valid
-        maps = self.score(texture, valid, batch.query, batch.query_mask, batch.visual_tokens)
+        maps = self.score(texture, valid, batch.query, batch.query_mask, batch.visual_tokens, clock)
         finite = (torch.isfinite(maps["relevance"]).flatten(1).all(1) & torch.isfinite(maps["weights"]).all(1))
         relevance = torch.nan_to_num(maps["relevance"], nan=0.0, posinf=0.0, neginf=0.0)
         # Bottom-up structure (question-independent) decides whether the image is a "void".

@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from ..lazy import cached
+from ..stopwatch import Stopwatch, lap
 from typing import Callable, Sequence, Union
 
 import numpy as np
@@ -54,6 +55,7 @@ from .components import CAP, OBJECT_CHANNELS, PX_PER_CELL, STEPS, object_channel
 from .config import TextureConfig
 from .grid import GridBatch, constant, fill_edges, masked_median
 from .kmeans import kmeans
+from .pixel_maps import PixelSources, needs, pixel_cell_means, pixel_groups
 from .spectral import gauss_taps, gaussian_blur, spectral_saliency, squash
 
 ImageLike = Union[Image.Image, np.ndarray, torch.Tensor]
@@ -146,9 +148,17 @@ class _Context:
         return self.pool(self.image)
 
     @cached
+    def cell_means(self) -> dict[str, torch.Tensor]:  # {group: [F, k, h, w]} of its full-resolution maps, one pooling
+        gradients, blur = needs(self.config.groups)
+        sources = PixelSources(self.luma, self.gradients if gradients else None,
+                               gaussian_blur(self.luma, sigma=BLUR_SIGMA, cpu_taps=BLUR_TAPS) if blur else None)
+        return pixel_cell_means(self.config.groups, sources, self.pool)
+
+    @cached
     def cell_luma_std(self) -> torch.Tensor:  # [F, 1, h, w]
-        mean = self.pool(self.luma)
-        return (self.pool(self.luma**2) - mean**2).clamp_min(0).sqrt()
+        means = self.cell_means["saliency"]   # the luminance's and its square's cell means
+        mean = means[:, 0:1]
+        return (means[:, 1:2] - mean**2).clamp_min(0).sqrt()
 
     @cached
     def dominant_rgb(self) -> torch.Tensor:  # [F, 3, 1, 1] per-channel median colour of the frame's cells
@@ -157,8 +167,9 @@ class _Context:
 
     @cached
     def foreground(self) -> torch.Tensor:  # [F, 1, H, W] in [0, 1): colour distance from the dominant colour
-        distance = (self.image - self.dominant_rgb).pow(2).sum(1, keepdim=True).sqrt() / math.sqrt(3)
-        return squash(distance, self.config.contrast_scale)
+        d = self.image - self.dominant_rgb                                                  # [F, 3, H, W]
+        distance = d.mul_(d).sum(1, keepdim=True).sqrt_().div_(math.sqrt(3))               # in place: same floats
+        return distance.div_(distance + self.config.contrast_scale)                         # squash
 
     @cached
     def kmeans(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,10 +235,8 @@ def sobel_bank(x: torch.Tensor) -> torch.Tensor:
 
 @register_channels("sobel", ("sobel_x", "sobel_y", "sobel_mag"))
 def _sobel(ctx: _Context) -> torch.Tensor:
-    g = ctx.gradients[:, 0:2]  # [F, 2, H, W] the luminance's d/dx, d/dy
-    mag = g.pow(2).sum(1, keepdim=True).sqrt()
-    energy = ctx.pool(torch.cat([g.abs(), mag], dim=1))
-    return squash(energy, ctx.config.edge_scale)
+    # cell means of |d/dx|, |d/dy| and the gradient magnitude of the luminance (`pixel_maps`)
+    return squash(ctx.cell_means["sobel"], ctx.config.edge_scale)
 
 
 @register_channels("saliency", ("sal_spectral", "sal_contrast", "sal_color"))
@@ -277,8 +286,8 @@ def _clusters(ctx: _Context) -> torch.Tensor:
 
 @register_channels("highpass", ("highpass",))
 def _highpass(ctx: _Context) -> torch.Tensor:
-    detail = ctx.luma - gaussian_blur(ctx.luma, sigma=BLUR_SIGMA, cpu_taps=BLUR_TAPS)
-    return squash(ctx.pool(detail**2).sqrt(), ctx.config.highpass_scale)
+    # cell means of (luminance - its Gaussian blur)^2 (`pixel_maps`)
+    return squash(ctx.cell_means["highpass"].sqrt(), ctx.config.highpass_scale)
 
 
 SUBCELLS = 4  # silhouette: sub-cells per cell side
@@ -293,13 +302,11 @@ def _silhouette(ctx: _Context) -> torch.Tensor:
 
 @register_channels("orientation", ("edge_vert", "edge_horiz", "edge_rise", "edge_fall"))
 def _orientation(ctx: _Context) -> torch.Tensor:
-    g = ctx.gradients[:, 2:4]  # [F, 2, H, W] the foreground's d/dx, d/dy
-    gx, gy = g[:, :1], g[:, 1:]
-    # The gradient runs across an edge and y grows downwards: a vertical edge has a horizontal gradient, a
-    # rising edge "/" a gradient along (1, 1). vert + horiz = rise + fall = the cell's whole edge energy, so each
-    # channel is that energy (squashed) times its direction's share of it: an upright square's sides read
-    # (1, 0, .5, .5) of it, a triangle's slanted sides (.5, .5, 1, 0).
-    energy = ctx.pool(torch.cat([gx**2, gy**2, (gx + gy) ** 2 / 2, (gx - gy) ** 2 / 2], dim=1))  # [F, 4, h, w]
+    # The foreground's gradient (gx, gy) runs across an edge and y grows downwards: a vertical edge has a
+    # horizontal gradient, a rising edge "/" a gradient along (1, 1). vert + horiz = rise + fall = the cell's whole
+    # edge energy, so each channel is that energy (squashed) times its direction's share of it: an upright square's
+    # sides read (1, 0, .5, .5) of it, a triangle's slanted sides (.5, .5, 1, 0).
+    energy = ctx.cell_means["orientation"]  # [F, 4, h, w] cell means of gx^2, gy^2, (gx + gy)^2 / 2, (gx - gy)^2 / 2
     total = energy[:, :2].sum(1, keepdim=True)
     return squash(total.sqrt(), ctx.config.edge_scale) * energy / total.clamp_min(1e-12)
 
@@ -373,23 +380,35 @@ def work_images(images: Sequence[ImageLike], grid: GridBatch, px: int) -> WorkIm
     return WorkImages(fill_edges(torch.cat(frames), grid, px), grid, px)
 
 
-def texture_array(work: WorkImages, config: TextureConfig | None = None, converge: bool = False
-                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def texture_array(work: WorkImages, config: TextureConfig | None = None, converge: bool = False,
+                  clock: Stopwatch | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The texture array of a padded batch: float32 [F, C, H, W] in [0, 1] (zero on padding), channel order
     `channel_names(config)`, and whether its fixed-step parts converged ([F] bool on the device, read with the
     layer's result; None when the config has none: only the `object` group's components do).
 
     converge: run the components until nothing changes instead (reads a flag back after every step: the exact
     redo for the rare frame whose flag came back False, and `generate_texture_array`).
+    clock: laps "texture.pixels" after the full-resolution maps (the luminance, the foreground, their gradients, the
+    blur: `pixel_maps`), "texture.<group>" after each group (an intermediate a group is the first to need counts as
+    its own: `bench --layer`), then "texture" for the assembly.
     """
     config = config or TextureConfig()
     if work.px != config.work_px:
         raise ValueError(f"work images at {work.px} px per cell, but texture.work_px is {config.work_px}")
     ctx = _Context(work, config, converge)
-    out = torch.cat([TEXTURE_REGISTRY[g].fn(ctx) for g in config.groups], dim=1).clamp(0.0, 1.0)
+    if pixel_groups(config.groups):
+        ctx.cell_means                          # the full-resolution maps, one buffer, one pooling (`pixel_maps`)
+        lap(clock, "texture.pixels")
+    groups = []
+    for g in config.groups:
+        groups.append(TEXTURE_REGISTRY[g].fn(ctx))
+        lap(clock, f"texture.{g}")
+    out = torch.cat(groups, dim=1).clamp(0.0, 1.0)
     if not work.grid.uniform:
         out = out * work.grid.frame_valid[:, None]
-    return out.contiguous(), ctx.converged
+    out = out.contiguous()
+    lap(clock, "texture")
+    return out, ctx.converged
 
 
 @torch.no_grad()

@@ -56,7 +56,7 @@ def _timed_pass(vlm: Any, inputs: dict[str, Any], budget: Any, method: str, enco
 
     clock = Stopwatch(vlm.device, sync=sync)
     done = vlm.answer(inputs, _pruning(budget, method, encode, budget_mode), clock=clock, max_new_tokens=1)
-    stages = dict(clock.seconds)
+    stages = clock.folded()
     return stages, stages.pop("answer", 0.0), done.traces[0]
 
 
@@ -69,8 +69,7 @@ def _counted_pass(vlm: Any, inputs: dict[str, Any], budget: Any, method: str, en
     with OpCounter(record_stacks=False) as ops:     # compiled stages run eagerly under it (`Execution.compile`)
         clock = Stopwatch(counter=ops).start()
         vlm.answer(inputs, _pruning(budget, method, encode, budget_mode), clock=clock, max_new_tokens=1)
-    return {"ops": dict(clock.ops), "kernels": dict(clock.kernels), "syncs": dict(clock.syncs),
-            "uploads": dict(clock.uploads)}
+    return {field: clock.folded(field) for field in ("ops", "kernels", "syncs", "uploads")}
 
 
 def measure(vlm: Any, size: int, batch: int, budget: Any, encode: Any, repeats: int, seed: int = 0,

@@ -111,7 +111,7 @@ def prepare(req: RequestContext, inputs: Mapping[str, Any]) -> Prepared:
     clock.lap("packing")
     timing = {"vision_s": prompt.vision_s, "gist_s": gist_s, "select_s": select_s,
               "arr_coc_s": select_s + clock.seconds["packing"], "total_s": time.perf_counter() - t_start,
-              "stages_s": dict(clock.seconds)}
+              "stages_s": clock.folded()}
     traces = item_traces(pruning.method, budgets, mode, prompt, choice, lm_cells, pruned, encoding.mode, fovea, gist,
                          timing)
     for b, tr in enumerate(traces):

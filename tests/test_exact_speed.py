@@ -1,0 +1,94 @@
+"""Issue 64's exact speed-ups: each rewritten piece of the layer's pass equals the maths it replaced, bit for bit, on
+seeded random inputs (the reference is that maths, written as it was). A difference here would move kept cells at
+ties, which the fixture tests/fixtures/kept_cells.json would then catch on real scenes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from arr_coc.core.knowing import box_sum, local_information
+
+
+def _box_sum_padded(x: torch.Tensor, window: int) -> torch.Tensor:
+    """The window sums as they were: shifted slices of a zero-padded copy, Python's sum from 0."""
+    pad = window // 2
+    p = F.pad(x, (pad, pad, pad, pad))
+    h, w = x.shape[-2:]
+    rows = sum(p[..., i: i + h, :] for i in range(window))
+    return sum(rows[..., j: j + w] for j in range(window))
+
+
+def _local_information_before(texture, valid, weights, bins, window):
+    centres = (torch.arange(bins, dtype=texture.dtype) + 0.5) / bins
+    sigma = 1.0 / bins
+    z = -((texture[:, :, None] - centres[:, None, None]) ** 2) / (2 * sigma**2)
+    member = torch.softmax(z, dim=2)
+    mask = valid[:, None].to(texture.dtype)
+    count = _box_sum_padded(mask, window).clamp_min(1.0)
+    mixture = _box_sum_padded(member * mask[:, :, None], window) / count[:, :, None]
+    mixture_entropy = -(mixture * torch.log(mixture.clamp_min(1e-12))).sum(2)
+    member_entropy = -(member * torch.log(member.clamp_min(1e-12))).sum(2)
+    mean_member = _box_sum_padded(member_entropy * mask, window) / count
+    info = (mixture_entropy - mean_member).clamp_min(0) / math.log(bins)
+    info = (weights[None, :, None, None] * info).sum(1) / weights.sum().clamp_min(1e-12)
+    return info * valid
+
+
+@pytest.mark.parametrize("window", [3, 5, 7])
+def test_box_sum_is_the_padded_sum_bit_for_bit(window):
+    g = torch.Generator().manual_seed(window)
+    x = torch.randn(2, 3, 4, 9, 13, generator=g)
+    x[0, 0, 0, :3] = -0.0                                  # signed zeros: a sum from 0 never gives -0, either way
+    assert torch.equal(box_sum(x, window), _box_sum_padded(x, window))
+    tiny = torch.rand(1, 1, 2, 1, generator=g)             # a grid narrower than the window
+    assert torch.equal(box_sum(tiny, window), _box_sum_padded(tiny, window))
+
+
+@pytest.mark.parametrize("batch,size,window", [(1, 32, 3), (3, 11, 3), (2, 7, 5)])
+def test_local_information_equals_the_maths_before(batch, size, window):
+    g = torch.Generator().manual_seed(batch * 100 + size)
+    texture = torch.rand(batch, 20, size, size, generator=g)
+    texture[:, :4] = (texture[:, :4] > 0.5).float()          # flat and two-valued channels, as the texture has
+    valid = torch.rand(batch, size, size, generator=g) > 0.2
+    weights = torch.rand(20, generator=g)
+    assert torch.equal(local_information(texture, valid, weights, 8, window),
+                       _local_information_before(texture, valid, weights, 8, window))
+
+
+def test_local_information_refuses_a_texture_with_gradients():
+    texture = torch.rand(1, 2, 4, 4, requires_grad=True)
+    with pytest.raises(ValueError, match="detach"):
+        local_information(texture, torch.ones(1, 4, 4, dtype=torch.bool), torch.ones(2), 8, 3)
+    weights = torch.rand(2, requires_grad=True)                # gradients to the weights still flow
+    local_information(texture.detach(), torch.ones(1, 4, 4, dtype=torch.bool), weights, 8, 3).sum().backward()
+    assert weights.grad is not None
+
+
+def test_pixel_maps_pool_once_to_the_cell_means_before():
+    """One buffer, one pooling: each group's cell means are the old per-map pools of the same maps, bit for bit."""
+    from arr_coc.core.pixel_maps import PixelSources, pixel_cell_means
+    from arr_coc.core.texture import pool_to
+
+    g = torch.Generator().manual_seed(64)
+    luma = torch.rand(3, 1, 48, 64, generator=g)
+    gradients = (torch.rand(3, 4, 48, 64, generator=g) - 0.5) * torch.rand(1, generator=g)
+    blurred = torch.rand(3, 1, 48, 64, generator=g)
+    pool = lambda x: pool_to(x, (3, 4))                                          # noqa: E731  16 px cells
+    groups = ("rgb", "sobel", "saliency", "highpass", "orientation")
+    got = pixel_cell_means(groups, PixelSources(luma, gradients, blurred), pool)
+    lg, fg = gradients[:, 0:2], gradients[:, 2:4]
+    gx, gy = fg[:, :1], fg[:, 1:]
+    want = {
+        "saliency": torch.cat([pool(luma), pool(luma**2)], 1),
+        "sobel": pool(torch.cat([lg.abs(), lg.pow(2).sum(1, keepdim=True).sqrt()], dim=1)),
+        "highpass": pool((luma - blurred) ** 2),
+        "orientation": pool(torch.cat([gx**2, gy**2, (gx + gy) ** 2 / 2, (gx - gy) ** 2 / 2], dim=1)),
+    }
+    assert list(got) == ["sobel", "saliency", "highpass", "orientation"]          # config order, rgb reads none
+    for group, means in want.items():
+        assert torch.equal(got[group], means), group
+    assert pixel_cell_means(("rgb", "position"), PixelSources(luma, None, None), pool) == {}
