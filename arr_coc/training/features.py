@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Sequence
 
@@ -167,8 +168,17 @@ def _part_file(file: str, rank: int, world: int) -> str:
 
 def _write(feats: list[Features], file: str) -> None:
     os.makedirs(os.path.dirname(file) or ".", exist_ok=True)
-    torch.save([{k.name: getattr(f, k.name) for k in fields(Features)} for f in feats], file + ".tmp")
+    torch.save([_row(f) for f in feats], file + ".tmp")
     os.replace(file + ".tmp", file)
+
+
+def _row(f: Features) -> dict:
+    """One item as saved. The prompt's keys interned: pickle writes a key once per file and refers back to it
+    where it is the same object, so the keys of parts read back from other processes (fresh strings) would
+    otherwise change the joined file's bytes against one process's."""
+    row = {k.name: getattr(f, k.name) for k in fields(Features)}
+    row["prompt"] = {sys.intern(k): v for k, v in f.prompt.items()}
+    return row
 
 
 def _read(file: str, records: Sequence[VQARecord], mmap: bool = False) -> list[Features]:
