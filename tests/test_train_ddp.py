@@ -258,7 +258,7 @@ def test_stage2_refuses_an_attention_that_cannot_take_its_soft_mask(data, tmp_pa
     from arr_coc.training.config import TrainConfig
     from arr_coc.training.loop import train
 
-    # Refused before any feature is extracted: a VLM that only says how it attends is enough.
-    vlm = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2")))
+    # Refused before any feature is extracted: a front door that only says how its model attends is enough.
+    vlm = SimpleNamespace(runtime=SimpleNamespace(attn_implementation="flash_attention_2"))
     with pytest.raises(ValueError, match="--attn-implementation sdpa"):
         train(TrainConfig(stage=2, out=str(tmp_path / "never")), "", data, vlm=vlm, progress=False)
