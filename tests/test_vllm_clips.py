@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_vllm_families import _answer   # an answer's tokens up to its end, as the families compare them
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
@@ -120,14 +121,6 @@ def _hf_answers(vlm, reqs: list[dict], model: str) -> dict[str, tuple[list[int],
             for r, tr, toks in zip(batch, got.traces, got.answered.new_tokens):
                 out[r["name"]] = (_answer(toks.tolist(), eos), _per_visual(tr))
     return out
-
-
-def _answer(token_ids: list[int], eos: set[int]) -> list[int]:
-    """An answer's tokens up to its end (vLLM stops at the end token; the Hugging Face path pads after it)."""
-    for i, t in enumerate(token_ids):
-        if t in eos:
-            return token_ids[:i]
-    return token_ids
 
 
 def _eos(model: str) -> set[int]:

@@ -96,7 +96,13 @@ class ARRCOCInfo:
             self._arr_coc_settings = ServeSettings.of(self.get_hf_config())
             self._arr_coc_server_kwargs = self._take_server_budget()
             self._arr_coc_fingerprint = server_fingerprint(self._arr_coc_settings)
+            self._arr_coc_floor = self._arr_coc_settings.min_per_group()    # read once, not per request
         return self._arr_coc_settings
+
+    def arr_coc_floor(self) -> int:
+        """The fewest cells a clip's frame group keeps (the layer's `min_per_group`), read once per server."""
+        self.arr_coc_settings()
+        return self._arr_coc_floor
 
     def _take_server_budget(self) -> dict[str, Any]:
         """The operator's default budget from `--mm-processor-kwargs` (vLLM merges those into transformers'
@@ -201,7 +207,7 @@ class ARRCOCProcessor:
             check_picture(g, merge, longest, i, media.name)
         budget, n = ours[BUDGET_KEY], len(grid)
         if media is CLIPS:
-            floor = self.info.arr_coc_settings().min_per_group()
+            floor = self.info.arr_coc_floor()
             counts = [clip_count(budget, g, merge, floor) for g in grid]
         else:
             counts = [kept_count(budget, g, merge) for g in grid]
