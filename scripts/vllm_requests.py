@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_compare import architecture
+from vllm_compare import architecture, one_process_engine
 
 
 def image_keys(model: str, paths: list[str]) -> dict[str, tuple[float, tuple[int, int, int]]]:
@@ -121,6 +121,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--stock", action="store_true", help="stock vLLM (the checkpoint's own architecture): no ARR-COC")
     ap.add_argument("--video-pruning-rate", type=float, default=None, help="stock vLLM's EVS on clips (with --stock)")
     ap.add_argument("--tp", type=int, default=1, help="--tensor-parallel-size (CPU: VLLM_CPU_OMP_THREADS_BIND=\"0|1\")")
+    ap.add_argument("--one-process", action="store_true",
+                    help="the engine core and its worker in this process (no spawning: starts and stops faster)")
     ap.add_argument("--out", type=Path, required=True)
     return ap.parse_args()
 
@@ -135,7 +137,7 @@ def engine(args: argparse.Namespace, clips: bool):
                kv_cache_memory_bytes=256 << 20, limit_mm_per_prompt={"image": 4, **({"video": 2} if clips else {})},
                max_num_batched_tokens=args.max_batched_tokens, enable_prefix_caching=args.prefix_caching,
                tensor_parallel_size=args.tp,
-               **server_kw, **evs, hf_overrides={} if args.stock else {
+               **server_kw, **evs, **one_process_engine(args.one_process), hf_overrides={} if args.stock else {
                    "architectures": [architecture(args.model)],
                    "arr_coc": {"layer": args.layer, "encode": args.encode, "adapter": False}})
 

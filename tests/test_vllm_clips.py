@@ -78,7 +78,8 @@ def _serve(reqs: list[dict], tmp: Path, *extra: str, env: dict[str, str] | None 
     """The requests through one engine (`scripts/vllm_requests.py`); `extra` flags override the defaults."""
     (tmp / "reqs.json").write_text(json.dumps(reqs))
     cmd = [str(VLLM_PY), "scripts/vllm_requests.py", "--model", MODEL, "--requests", str(tmp / "reqs.json"), "--out",
-           str(tmp / "got.json"), "--layer", LAYER, "--encode", "before", "--max-model-len", "4096", *extra]
+           str(tmp / "got.json"), "--layer", LAYER, "--encode", "before", "--max-model-len", "4096", *extra,
+           *(() if "--tp" in extra else ("--one-process",))]   # no spawned engine processes (the server test has them)
     done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
                           capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -58,7 +58,8 @@ def _user(images: int, text: str) -> dict:
 def _serve(reqs: list[dict], tmp: Path, *extra: str) -> dict[str, dict]:
     (tmp / "reqs.json").write_text(json.dumps(reqs))
     cmd = [str(VLLM_PY), "scripts/vllm_requests.py", "--requests", str(tmp / "reqs.json"), "--out",
-           str(tmp / "got.json"), "--layer", LAYER, "--encode", "before", *extra]
+           str(tmp / "got.json"), "--layer", LAYER, "--encode", "before", "--one-process", *extra]
+    # --one-process: no spawned engine processes (the data-parallel server test below has vLLM's processes)
     done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
                           timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -300,7 +301,7 @@ def test_a_bad_operator_budget_stops_the_server_at_start_in_one_line(items, tmp_
     reqs = [{"name": "one", "images": [items[0]["path"]], "budget": None, "messages": [_user(1, "What color?")]}]
     (tmp_path / "reqs.json").write_text(json.dumps(reqs))
     cmd = [str(VLLM_PY), "scripts/vllm_requests.py", "--requests", str(tmp_path / "reqs.json"), "--out",
-           str(tmp_path / "got.json"), "--layer", LAYER, "--encode", "before", "--server-budget", "lots"]
+           str(tmp_path / "got.json"), "--layer", LAYER, "--encode", "before", "--server-budget", "lots", "--one-process"]
     done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
                           timeout=600)
     said = done.stdout + done.stderr                    # the worker logs its error on stdout

@@ -295,10 +295,16 @@ needs_vllm = pytest.mark.skipif(not VLLM_PY.exists() and not os.environ.get("CI"
                                 reason="no vLLM environment (make vllm-env; `make test` builds it)")
 
 
+def _one_process(extra: tuple[str, ...]) -> tuple[str, ...]:
+    """The offline engine in the script's own process, unless it is tensor parallel (which needs its workers): the
+    same engine, started without two processes that import vLLM again (the servers' tests keep vLLM's processes)."""
+    return () if "--tp" in extra else ("--one-process",)
+
+
 def _vllm(items: Path, out: Path, *extra: str, n: int = N_ITEMS) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     cmd = [str(VLLM_PY), "scripts/vllm_compare.py", "--items", str(items), "--n", str(n), "--out", str(out),
-           *extra]
+           *extra, *_one_process(extra)]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
