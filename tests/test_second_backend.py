@@ -177,3 +177,15 @@ def test_the_lmms_eval_harness_answers_through_a_backend_that_is_not_qwen(folder
     answers = [getattr(a, "text", a) for a in lm.generate_until(requests)]
     assert len(answers) == 3 and all(a.startswith("w") for a in answers)
     assert 0 < lm.usage["kept_tokens"] < lm.usage["total_tokens"] and lm.usage["requests"] == 3
+
+
+def test_a_backend_without_from_scratch_is_refused_by_the_test_bed_s_kit_in_one_line(folder):
+    """The ShapesVQA test bed and the bench ask the registry for a family's `FromScratch` by model type: a backend
+    that builds nothing from scratch is refused by name; a Qwen family gives one (no backend import needed)."""
+    from arr_coc.pipeline.registry import FromScratch, scratch_kit
+
+    with pytest.raises(ValueError, match=r"'mean-colour-tools' .* builds no model from scratch: .*FromScratch") as no:
+        scratch_kit(MODEL_TYPE)
+    assert "\n" not in str(no.value)
+    kit = scratch_kit("qwen2_vl")
+    assert isinstance(kit, FromScratch) and kit.image_token == "<|image_pad|>"
