@@ -181,6 +181,10 @@ class EncodesBefore(Protocol):
         """The tower on `cells` of `units` (one packed pass, every cell at its true position):
         -> (tokens [sum K_i, D] unit after unit, extra feature layers [sum K_i, D] each, or None)."""
 
+    def cost_by_count(self) -> bool:
+        """Whether the tower's cost on a unit's cells depends on its grid and their number only (what the
+        evaluation memoises FLOP counts by); False where it depends on which cells (window attention)."""
+
 
 @runtime_checkable
 class RemembersTower(Protocol):

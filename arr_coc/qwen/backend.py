@@ -304,6 +304,9 @@ class QwenBackend:
             return encode_packed(self.model, pixels, native.grid_thw[units], cells, clock)
 
     @torch.no_grad()
+    def cost_by_count(self) -> bool:
+        return not self.info.windows      # Qwen2.5-VL's windows: which cells share a window changes the cost
+
     def encode_units(self, prompt: Prompt, units: Sequence[int]) -> torch.Tensor:
         """The stock tower + merger on every cell of `units` (what a full encoding of them costs)."""
         native, units = prompt.native, list(units)
