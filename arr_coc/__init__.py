@@ -33,12 +33,12 @@ _EXPORTS = {
     "channel_names": "arr_coc.core.texture",
     "generate_texture_array": "arr_coc.core.texture",
     "ARRCOC": "arr_coc.front",
-    "ARRCOCQwen": "arr_coc.qwen",
+    "ARRCOCQwen": "arr_coc.qwen",   # the thin alias of ARRCOC for users who built on it; no tool uses it
     "choose": "arr_coc.pipeline.pure",
     "Chosen": "arr_coc.pipeline.pure",
     "register_backend": "arr_coc.pipeline.registry",
     "BackendEntry": "arr_coc.pipeline.registry",
-    "Trace": "arr_coc.qwen",
+    "Trace": "arr_coc.pipeline.trace",
     "Pruning": "arr_coc.pipeline",
     "register_selector": "arr_coc.pipeline",
     "Budget": "arr_coc.budget",
@@ -65,7 +65,8 @@ if TYPE_CHECKING:
     from .pipeline import Pruning, register_selector
     from .pipeline.pure import Chosen, choose
     from .pipeline.registry import BackendEntry, register_backend
-    from .qwen import ARRCOCQwen, Trace
+    from .pipeline.trace import Trace
+    from .qwen import ARRCOCQwen
     from .core.texture import channel_names, generate_texture_array
     from .video.clip import Clip
     from .video.reading import load_clip

@@ -10,7 +10,7 @@ trained against the frozen VLM (`arr_coc.training.saccade`) and hardened at infe
 again when strength > 0.5, i.e. when (uncertainty - threshold) * sharpness > 0 (`SaccadeGate.decide`,
 the soft decision's rounding). A saccade encodes further cells, never one already encoded
 (`saccade_cells`), and the language model answers again from every kept token at its original M-RoPE
-position (`arr_coc.qwen.saccades`).
+position (`arr_coc.pipeline.looks`).
 
 Which cells a saccade adds (`SaccadeConfig.target`):
   "next"  the most relevant cells the first look did not encode, by the selector's relevance map;
@@ -158,7 +158,7 @@ def saccade_cells(relevance: np.ndarray, kept: np.ndarray, grid_hw: tuple[int, i
 
     relevance float[h * w] (the selector's map, raster); kept: the cells the LM reads so far. A cell an
     earlier look encoded as context (margin, whole windows) may be chosen: its token exists, so it costs the
-    tower nothing (`arr_coc.qwen.saccades` encodes only what no look encoded). Takes
+    tower nothing (`arr_coc.pipeline.looks` encodes only what no look encoded). Takes
     `resolve_count(budget, h * w)` cells, fewer when fewer are left. Ties in relevance go to the lower raster
     index (a stable sort: the same cells on every machine)."""
     h, w = grid_hw

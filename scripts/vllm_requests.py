@@ -258,14 +258,10 @@ def match_kept(reqs, results, trace, keys, model, server_budget, parse_budget, k
     it, count); null where missing or ambiguous (a test then fails on it, by name)."""
     from transformers import AutoTokenizer
 
-    from arr_coc.qwen.prompt import PromptTokens, user_header
+    from arr_coc.serving.vllm.settings import prompt_tokens
 
-    tok = AutoTokenizer.from_pretrained(model)
     cfg = json.loads((Path(model) / "config.json").read_text())
-    vocab = tok.get_vocab()
-    tokens = PromptTokens(image=int(cfg["image_token_id"]), video=int(cfg["video_token_id"]),
-                          vision_end=vocab["<|vision_end|>"], im_end=vocab["<|im_end|>"], pad=0,
-                          special=frozenset(tok.all_special_ids), user_turn=user_header(tok))
+    tokens = prompt_tokens(AutoTokenizer.from_pretrained(model), cfg["image_token_id"], cfg["video_token_id"])
     seen: dict[tuple, list] = {}
     for line in trace.read_text().splitlines() if trace.exists() else []:
         t = json.loads(line)

@@ -148,6 +148,9 @@ class ToyBackendBefore(ToyBackend):
     def encode_cells(self, prompt, units, cells, clock=None):
         return torch.cat([self._tower(prompt.native["pictures"][i], c) for i, c in zip(units, cells)]), None
 
+    def cost_by_count(self):
+        return True
+
 
 @dataclass
 class SimpleOut:

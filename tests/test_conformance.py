@@ -345,7 +345,7 @@ DEGRADES = {
     ChecksInputs: "the validator's default limits",
     RemembersTower: "a later look's cells form their own segment",
     CostsTower: "`eval` refused in one line before any work (its FLOP counts; tests/test_second_backend.py)",
-    TrainsThrough: "training cannot run (not yet refused up front)",
+    TrainsThrough: "`train` and `train-adapter` refused in one line before any work (tests/test_second_backend.py)",
     TrainsAdapters: "train-adapter refused in one line",
     LaysOutVisuals: "`downscale` refused in one line; the evaluation's counts read from the prompt",
     SharesWeights: "the app offers no other layer beside it (refused in one line)",

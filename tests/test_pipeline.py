@@ -53,7 +53,8 @@ def test_the_pipeline_runs_arr_coc_on_a_backend_that_is_not_qwen(toy):
 def test_a_core_only_backend_refuses_what_it_lacks_in_one_line(toy):
     inputs = toy.backend.build_inputs([[scene(3)]], ["what is blue"])
     with pytest.raises(MissingCapability, match=r"cannot encode before the vision tower .*EncodesBefore \(missing "
-                                                r"check_encode, context_cells, encode_cells, encode_gist\)"):
+                                                r"check_encode, context_cells, cost_by_count, encode_cells, "
+                                                r"encode_gist\)"):
         toy.answer(inputs, Pruning.of("arr_coc", 0.25, encode="before"), max_new_tokens=1)
     with pytest.raises(MissingCapability, match="cannot give the language model's attention to FastV"):
         toy.answer(inputs, Pruning.of("fastv", 0.25, strict=True), max_new_tokens=1)

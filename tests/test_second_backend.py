@@ -1,5 +1,6 @@
 """A backend that is not Qwen runs the project's own tools end to end through the front door: `ask`, `eval` and the
-lmms-eval harness (issue 62, part 2), and what it lacks is refused in one line naming the capability.
+lmms-eval harness (issue 62, part 2), and what it lacks is refused in one line naming the capability (training the
+layer or an adapter through it: `TrainsThrough`).
 
 The backend is docs/DESIGN.md's "VLM that is not Qwen" (a token per 16 px cell from its mean colour) reading PIL
 images as the tools pass them, with the core and `CostsTower` (the evaluation counts the tower's FLOPs) only.
@@ -177,3 +178,28 @@ def test_the_lmms_eval_harness_answers_through_a_backend_that_is_not_qwen(folder
     answers = [getattr(a, "text", a) for a in lm.generate_until(requests)]
     assert len(answers) == 3 and all(a.startswith("w") for a in answers)
     assert 0 < lm.usage["kept_tokens"] < lm.usage["total_tokens"] and lm.usage["requests"] == 3
+
+
+def test_a_backend_without_from_scratch_is_refused_by_the_test_bed_s_kit_in_one_line(folder):
+    """The ShapesVQA test bed and the bench ask the registry for a family's `FromScratch` by model type: a backend
+    that builds nothing from scratch is refused by name; a Qwen family gives one (no backend import needed)."""
+    from arr_coc.pipeline.registry import FromScratch, scratch_kit
+
+    with pytest.raises(ValueError, match=r"'mean-colour-tools' .* builds no model from scratch: .*FromScratch") as no:
+        scratch_kit(MODEL_TYPE)
+    assert "\n" not in str(no.value)
+    kit = scratch_kit("qwen2_vl")
+    assert isinstance(kit, FromScratch) and kit.image_token == "<|image_pad|>"
+
+
+@pytest.mark.parametrize("command", ["train", "train-adapter"])
+def test_training_through_a_backend_without_trains_through_is_refused_in_one_line(folder, split, tmp_path, capsys,
+                                                                                   command):
+    """Both trainings need losses through the frozen VLM: refused by name right after the model loads, before a
+    feature is extracted or a step runs (nothing written but the --out folder the command checks first)."""
+    out = tmp_path / command
+    args = ["--stage", "1", "--data", str(split)] if command == "train" else ["--data", str(split), "--val-items", "2"]
+    assert main([command, "--model", str(folder), "--out", str(out), "--steps", "1", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not implement TrainsThrough" in err[0] and f"({command})" in err[0], err
+    assert not out.exists() or list(out.iterdir()) == []

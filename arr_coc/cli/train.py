@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from .args import add_runtime, budgets_arg, runtime
 
@@ -110,6 +111,7 @@ def _spread_range(text: str) -> tuple[float, float]:
 def run(args: argparse.Namespace) -> int:
     from arr_coc.training.config import TrainConfig
     from arr_coc.distributed import LaunchError, Processes
+    from arr_coc.pipeline.backend import MissingCapability
     from arr_coc.training.loop import train
 
     try:  # under a launcher, this process's device is the launcher's (accelerate's), not a second opinion
@@ -124,7 +126,12 @@ def run(args: argparse.Namespace) -> int:
                       spread_per_cell=args.spread_per_cell)
     run_on = runtime(args)  # a wrong --device/--dtype stops here, before anything is written
     os.makedirs(cfg.out, exist_ok=True)
-    train(cfg, args.model, args.data, init=args.init, resume=args.resume, stop_after=args.stop_after,
-          feature_cache=args.feature_cache, runtime=run_on, processes=processes)
+    try:
+        train(cfg, args.model, args.data, init=args.init, resume=args.resume, stop_after=args.stop_after,
+              feature_cache=args.feature_cache, runtime=run_on, processes=processes)
+    except MissingCapability as exc:   # this model's backend cannot train through it: said before any work
+        print(f"python -m arr_coc train: error: {exc}", file=sys.stderr)
+        processes.close()             # every process refuses alike
+        return 2
     processes.close()  # (a process that raised exits instead, and its launcher stops the others)
     return 0

@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from arr_coc.encode import EncodeConfig
     from arr_coc.paths import LayerNotFound, check_layer_folder, resolve_layer
     from arr_coc.adapter_files import AdapterError, adapter_folder
+    from arr_coc.pipeline.backend import MissingCapability
     from arr_coc.training.adapter import AdapterTrainConfig, check_run, train_adapter
 
     try:   # every argument, the layer and the adapter to continue, before the model loads
@@ -108,7 +109,11 @@ def run(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"train-adapter: note: {note}", file=sys.stderr)
     run_on = runtime(args)
-    state = train_adapter(cfg, args.model, layer, init_adapter=args.init_adapter, resume=args.resume,
-                          progress=not args.quiet, runtime=run_on, stop_after=args.stop_after)
+    try:
+        state = train_adapter(cfg, args.model, layer, init_adapter=args.init_adapter, resume=args.resume,
+                              progress=not args.quiet, runtime=run_on, stop_after=args.stop_after)
+    except MissingCapability as exc:   # this model's backend cannot train adapters through it: before any work
+        print(f"python -m arr_coc train-adapter: error: {exc}", file=sys.stderr)
+        return 2
     print(f"train-adapter: {state['step']} steps; the pair is in {cfg.out} (the adapter in {cfg.out}/adapter)")
     return 0

@@ -102,12 +102,12 @@ SHAPES: dict[str, Shape] = {
         "Qwen2.5-VL-7B", "qwen2_5_vl", {**_QWEN2_5_VL_TOWER, "out_hidden_size": 3584}, _lm(3584, 28, 28, 4, 18944),
         "tower: Qwen2_5_VLVisionConfig defaults with Qwen2.5-VL-7B-Instruct config.json's hidden_size 1280; "
         "LM: the same config.json"),
-    # The tiny test models (arr_coc.qwen.tiny) at the depths the tests scale to; numbers mean nothing.
+    # The tiny test models (`FromScratch.random_model`) at the depths the tests scale to; numbers mean nothing.
     "tiny-qwen2-vl": Shape("tiny-qwen2-vl", "qwen2_vl", {"depth": 2}, {"num_hidden_layers": 2},
-                           "arr_coc.qwen.tiny defaults (hidden 64, vision width 32)"),
+                           "the tiny random Qwen defaults (hidden 64, vision width 32)"),
     "tiny-qwen2.5-vl": Shape("tiny-qwen2.5-vl", "qwen2_5_vl", {"depth": 4, "fullatt_block_indexes": [1, 3]},
                              {"num_hidden_layers": 2},
-                             "arr_coc.qwen.tiny defaults (hidden 64, vision width 32), 4 blocks, full attention in "
+                             "the tiny random Qwen defaults (hidden 64, vision width 32), 4 blocks, full attention in "
                              "blocks 1 and 3"),
 }
 
@@ -173,8 +173,9 @@ def label(preset: Preset, vision_layers: int, lm_layers: int) -> str:
 
 
 def build_model(preset: Preset, vision_layers: int, lm_layers: int, runtime: Any, seed: int = 0):
-    """(model, processor, summary) for `preset` with random weights, on `runtime`'s device, dtype, attention."""
-    from ..qwen.tiny import build_tiny_qwen
+    """(model, processor, summary) for `preset` with random weights, on `runtime`'s device, dtype, attention (the
+    family's `FromScratch.random_model`)."""
+    from ..pipeline.registry import scratch_kit
 
     shape = SHAPES[preset.shape]
     text = {} if preset.tiny else dict(shape.text)
@@ -183,9 +184,9 @@ def build_model(preset: Preset, vision_layers: int, lm_layers: int, runtime: Any
     vision["depth"] = vision_layers
     if shape.family == "qwen2_5_vl":
         vision["fullatt_block_indexes"] = shape.fullatt(vision_layers)
-    model, processor = build_tiny_qwen(shape.family, seed=seed, dtype=runtime.dtype, max_pixels=preset.max_pixels,
-                                       attn_implementation=runtime.attn_implementation or "sdpa",
-                                       text_config=text, vision_config=vision)
+    model, processor = scratch_kit(shape.family).random_model(
+        seed=seed, dtype=runtime.dtype, max_pixels=preset.max_pixels,
+        attn_implementation=runtime.attn_implementation or "sdpa", text_config=text, vision_config=vision)
     model = model.to(runtime.device)
     tc, vc = model.config.text_config, model.config.vision_config
     summary = {
@@ -204,15 +205,15 @@ def build_model(preset: Preset, vision_layers: int, lm_layers: int, runtime: Any
 
 def check_shape_encode(shape: Shape, encode: Any) -> None:
     """Refuse (ValueError) an encoding the shape's family cannot run (whole windows: Qwen2.5-VL only)."""
-    from ..qwen.families import family_of
+    from ..pipeline.registry import scratch_kit
 
-    family_of(shape.family).check_encode(encode)
+    scratch_kit(shape.family).check_encode(encode)
 
 
 def build_backend(preset: Preset, vision_layers: int, lm_layers: int, runtime: Any, seed: int = 0):
-    """(the Qwen backend over `build_model`'s random model, that model, summary): what `ARRCOC(backend)` wraps; the
-    model itself for the bench's probes on its tower."""
-    from ..qwen import QwenBackend
+    """(the family's backend over `build_model`'s random model, that model, summary): what `ARRCOC(backend)` wraps;
+    the model itself for the bench's probes on its tower."""
+    from ..pipeline.registry import scratch_kit
 
     model, processor, summary = build_model(preset, vision_layers, lm_layers, runtime, seed)
-    return QwenBackend(model.eval().requires_grad_(False), processor), model, summary
+    return scratch_kit(SHAPES[preset.shape].family).backend(model, processor), model, summary

@@ -5,8 +5,9 @@ clock with the evaluation's counter. One owner for `eval` (images and clips), `b
               the encoded cells ("before"; with more than one look, every look's tower pass on the cells it
               encoded). Counted by running the same tower calls again under `flop_counter` (the attention kernel
               included: tests/test_encoding.py checks the count against 2 * 2 * n^2 * d per layer). A tower's
-              cost depends on the grid and the number of encoded cells only (a windowed tower aside: its window
-              layers cost by which cells, so it is counted every time), so counts are memoised by those.
+              cost depends on the grid and the number of encoded cells only, so counts are memoised by those, unless
+              `EncodesBefore.cost_by_count` says otherwise (a windowed tower: its window layers cost by which
+              cells, so it is counted every time).
     selector  the run's selector once more under the counter, on the context(s) it saw (`CountedSelector`),
               shared evenly by the batch's items; 0 for every token; None (unknown) when it cannot be counted
     lm        the language model's prefill of each look's prompt for the item alone (no padding, logits of the
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from ..pipeline.backend import EncodesBefore, has
 from .flops import count_flops
 
 if TYPE_CHECKING:
@@ -64,7 +66,7 @@ def _memo(memo: dict[Any, int], key: tuple | None, count) -> int:
 def vision_flops(backend: VLMBackend, prompt: Prompt, traces: Sequence[Trace], gist_share: float,
                  memo: dict[Any, int]) -> list[int]:
     """Per item (trace) of `prompt`: vision FLOPs (gist + tower) as the run spent them."""
-    windowed = bool(getattr(getattr(backend, "info", None), "windows", False))   # the cost depends on which cells
+    by_count = has(backend, EncodesBefore) and backend.cost_by_count()   # else the cost depends on which cells
     out, first = [], 0
     for tr in traces:
         total = 0
@@ -75,7 +77,7 @@ def vision_flops(backend: VLMBackend, prompt: Prompt, traces: Sequence[Trace], g
                 continue
             looks = [look.encoded[j] for look in tr.looks] if tr.looks else [tr.encoded_cells[j]]
             for cells in (c for c in looks if c.numel()):      # every look's tower pass (passes > 1), each its own
-                key = None if windowed else ("before", grid, int(cells.numel()))
+                key = ("before", grid, int(cells.numel())) if by_count else None
                 total += _memo(memo, key, lambda: count_flops(backend.encode_cells, prompt, [i],
                                                               [cells.numpy()])[1])
             if tr.gist_grid:

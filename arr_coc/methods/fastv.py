@@ -46,7 +46,7 @@ def image_scores(ctx: SelectionContext, layer: int = DEFAULT_LAYER) -> list[torc
     """Per unit of ctx, the FastV score [n_i] of each of its visual tokens (raster order). ctx holds every unit
     of its rows, in prompt order (selection contexts are split by item)."""
     backend = require(ctx.backend, TextAttention, "give the language model's attention to FastV")
-    return backend.text_attention(ctx.prompt, ctx.image_ids, ctx.visual_tokens, ctx.deepstack_features, layer)
+    return backend.text_attention(ctx.prompt, ctx.image_ids, ctx.visual_tokens, ctx.side_features, layer)
 
 
 def make_selector(layer: int = DEFAULT_LAYER):

@@ -109,7 +109,7 @@ class VLMBackend(Protocol):
 
     def read_prompt(self, inputs: Mapping[str, Any], encode_all: bool, clock: Stopwatch | None = None) -> Prompt:
         """Units, grids and rows of the processor's tensors; with encode_all the tower on every cell
-        (`Prompt.visual`, `feats`, `deep`)."""
+        (`Prompt.visual`, `feats`, `side`)."""
 
     def pixels(self, prompt: Prompt) -> UnitPixels:
         """The units' pictures (the texture's input), made once per prompt."""
@@ -170,7 +170,7 @@ class EncodesBefore(Protocol):
     def encode_gist(self, prompt: Prompt, units: Sequence[int], grids: Sequence[tuple[int, int]]
                     ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]] | None]:
         """The tower on each of `units` downscaled to its grid in `grids`: per unit [h_g * w_g, D] (+ per unit,
-        one [h_g * w_g, D] per extra feature layer the LM reads, e.g. Qwen3-VL's deepstack)."""
+        one [h_g * w_g, D] per side-feature layer the LM reads, e.g. Qwen3-VL's deepstack)."""
 
     def context_cells(self, prompt: Prompt, units: Sequence[int], chosen: Sequence[torch.Tensor],
                       encode: EncodeConfig) -> list[torch.Tensor]:
@@ -179,7 +179,11 @@ class EncodesBefore(Protocol):
     def encode_cells(self, prompt: Prompt, units: Sequence[int], cells: Sequence[np.ndarray],
                      clock: Stopwatch | None = None) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """The tower on `cells` of `units` (one packed pass, every cell at its true position):
-        -> (tokens [sum K_i, D] unit after unit, extra feature layers [sum K_i, D] each, or None)."""
+        -> (tokens [sum K_i, D] unit after unit, side-feature layers [sum K_i, D] each, or None)."""
+
+    def cost_by_count(self) -> bool:
+        """Whether the tower's cost on a unit's cells depends on its grid and their number only (what the
+        evaluation memoises FLOP counts by); False where it depends on which cells (window attention)."""
 
 
 @runtime_checkable
@@ -225,9 +229,10 @@ class TextAttention(Protocol):
     """The language model's attention to the visual tokens (FastV)."""
 
     def text_attention(self, prompt: Prompt, units: Sequence[int], visual_tokens: Sequence[torch.Tensor],
-                       deepstack: Sequence[Sequence[torch.Tensor]] | None, layer: int) -> list[torch.Tensor]:
+                       side: Sequence[Sequence[torch.Tensor]] | None, layer: int) -> list[torch.Tensor]:
         """Per unit [n_i]: the attention its tokens get from their row's last prompt token at LM layer `layer`
-        (1-based, mean over heads), running only layers 1..layer of the unpruned prompt."""
+        (1-based, mean over heads), running only layers 1..layer of the unpruned prompt; `side`: the units' side
+        features (`SelectionContext.side_features`), or None."""
 
 
 @runtime_checkable

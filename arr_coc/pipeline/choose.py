@@ -219,7 +219,7 @@ def context(req: RequestContext, prompt: Prompt, visual_tokens: list[torch.Tenso
         rows = [backend.decode_text(q) for q in backend.question_tokens(prompt)]
         texts = [rows[b] for b in prompt.item_of_image]
     lap(clock, "question")
-    deep, n = prompt.deep, len(prompt.grid_hw)
+    side, n = prompt.side, len(prompt.grid_hw)
     if prompt.pixels is None:
         prompt.pixels = backend.pixels(prompt)
     return SelectionContext(
@@ -227,7 +227,7 @@ def context(req: RequestContext, prompt: Prompt, visual_tokens: list[torch.Tenso
         visual_tokens=visual_tokens, query=query, query_mask=query_mask, query_lengths=lengths,
         budgets=list(budgets), counts=unit_counts(list(budgets), prompt.grid_hw, prompt.clips),
         item_of_image=list(prompt.item_of_image), budget_mode=budget_mode, image_ids=list(range(n)), seed=req.seed,
-        deepstack_features=[[d[i] for d in deep] for i in range(n)] if deep is not None else None, clock=clock,
+        side_features=[[d[i] for d in side] for i in range(n)] if side is not None else None, clock=clock,
         clips=list(prompt.clip), groups=list(prompt.group), questions=texts)
 
 

@@ -42,7 +42,7 @@ class Gist:
     grid_hw: list[tuple[int, int]]                  # (h_g, w_g) per unit
     tokens: list[torch.Tensor]                      # per unit [h_g * w_g, D]
     on_full_grid: list[torch.Tensor]                # per unit [n_i, D]: the gist token under each cell
-    deepstack: list[list[torch.Tensor]] | None      # per unit, per deepstack layer [h_g * w_g, D]
+    side: list[list[torch.Tensor]] | None           # per unit, per side-feature layer [h_g * w_g, D]
 
 
 def gist_grid(grid_hw: tuple[int, int], share: float) -> tuple[int, int]:
@@ -73,9 +73,9 @@ def encode_gist(backend: EncodesBefore, prompt: Prompt, share: float, units: Seq
     units = list(range(len(prompt.grid_hw))) if units is None else list(units)
     full = [prompt.grid_hw[i] for i in units]
     grids = [gist_grid(g, share) for g in full]
-    tokens, deep = backend.encode_gist(prompt, units, grids)
+    tokens, side = backend.encode_gist(prompt, units, grids)
     mapped = [t[nearest_cells(f, g).to(t.device)] for t, f, g in zip(tokens, full, grids)]
-    return Gist(grid_hw=grids, tokens=list(tokens), on_full_grid=mapped, deepstack=deep)
+    return Gist(grid_hw=grids, tokens=list(tokens), on_full_grid=mapped, side=side)
 
 
 def gist_or_zeros(backend: EncodesBefore, prompt: Prompt, share: float, strict: bool) -> tuple[Gist, dict[int, str]]:
@@ -100,9 +100,9 @@ def gist_or_zeros(backend: EncodesBefore, prompt: Prompt, share: float, strict: 
 
 def merge_gists(parts: Sequence[Gist | None], grid_hw: Sequence[tuple[int, int]], width: int) -> Gist:
     """One Gist from per-unit ones; a missing unit (its gist failed) gets a 2 x 2 gist of zeros."""
-    grids, tokens, mapped, deep = [], [], [], []
+    grids, tokens, mapped, side = [], [], [], []
     template = next((p for p in parts if p is not None), None)
-    n_layers = len(template.deepstack[0]) if template is not None and template.deepstack else 0
+    n_layers = len(template.side[0]) if template is not None and template.side else 0
     like = template.tokens[0] if template is not None else torch.zeros(0)   # the VLM's dtype and device
     for p, g in zip(parts, grid_hw):
         if p is None:
@@ -110,13 +110,13 @@ def merge_gists(parts: Sequence[Gist | None], grid_hw: Sequence[tuple[int, int]]
             grids.append((2, 2))
             tokens.append(zeros)
             mapped.append(zeros[nearest_cells(g, (2, 2))])
-            deep.append([zeros] * n_layers)
+            side.append([zeros] * n_layers)
         else:
             grids.append(p.grid_hw[0])
             tokens.append(p.tokens[0])
             mapped.append(p.on_full_grid[0])
-            deep.append(p.deepstack[0] if p.deepstack else [])
-    return Gist(grid_hw=grids, tokens=tokens, on_full_grid=mapped, deepstack=deep if n_layers else None)
+            side.append(p.side[0] if p.side else [])
+    return Gist(grid_hw=grids, tokens=tokens, on_full_grid=mapped, side=side if n_layers else None)
 
 
 @dataclass
@@ -142,15 +142,15 @@ def encode_split(backend: EncodesBefore, prompt: Prompt, units: Sequence[int], c
     pieces: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
     for mine, on in groups:
         with adapted_on(backend, on):
-            tokens, deep = backend.encode_cells(prompt, [units[j] for j in mine], [cells[j] for j in mine], clock)
+            tokens, side = backend.encode_cells(prompt, [units[j] for j in mine], [cells[j] for j in mine], clock)
         sizes = [len(cells[j]) for j in mine]
-        per_layer = [d.split(sizes) for d in deep] if deep is not None else []
+        per_layer = [d.split(sizes) for d in side] if side is not None else []
         for n, (j, t) in enumerate(zip(mine, tokens.split(sizes))):
             pieces[j] = (t, [layer[n] for layer in per_layer])
     tokens = torch.cat([pieces[j][0] for j in range(len(units))])
-    n_deep = len(pieces[0][1])
-    deep = [torch.cat([pieces[j][1][k] for j in range(len(units))]) for k in range(n_deep)] if n_deep else None
-    return tokens, deep
+    n_side = len(pieces[0][1])
+    side = [torch.cat([pieces[j][1][k] for j in range(len(units))]) for k in range(n_side)] if n_side else None
+    return tokens, side
 
 
 def foveate(backend: EncodesBefore, prompt: Prompt, chosen: Sequence[torch.Tensor], config: EncodeConfig,
@@ -162,8 +162,8 @@ def foveate(backend: EncodesBefore, prompt: Prompt, chosen: Sequence[torch.Tenso
     units = list(range(len(prompt.grid_hw)))
     encoded = backend.context_cells(prompt, units, chosen, config)
     lap(clock, "packing")
-    tokens, deep = encode_split(backend, prompt, units, [e.numpy() for e in encoded], adapted, clock)
-    sources, deep_sources = [tokens], None if deep is None else [[layer] for layer in deep]
+    tokens, side = encode_split(backend, prompt, units, [e.numpy() for e in encoded], adapted, clock)
+    sources, side_sources = [tokens], None if side is None else [[layer] for layer in side]
     n_rows = tokens.shape[0]
     cells, rows, lm_cells, periphery = [], [], [], []
     start = 0
@@ -174,8 +174,8 @@ def foveate(backend: EncodesBefore, prompt: Prompt, chosen: Sequence[torch.Tenso
         if config.periphery and gist is not None:
             extra, regions = periphery_cells(c, g, gist.grid_hw[i])
             sources.append(gist.tokens[i])                         # a periphery cell reads its gist token
-            if deep_sources is not None:
-                for layer, per_layer in zip(deep_sources, gist.deepstack[i]):
+            if side_sources is not None:
+                for layer, per_layer in zip(side_sources, gist.side[i]):
                     layer.append(per_layer)
             mine.update({int(cell): n_rows + int(r) for cell, r in zip(extra.tolist(), regions.tolist())})
             n_rows += gist.tokens[i].shape[0]
@@ -185,8 +185,8 @@ def foveate(backend: EncodesBefore, prompt: Prompt, chosen: Sequence[torch.Tenso
         periphery.append(torch.from_numpy(np.sort(extra.numpy())))
         lm_cells.append(torch.from_numpy(np.union1d(c.cpu().numpy(), extra.numpy()).astype(np.int64)))
     source = sources[0] if len(sources) == 1 else torch.cat([s.to(tokens.dtype) for s in sources])
-    deep_source = None if deep_sources is None else \
-        [layer[0] if len(layer) == 1 else torch.cat([s.to(layer[0].dtype) for s in layer]) for layer in deep_sources]
+    deep_source = None if side_sources is None else \
+        [layer[0] if len(layer) == 1 else torch.cat([s.to(layer[0].dtype) for s in layer]) for layer in side_sources]
     visual = VisualRows(source, deep_source, cells, rows, [h * w for h, w in prompt.grid_hw])
     return Foveated(visual=visual, lm_cells=lm_cells, encoded=encoded, periphery=periphery)
 

@@ -105,7 +105,7 @@ def prepare(req: RequestContext, inputs: Mapping[str, Any]) -> Prepared:
         prompt.vision_s += clock.seconds["vision"]
         checkpoint("vision")
     elif any(r is not None for r in choice.replaced):   # the selector replaced some tokens (VisionZip)
-        visual = VisualRows.every_cell(choice.replacing(prompt.feats), prompt.deep)
+        visual = VisualRows.every_cell(choice.replacing(prompt.feats), prompt.side)
     pruned = rewrite(backend, prompt, visual, lm_cells, pruning)
     pruned.adapted = adapted                                  # prefill and decode switch the adapter by it
     clock.lap("packing")

@@ -185,8 +185,8 @@ class Looker:
             on = adapted is not None and all(adapted[batch.item_of_image[i]] for i in todo)
             with self.backend.attending(memory, todo) if memory is not None else nullcontext(), \
                     adapted_on(self.backend, on):
-                tokens, deep = self.backend.encode_cells(batch, todo, [to_encode[i] for i in todo], self.clock)
-            state.visual = state.visual.extended(tokens, deep, {i: to_encode[i] for i in todo})
+                tokens, side = self.backend.encode_cells(batch, todo, [to_encode[i] for i in todo], self.clock)
+            state.visual = state.visual.extended(tokens, side, {i: to_encode[i] for i in todo})
         vision_s = time.perf_counter() - t_tower
         for i in units:
             state.kept[i] = np.union1d(state.kept[i], new[i]).astype(np.int64)

@@ -44,7 +44,8 @@ class Prompt:
     group         per unit: its temporal group in that video (0 for an image)
     visual_index  per unit: its image's or video's place among its row's visuals (a video's groups share one)
     visual        after mode: the tower's tokens of every cell (`VisualRows`); None until encoded
-    feats / deep  per-unit views of `visual` [n_i, D] (and, for a tower with deepstack layers, per layer)
+    feats / side  per-unit views of `visual` [n_i, D] (and, per layer, of its side features: what the backend's
+                  LM reads beside each token, e.g. Qwen3-VL's deepstack; opaque to the pipeline)
     vision_s      seconds the tower took on this prompt so far
     native        the backend's own state (never read by the pipeline)
     """
@@ -59,7 +60,7 @@ class Prompt:
     native: Any
     visual: VisualRows | None = None
     feats: tuple[torch.Tensor, ...] | None = None
-    deep: list[tuple[torch.Tensor, ...]] | None = None
+    side: list[tuple[torch.Tensor, ...]] | None = None
     vision_s: float = 0.0
     pixels: Any = None        # the units' pictures for the texture (`VLMBackend.pixels`), made on first use
 

@@ -9,6 +9,10 @@ point group `arr_coc.backends` (in its pyproject: `[project.entry-points."arr_co
 "my_package.backend:ENTRY"`, ENTRY a `BackendEntry`), read the first time a model type is not known, the same
 mechanism lmms-eval uses to find this project's model. docs/DESIGN.md, "Adding a backend", shows one.
 
+A family may also build models of itself from scratch (`FromScratch`, `BackendEntry.scratch`): the ShapesVQA test
+bed's embedded model, its training and the bench's random models ask `scratch_kit(model_type)` for it, so they
+import no backend.
+
 Reading a checkpoint's model type is here too, with the hub's errors said once for every family: a local folder is
 read with `local_files_only`, a hub id as transformers reads it (`HubUnreachable` when it cannot be).
 """
@@ -20,11 +24,61 @@ import json
 import os
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from .backend import VLMBackend
 
+if TYPE_CHECKING:
+    import torch
+
+    from ..encode import EncodeConfig
+
 ENTRY_POINT_GROUP = "arr_coc.backends"
+
+
+@runtime_checkable
+class FromScratch(Protocol):
+    """A family's models built from scratch, outside any checkpoint: the ShapesVQA test bed's embedded model (a
+    word-level tokenizer, its training, a video fine-tune of a checkpoint) and the bench's random models."""
+
+    image_token: str   # the prompt's placeholder of an image's tokens
+    end_token: str     # what closes a turn (the token after an answer)
+
+    def word_tokenizer(self, words: Sequence[str]) -> Any:
+        """A word-level tokenizer over `words` with the family's special tokens and chat template."""
+
+    def image_processor(self, min_pixels: int, max_pixels: int) -> Any:
+        """The image processor of a `word_model` within these pixel limits."""
+
+    def word_model(self, words: Sequence[str], vision: Mapping[str, Any], text: Mapping[str, Any],
+                   min_pixels: int, max_pixels: int, seed: int = 0,
+                   attn_implementation: str = "sdpa") -> tuple[Any, Any]:
+        """(model, processor): an untrained model over `word_tokenizer(words)`, its tower and language model
+        configured by `vision` / `text`."""
+
+    def random_model(self, seed: int, dtype: torch.dtype, max_pixels: int | None, attn_implementation: str,
+                     text_config: Mapping[str, Any], vision_config: Mapping[str, Any]) -> tuple[Any, Any]:
+        """(model, processor): random weights, these config parts over the family's tiny defaults, frozen."""
+
+    def backend(self, model: Any, processor: Any) -> VLMBackend:
+        """The pipeline's backend over a model this kit built or loaded."""
+
+    def check_encode(self, encode: EncodeConfig) -> None:
+        """Refuse (ValueError) an encoding this family cannot run, before any model is built."""
+
+    def load(self, path: str | os.PathLike, device: Any = "cpu", dtype: Any = "auto") -> tuple[Any, Any]:
+        """(model, processor) of a checkpoint, the model trainable as loaded (not a backend: training it)."""
+
+    def render_prompt(self, processor: Any, images: int, question: str) -> str:
+        """The chat text of one user turn: `images` image placeholders, then `question`."""
+
+    def encode_prompts(self, processor: Any, visuals: Sequence[Sequence[Any]], questions: Sequence[str]
+                       ) -> dict[str, torch.Tensor]:
+        """The processor's tensors for a batch (what the model's forward takes), left-padded."""
+
+    def visual_tokens(self, model: Any, processor: Any, images: Sequence[Any]
+                      ) -> tuple[list[torch.Tensor], list[tuple[int, int]]]:
+        """Per image, the tower's tokens [h * w, D] (differentiable) and its grid (h, w) of cells."""
 
 
 @dataclass(frozen=True)
@@ -32,12 +86,14 @@ class BackendEntry:
     """One backend: its name (how errors name it), the model types it serves, and how it loads one.
 
     load(model_id_or_path, device=..., dtype=..., attn_implementation=..., **kwargs) -> a `VLMBackend`
-    check_adapter(adapter)  refuses, before the model loads, adapters that are not there (None: no check)"""
+    check_adapter(adapter)  refuses, before the model loads, adapters that are not there (None: no check)
+    scratch(model_type)     the family's `FromScratch` (None: it builds nothing from scratch)"""
 
     name: str
     model_types: tuple[str, ...]
     load: Callable[..., VLMBackend]
     check_adapter: Callable[[Any], Any] | None = None
+    scratch: Callable[[str], FromScratch] | None = None
 
 
 _BUILTIN = {   # model type -> the module whose ENTRY serves it (imported on first use)
@@ -76,6 +132,16 @@ def backend_entry(model_type: str | None) -> BackendEntry:
                          f"{', '.join(known_model_types())}. Add one with arr_coc.pipeline.registry.register_backend "
                          f"or the {ENTRY_POINT_GROUP!r} entry point group (docs/DESIGN.md, 'Adding a backend')")
     return _BACKENDS[model_type]
+
+
+def scratch_kit(model_type: str) -> FromScratch:
+    """The `FromScratch` of the backend serving `model_type`; ValueError saying what is missing when it has none."""
+    entry = backend_entry(model_type)
+    if entry.scratch is None:
+        raise ValueError(f"backend {entry.name!r} (model type {model_type!r}) builds no model from scratch: its "
+                         "BackendEntry has no `scratch` (a FromScratch), which the ShapesVQA test bed and the bench's "
+                         "random models need; use a family that has one, e.g. 'qwen2_vl'")
+    return entry.scratch(model_type)
 
 
 def known_model_types() -> list[str]:
@@ -136,5 +202,5 @@ def load_backend(model_id_or_path: str | os.PathLike, adapter: Any = None, **kwa
     return entry.load(model_id_or_path, **kwargs)
 
 
-__all__ = ["BackendEntry", "ENTRY_POINT_GROUP", "HubUnreachable", "backend_entry", "hub_error", "known_model_types",
-           "load_backend", "model_type_of", "register_backend"]
+__all__ = ["BackendEntry", "ENTRY_POINT_GROUP", "FromScratch", "HubUnreachable", "backend_entry", "hub_error",
+           "known_model_types", "load_backend", "model_type_of", "register_backend", "scratch_kit"]

@@ -87,7 +87,7 @@ class SelectionContext:
     budget_mode: BudgetMode | None = None
     image_ids: list[int] = field(default_factory=list)
     seed: int = 0
-    deepstack_features: list[list[torch.Tensor]] | None = None  # per unit, one [n_i, D] per deepstack layer
+    side_features: list[list[torch.Tensor]] | None = None  # per unit, one [n_i, D] per side-feature layer
     query_lengths: list[int] = field(default_factory=list)    # L_i per unit (host), for `query_embeds`
     clock: Stopwatch | None = None   # stage times of this pass (`arr_coc.stopwatch`); a selector may lap it
     clips: list[int] = field(default_factory=list)
@@ -129,7 +129,7 @@ class SelectionContext:
             item_of_image=pick(self.item_of_image), image_ids=pick(self.image_ids),
             clips=pick(self.clips) if self.clips else [], groups=pick(self.groups) if self.groups else [],
             questions=pick(self.questions) if self.questions else [],
-            deepstack_features=pick(self.deepstack_features) if self.deepstack_features is not None else None,
+            side_features=pick(self.side_features) if self.side_features is not None else None,
         )
 
     def generator(self, i: int) -> torch.Generator:

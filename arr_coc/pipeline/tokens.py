@@ -21,23 +21,24 @@ class VisualRows:
 
     source  [R, D] rows: the merger's output of every image (after), or of the encoded cells (+ the gist's
             periphery tokens) (before)
-    deep    Qwen3-VL: one [R, D] per deepstack layer, the same rows; else None
+    side    the backend's side features, one [R, D] per layer with the same rows (Qwen3-VL's deepstack), kept
+            and dropped with their tokens and never read here; None: it has none
     cells   per image, int64[E_i] ascending: the cells that have a token in `source`
     rows    per image, int64[E_i]: those tokens' rows in `source`
     """
 
     source: torch.Tensor
-    deep: list[torch.Tensor] | None
+    side: list[torch.Tensor] | None
     cells: list[np.ndarray]
     rows: list[np.ndarray]
     n_tokens: list[int]
 
     @classmethod
-    def every_cell(cls, feats: Sequence[torch.Tensor], deep: Sequence[Sequence[torch.Tensor]] | None) -> VisualRows:
-        """The after-mode encoding: per image [n_i, D] (every cell), per layer per image for deepstack."""
+    def every_cell(cls, feats: Sequence[torch.Tensor], side: Sequence[Sequence[torch.Tensor]] | None) -> VisualRows:
+        """The after-mode encoding: per image [n_i, D] (every cell), per layer per image for the side features."""
         n = [int(f.shape[0]) for f in feats]
         start = np.cumsum([0] + n[:-1])
-        return cls(torch.cat(list(feats)), None if deep is None else [torch.cat(list(layer)) for layer in deep],
+        return cls(torch.cat(list(feats)), None if side is None else [torch.cat(list(layer)) for layer in side],
                    [np.arange(k) for k in n], [np.arange(k) + s for k, s in zip(n, start)], n)
 
     def rows_of(self, kept: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -51,12 +52,12 @@ class VisualRows:
         return out
 
     def gather(self, kept: Sequence[np.ndarray]) -> tuple[tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]] | None]:
-        """(per image [K_i, D], Qwen3-VL deepstack per layer per image) of the kept cells: one index op per tensor."""
+        """(per image [K_i, D], side features per layer per image) of the kept cells: one index op per tensor."""
         counts = [len(k) for k in kept]
         index = upload(np.concatenate(self.rows_of(kept)).astype(np.int64), self.source.device)
         feats = tuple(self.source.index_select(0, index).split(counts))
-        deep = None if self.deep is None else [tuple(d.index_select(0, index).split(counts)) for d in self.deep]
-        return feats, deep
+        side = None if self.side is None else [tuple(d.index_select(0, index).split(counts)) for d in self.side]
+        return feats, side
 
     def full(self, source: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """Per image [n_i, D]: every cell with a token in place, zeros elsewhere (made on demand)."""
@@ -68,7 +69,7 @@ class VisualRows:
             out.append(full)
         return tuple(out)
 
-    def extended(self, tokens: torch.Tensor, deep: list[torch.Tensor] | None,
+    def extended(self, tokens: torch.Tensor, side: list[torch.Tensor] | None,
                  new: dict[int, np.ndarray]) -> VisualRows:
         """These rows with `tokens` appended: rows for the cells of `new` (unit -> cells, unit after unit in
         `new`'s order); each unit's cells stay ascending."""
@@ -81,8 +82,8 @@ class VisualRows:
             rows[i] = np.concatenate([rows[i], start + np.arange(len(c))])[order]
             start += len(c)
         source = torch.cat([self.source, tokens.to(self.source.dtype)])
-        deep_source = None if self.deep is None else [torch.cat([a, b.to(a.dtype)]) for a, b in zip(self.deep, deep)]
-        return VisualRows(source, deep_source, cells, rows, self.n_tokens)
+        side_source = None if self.side is None else [torch.cat([a, b.to(a.dtype)]) for a, b in zip(self.side, side)]
+        return VisualRows(source, side_source, cells, rows, self.n_tokens)
 
 
 __all__ = ["VisualRows"]

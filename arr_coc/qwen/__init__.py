@@ -15,6 +15,7 @@ video_processor.py  Qwen-VL's video processor in torch alone (clips -> pixel_val
 visuals.py      `LaysOutVisuals`: a batch's visuals and the image scale, read from the processor's tensors
 train_inputs.py what training keeps of a prompt (`answer_prompts`) and the model's content hash
 tiny.py         tiny random models of the three families, for tests
+scratch.py      QwenScratch: the registry's `FromScratch` (the test bed's word-level model, the bench's random models)
 """
 
 from ..pipeline.choose import SelectorFailed

@@ -304,6 +304,9 @@ class QwenBackend:
             return encode_packed(self.model, pixels, native.grid_thw[units], cells, clock)
 
     @torch.no_grad()
+    def cost_by_count(self) -> bool:
+        return not self.info.windows      # Qwen2.5-VL's windows: which cells share a window changes the cost
+
     def encode_units(self, prompt: Prompt, units: Sequence[int]) -> torch.Tensor:
         """The stock tower + merger on every cell of `units` (what a full encoding of them costs)."""
         native, units = prompt.native, list(units)
@@ -460,14 +463,14 @@ class QwenBackend:
     # -- services for selectors -----------------------------------------------------------------------------
 
     def text_attention(self, prompt: Prompt, units: Sequence[int], visual_tokens: Sequence[torch.Tensor],
-                       deepstack: Sequence[Sequence[torch.Tensor]] | None, layer: int) -> list[torch.Tensor]:
+                       side: Sequence[Sequence[torch.Tensor]] | None, layer: int) -> list[torch.Tensor]:
         """FastV's score per unit; `units` must hold every unit of their rows (a selection context split by item)."""
         native = prompt.native
         rows = sorted({prompt.item_of_image[i] for i in units})
         ids = native.inputs["input_ids"][rows]
         mask = native.inputs["attention_mask"][rows]
         enc = encoder_output(self.model, list(visual_tokens),
-                                       None if deepstack is None else [list(d) for d in deepstack])
+                                       None if side is None else [list(d) for d in side])
         attn = last_token_attention(self.model, ids, mask, native.pos3[:, rows], enc, layer)  # [R, S]
         local = {b: j for j, b in enumerate(rows)}
         return [attn[local[b], s:e] for b, s, e in (native.spans[i] for i in units)]

@@ -15,8 +15,9 @@ import torch
 from ..core.layer import LayerSpec, build_layer  # noqa: F401 - where the wrapper and older callers find them
 from ..pipeline.registry import BackendEntry, HubUnreachable, hub_error, model_type_of  # noqa: F401 - HubUnreachable
 from ..runtime import Runtime, check_supported
-from .families import FAMILIES
+from .families import FAMILIES, family_of
 from .processing import load_processor
+from .scratch import QwenScratch
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -72,4 +73,9 @@ def check_adapter(adapter: Any) -> None:
         adapter_folder(adapter)
 
 
-ENTRY = BackendEntry("qwen", tuple(FAMILIES), load_backend, check_adapter)
+def scratch(model_type: str) -> QwenScratch:
+    """This family's models built from scratch (the registry's `FromScratch`)."""
+    return QwenScratch(family_of(model_type), load_vlm)
+
+
+ENTRY = BackendEntry("qwen", tuple(FAMILIES), load_backend, check_adapter, scratch)

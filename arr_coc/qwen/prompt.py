@@ -290,7 +290,7 @@ def read_prompt(model: PreTrainedModel, tokens: PromptTokens, inputs: Mapping[st
     return Prompt(rows=int(ids.shape[0]), item_of_image=[b for b, _, _ in units.spans],
                   grid_hw=[(int(h) // merge, int(w) // merge) for _, h, w in thw], kind=list(units.kind),
                   clip=list(units.clip), group=list(units.group), visual_index=units.visual_index, native=native,
-                  visual=visual, feats=feats, deep=deep, vision_s=vision_s)
+                  visual=visual, feats=feats, side=deep, vision_s=vision_s)
 
 
 def question_tokens(tokens: PromptTokens, prompt: Prompt) -> list[list[int]]:

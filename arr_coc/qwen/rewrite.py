@@ -74,7 +74,7 @@ class PrunedInputs:
 
     @property
     def full_deepstack(self) -> list[tuple[torch.Tensor, ...]] | None:
-        return None if self.visual.deep is None else [self.visual.full(d) for d in self.visual.deep]
+        return None if self.visual.side is None else [self.visual.full(d) for d in self.visual.side]
 
     def model_kwargs(self) -> dict[str, Any]:
         """Fresh kwargs for `model(**kw)` / `model.generate(**kw)` (generate mutates them)."""

@@ -10,18 +10,15 @@ from dataclasses import dataclass
 import torch
 
 from ..geometry import centre_cells
-from ..qwen.processing import IM_END, IMAGE_TOKEN, render_prompt
 from .attention import supervised_rows
+from .embedded import kit
 from .supervision import answer_cells
 from .vocabulary import CELL_PX, COLOR_NAMES, SHAPES
 
 
 def visual_tokens(model, processor, images):
-    """Merged visual tokens per image [N_i, D] and merged grids (h, w)."""
-    vis = processor.image_processor(images=images, return_tensors="pt")
-    out = model.model.get_image_features(vis["pixel_values"], vis["image_grid_thw"])
-    grids = [(int(h) // 2, int(w) // 2) for _, h, w in vis["image_grid_thw"].tolist()]
-    return list(out.pooler_output), grids
+    """Merged visual tokens per image [N_i, D] and merged grids (h, w) (the model's `FromScratch.visual_tokens`)."""
+    return kit(model).visual_tokens(model, processor, images)
 
 
 @dataclass
@@ -43,8 +40,9 @@ class Batcher:
         self.model = model
         self.processor = processor
         self.tok = processor.tokenizer
-        self.image_id = self.tok.convert_tokens_to_ids(IMAGE_TOKEN)
-        self.end_id = self.tok.convert_tokens_to_ids(IM_END)
+        self.kit = kit(model)
+        self.image_id = self.tok.convert_tokens_to_ids(self.kit.image_token)
+        self.end_id = self.tok.convert_tokens_to_ids(self.kit.end_token)
         self.pad_id = self.tok.pad_token_id
         # The words a question selects its object by: colours and shapes (singular or plural).
         keys = list(COLOR_NAMES) + list(SHAPES) + [f"{s}s" for s in SHAPES]
@@ -52,8 +50,8 @@ class Batcher:
 
     def encode(self, question: str, n_visual: int) -> tuple[list[int], list[int]]:
         """(prefix ids up to and including the image pads, suffix ids after them) of the single-question prompt."""
-        text = render_prompt(self.processor, 1, question)
-        head, tail = text.split(IMAGE_TOKEN)
+        text = self.kit.render_prompt(self.processor, 1, question)
+        head, tail = text.split(self.kit.image_token)
         prefix = self.tok(head, add_special_tokens=False)["input_ids"] + [self.image_id] * n_visual
         return prefix, self.tok(tail, add_special_tokens=False)["input_ids"]
 

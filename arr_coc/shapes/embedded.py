@@ -4,25 +4,20 @@ Nothing can be downloaded here, so the project ships its own model of the real
 `Qwen2VLForConditionalGeneration` architecture at toy width, with a word-level
 tokenizer over the benchmark's vocabulary, Qwen's chat template and a PIL image
 processor config. It loads through the same `ARRCOC.from_pretrained` path as
-a real checkpoint. Training lives in `arr_coc.shapes.trainer`.
+a real checkpoint. Training lives in `arr_coc.shapes.trainer`. The family's pieces (its tokenizer's special
+tokens, processor, model class) are its backend's, asked for by model type (`FromScratch`, `kit`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from ..paths import EMBEDDED_MODEL
-from ..qwen.processing import (
-    ENDOFTEXT, IM_END, IM_START, IMAGE_TOKEN, QWEN_CHAT_TEMPLATE, VIDEO_TOKEN, VISION_END, VISION_START,
-    ImageOnlyQwenProcessor,
-)
+from ..pipeline.registry import FromScratch, scratch_kit
 from .vocabulary import CELL_PX, COLOR_NAMES, LETTERS, SHAPES, TEMPLATES
 
 DEFAULT_CHECKPOINT = EMBEDDED_MODEL   # checkpoints/shapes-qwen2vl (arr_coc.paths owns the location)
-UNK = "<unk>"
-SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, VISION_START, VISION_END, "<|vision_pad|>", IMAGE_TOKEN, VIDEO_TOKEN, UNK)
+FAMILY = "qwen2_vl"                   # its architecture: the model type whose `FromScratch` builds it
 MAX_PIXELS = 896 * 896  # the largest ShapesVQA canvas: 32 x 32 merged tokens
 MIN_PIXELS = 4 * CELL_PX * CELL_PX
 
@@ -59,59 +54,21 @@ def _split_words(text: str) -> list[str]:
     return re.findall(r"\n|[a-z0-9]+|[^\sa-z0-9]", text.lower())
 
 
+def kit(model: Any = None) -> FromScratch:
+    """The `FromScratch` that builds the embedded model (or, given a model, the one of its model type)."""
+    return scratch_kit(getattr(getattr(model, "config", None), "model_type", None) or FAMILY)
+
+
 def build_word_tokenizer() -> Any:
     """Word-level tokenizer (lowercased words, digits, punctuation, newline) + Qwen special tokens."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    for word in vocabulary():
-        vocab.setdefault(word, len(vocab))
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"[^\S\n]+"), behavior="removed"),
-        pre_tokenizers.Split(Regex(r"\n|[a-z0-9]+|[^\sa-z0-9]"), behavior="isolated"),
-    ])
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)  # joins words with spaces
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKENS])
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=IM_END, pad_token=ENDOFTEXT, unk_token=UNK, padding_side="left",
-    )
-    tokenizer.chat_template = QWEN_CHAT_TEMPLATE
-    return tokenizer
+    return kit().word_tokenizer(vocabulary())
 
 
 def build_image_processor() -> Any:
-    from transformers import Qwen2VLImageProcessorPil
-
-    return Qwen2VLImageProcessorPil(
-        patch_size=14, merge_size=2, temporal_patch_size=2,
-        image_mean=[0.48145466, 0.4578275, 0.40821073], image_std=[0.26862954, 0.26130258, 0.27577711],
-        size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
-    )
+    return kit().image_processor(MIN_PIXELS, MAX_PIXELS)
 
 
-def build_embedded(seed: int = 0, attn_implementation: str = "sdpa") -> tuple[Any, ImageOnlyQwenProcessor]:
+def build_embedded(seed: int = 0, attn_implementation: str = "sdpa") -> tuple[Any, Any]:
     """A freshly initialised (untrained) embedded model and its processor."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
-
-    tokenizer = build_word_tokenizer()
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    text = dict(TEXT, vocab_size=len(tokenizer), bos_token_id=ids[ENDOFTEXT], eos_token_id=ids[IM_END],
-                pad_token_id=ids[ENDOFTEXT], tie_word_embeddings=False)
-    vision = dict(VISION, hidden_size=TEXT["hidden_size"])
-    config = Qwen2VLConfig(
-        text_config=text, vision_config=vision, tie_word_embeddings=False,
-        image_token_id=ids[IMAGE_TOKEN], video_token_id=ids[VIDEO_TOKEN],
-        vision_start_token_id=ids[VISION_START], vision_end_token_id=ids[VISION_END],
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration._from_config(config, attn_implementation=attn_implementation)
-    gen = model.generation_config
-    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = [ids[IM_END], ids[ENDOFTEXT]], ids[ENDOFTEXT], ids[ENDOFTEXT]
-    gen.do_sample = False
-    gen.max_new_tokens = 4
-    processor = ImageOnlyQwenProcessor(build_image_processor(), tokenizer, chat_template=QWEN_CHAT_TEMPLATE)
-    return model, processor
+    return kit().word_model(vocabulary(), VISION, TEXT, MIN_PIXELS, MAX_PIXELS, seed=seed,
+                            attn_implementation=attn_implementation)

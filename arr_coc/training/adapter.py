@@ -208,7 +208,7 @@ def _start(cfg: AdapterTrainConfig, model_path: str, layer: str | None, init_ada
         run_on = runtime or Runtime.resolve("cpu")
         vlm = ARRCOC.from_pretrained(model_path, arr_coc=layer, device=run_on.device, dtype=run_on.dtype,
                                      attn_implementation=run_on.attn_implementation, adapter=False)
-    for capability in (TrainsAdapters, Adapts, TrainsThrough):
+    for capability in (TrainsThrough, TrainsAdapters, Adapts):     # MissingCapability, one line, before any work
         require(vlm.backend, capability, "train adapters (train-adapter)")
     adapter = vlm.backend.train_adapter(init_adapter, cfg.rank, cfg.alpha, cfg.targets, cfg.dropout, cfg.seed)
     adapter.name = adapter.name or cfg.out

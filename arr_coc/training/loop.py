@@ -135,9 +135,11 @@ def _shared_feature_cache(cfg: TrainConfig, procs: Processes, feature_cache: str
 
 def _load_vlm(cfg: TrainConfig, model_path: str, vlm: ARRCOC | None, runtime: Runtime | None,
               procs: Processes) -> ARRCOC:
-    """The frozen VLM behind the front door (loaded unless given), refused for stage 2 if its attention cannot take
-    a soft mask."""
+    """The frozen VLM behind the front door (loaded unless given), refused in one line when its backend cannot train
+    through it (`TrainsThrough`: before any feature is read), and for stage 2 if its attention cannot take a soft
+    mask."""
     from ..front import ARRCOC
+    from ..pipeline.backend import TrainsThrough, require
     from ..runtime import Runtime
 
     if vlm is None:
@@ -147,6 +149,7 @@ def _load_vlm(cfg: TrainConfig, model_path: str, vlm: ARRCOC | None, runtime: Ru
     if cfg.stage == 2 and vlm.runtime.attn_implementation == "flash_attention_2":
         raise ValueError("stage 2 masks visual tokens softly with an additive attention bias, which flash_attention_2 "
                          "cannot apply: train stage 2 with --attn-implementation sdpa (the default) or eager")
+    require(vlm.backend, TrainsThrough, "train the layer through the frozen VLM (train)")   # MissingCapability
     return vlm
 
 

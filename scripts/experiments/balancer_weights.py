@@ -13,12 +13,12 @@ import torch
 
 from arr_coc.data.jsonl import read_jsonl
 from arr_coc.paths import EMBEDDED_MODEL as DEFAULT_CHECKPOINT
-from arr_coc.qwen import ARRCOCQwen
+from arr_coc import ARRCOC
 
 NAMES = ("information", "perspectival", "participatory")
 
 
-def weights_over(wrapper: ARRCOCQwen, records, budget: float) -> torch.Tensor:
+def weights_over(wrapper: ARRCOC, records, budget: float) -> torch.Tensor:
     """[N, 3] balancer weights, one row per question."""
     rows = []
     for rec in records:
@@ -37,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     records = read_jsonl(args.data)[: args.n]
     for label, layer in (("trained", args.layer), ("untrained", None)):
-        w = weights_over(ARRCOCQwen.from_pretrained(args.model, arr_coc=layer), records, args.budget)
+        w = weights_over(ARRCOC.from_pretrained(args.model, arr_coc=layer), records, args.budget)
         print(f"{label} layer, {len(records)} questions of {args.data} at budget {args.budget:g}:")
         for k, name in enumerate(NAMES):
             col = w[:, k]

@@ -19,7 +19,7 @@ def main() -> None:
     from arr_coc.execution import Execution
     from arr_coc.paths import default_layer_path, default_model_path
     from arr_coc.pipeline.request import Pruning
-    from arr_coc.qwen.wrapper import ARRCOCQwen
+    from arr_coc import ARRCOC
     from arr_coc.shapes import make_item
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -27,8 +27,8 @@ def main() -> None:
     p.add_argument("--out", default="fast_cpu.json")
     args = p.parse_args()
     layer = default_layer_path("before")
-    eager = ARRCOCQwen.from_pretrained(default_model_path(), arr_coc=layer)
-    fast = ARRCOCQwen(eager.model, eager.processor, arr_coc=layer, execution=Execution.fast("cpu"))
+    eager = ARRCOC.from_pretrained(default_model_path(), arr_coc=layer)
+    fast = ARRCOC(eager.backend.sibling(), arr_coc=layer, execution=Execution.fast("cpu"))
     items = [make_item(7, "test", i) for i in range(args.items)]
     rows = []
     for method, encode, budget in (("arr_coc", "before", 0.05), ("none", "after", None)):

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from arr_coc.shapes import LETTERS
 from arr_coc.shapes.embedded import DEFAULT_CHECKPOINT, build_embedded
-from arr_coc.qwen import ARRCOCQwen
+from arr_coc import ARRCOC
 from arr_coc.shapes.batching import visual_tokens
 from arr_coc.shapes.supervision import letter_tiles, training_item
 from arr_coc.shapes.vlm_config import LETTER_TILE_CELLS, VLMTrainConfig
@@ -48,8 +48,8 @@ def main(minutes: float, fresh: bool) -> None:
     if fresh:
         model, processor = build_embedded(seed=0)
     else:
-        wrapper = ARRCOCQwen.from_pretrained(DEFAULT_CHECKPOINT)
-        model, processor = wrapper.model, wrapper.processor
+        wrapper = ARRCOC.from_pretrained(DEFAULT_CHECKPOINT)
+        model, processor = wrapper.backend.model, wrapper.backend.processor
     cfg = VLMTrainConfig()
     head = nn.Linear(model.config.text_config.hidden_size, len(LETTERS))
     params = list(model.model.visual.parameters()) + list(head.parameters())

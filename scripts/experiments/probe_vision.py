@@ -17,13 +17,13 @@ import torch
 import torch.nn.functional as F
 
 from arr_coc.shapes import COLOR_NAMES, LETTERS, SHAPES, cell_labels, make_item
-from arr_coc.qwen import ARRCOCQwen
+from arr_coc import ARRCOC
 from arr_coc.shapes.batching import visual_tokens
 
 
 def main(path: str, n_scenes: int = 40) -> None:
-    wrapper = ARRCOCQwen.from_pretrained(path)
-    model, processor, tok = wrapper.model, wrapper.processor, wrapper.tokenizer
+    wrapper = ARRCOC.from_pretrained(path)
+    model, processor, tok = wrapper.backend.model, wrapper.backend.processor, wrapper.tokenizer
     embed = model.get_input_embeddings().weight.detach()
     attributes = {"color": COLOR_NAMES, "shape": SHAPES, "letter": [c.lower() for c in LETTERS]}
     cells = {name: ([], []) for name in attributes}

@@ -22,9 +22,9 @@ import transformers.core_model_loading
 from transformers import Qwen2VLForConditionalGeneration
 t2 = time.perf_counter()
 from arr_coc.shapes import make_item
-from arr_coc.qwen import ARRCOCQwen
+from arr_coc import ARRCOC
 t3 = time.perf_counter()
-wrapper = ARRCOCQwen.from_pretrained(sys.argv[1])
+wrapper = ARRCOC.from_pretrained(sys.argv[1])
 t4 = time.perf_counter()
 item = make_item(4242, "regress", 0)
 answer, _ = wrapper.generate(item.image, item.record["question"], budget=0.25, max_new_tokens=4)

@@ -24,11 +24,11 @@ def main() -> int:
 
     from arr_coc.evaluation.items import read_items
     from arr_coc.paths import EMBEDDED_MODEL, SHIPPED_BEFORE_LAYER
-    from arr_coc.qwen import ARRCOCQwen
+    from arr_coc import ARRCOC
     from arr_coc.runtime import keep_large_buffers
 
     keep_large_buffers()
-    vlm = ARRCOCQwen.from_pretrained(EMBEDDED_MODEL, arr_coc=SHIPPED_BEFORE_LAYER)
+    vlm = ARRCOC.from_pretrained(EMBEDDED_MODEL, arr_coc=SHIPPED_BEFORE_LAYER)
     rows = []
     for k, item in enumerate(read_items(args.data, args.limit + args.warmup)):
         clip = item.load()

@@ -28,12 +28,12 @@ def main() -> int:
 
     from arr_coc.data.jsonl import read_jsonl
     from arr_coc.paths import EMBEDDED_MODEL, SHIPPED_BEFORE_LAYER, SHIPPED_LAYER
-    from arr_coc.qwen import ARRCOCQwen
+    from arr_coc import ARRCOC
     from arr_coc.runtime import keep_large_buffers
 
     keep_large_buffers()
-    after = ARRCOCQwen.from_pretrained(EMBEDDED_MODEL, arr_coc=SHIPPED_LAYER)
-    before = ARRCOCQwen(after.model, after.processor, arr_coc=SHIPPED_BEFORE_LAYER)
+    after = ARRCOC.from_pretrained(EMBEDDED_MODEL, arr_coc=SHIPPED_LAYER)
+    before = ARRCOC(after.backend.sibling(), arr_coc=SHIPPED_BEFORE_LAYER)   # the same weights, its own state
     runs = {"baseline": (after, "none", "after"), f"after {args.budget:g}": (after, "arr_coc", "after"),
             f"before {args.budget:g}": (before, "arr_coc", "before")}
     records = read_jsonl(args.data)[: args.limit + args.warmup]

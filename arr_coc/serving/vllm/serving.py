@@ -37,13 +37,12 @@ from vllm.utils.torch_utils import set_default_torch_dtype
 
 from ...pipeline.pure import choose
 from ...qwen.pixels import PatchImages
-from ...qwen.processing import IM_END, VISION_END
-from ...qwen.prompt import PromptTokens, user_header
+from ...qwen.prompt import PromptTokens
 from .settings import (BUDGET_KEY, CLIP_COUNT_KEY, CLIP_PIXELS_KEY, CLIP_QUESTION_KEY, CLIPLESS_FAMILIES, COUNT_KEY,
                        PIXELS_KEY, PLUGIN_KEYS, QUESTION_KEY, SERVER_KEY, Placed, ServeError, ServeSettings,
                        check_family, check_lora, check_picture, check_rows, clip_count, frame_units, kept_count,
-                       kept_positions, place_kept_positions, prompt_positions, question_ids, refuse_clips,
-                       request_budget, screen_request_kwargs, server_fingerprint)
+                       kept_positions, place_kept_positions, prompt_positions, prompt_tokens, question_ids,
+                       refuse_clips, request_budget, screen_request_kwargs, server_fingerprint)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,12 +124,8 @@ class ARRCOCInfo:
 
     def arr_coc_tokens(self) -> PromptTokens:
         if not hasattr(self, "_arr_coc_tokens"):
-            cfg, tok = self.get_hf_config(), self.get_tokenizer()
-            vocab = tok.get_vocab()
-            self._arr_coc_tokens = PromptTokens(
-                image=int(cfg.image_token_id), video=int(cfg.video_token_id), vision_end=vocab[VISION_END],
-                im_end=vocab[IM_END], pad=0, special=frozenset(getattr(tok, "all_special_ids", []) or []),
-                user_turn=user_header(tok))
+            cfg = self.get_hf_config()
+            self._arr_coc_tokens = prompt_tokens(self.get_tokenizer(), cfg.image_token_id, cfg.video_token_id)
         return self._arr_coc_tokens
 
     def get_hf_processor(self, **kwargs: object) -> Any:

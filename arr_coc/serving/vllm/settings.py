@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -28,6 +28,9 @@ import torch
 from ...budget import Budget, BudgetError, count_of, parse_budget
 from ...core.temporal import minimum_count
 from ...paths import check_layer_folder
+
+if TYPE_CHECKING:
+    from ...qwen.prompt import PromptTokens
 
 # The checkpoint's model_type -> the architecture name a server asks for (hf_overrides "architectures").
 FAMILY_ARCHITECTURES: dict[str, str] = {"qwen2_vl": "ARRCOCQwen2VLForConditionalGeneration",
@@ -291,6 +294,18 @@ def clip_count(budget: Budget, grid_thw: Sequence[int], merge: int, min_per_grou
     t, h, w = (int(v) for v in grid_thw)
     n = (h // merge) * (w // merge)
     return max(minimum_count(t, n, min_per_group), count_of(budget, t * n))
+
+
+def prompt_tokens(tokenizer: Any, image_token_id: int, video_token_id: int) -> PromptTokens:
+    """The special token ids a prompt's question is read by (a Qwen `PromptTokens`), from the served checkpoint's
+    tokenizer and config: the plugin's classes and the scripts that check them read the question alike."""
+    from ...qwen.processing import IM_END, VISION_END
+    from ...qwen.prompt import PromptTokens, user_header
+
+    vocab = tokenizer.get_vocab()
+    return PromptTokens(image=int(image_token_id), video=int(video_token_id), vision_end=vocab[VISION_END],
+                        im_end=vocab[IM_END], pad=0, special=frozenset(getattr(tokenizer, "all_special_ids", []) or []),
+                        user_turn=user_header(tokenizer))
 
 
 def question_ids(prompt_ids: Sequence[int], tokens: Any) -> list[int]:

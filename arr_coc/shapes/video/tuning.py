@@ -8,7 +8,7 @@ So:
    word-level vocabulary with new ids, and the input embeddings and the (untied) LM head grow by as
    many rows, each new row the mean of the old ones;
 2. `finetune`: every step takes a batch of clips and a batch of images (so the model keeps answering
-   images), each through the same processor path the wrapper uses (`encode_prompts`: Qwen2-VL's video
+   images), each through the same processor path the backend uses (`FromScratch.encode_prompts`: Qwen2-VL's video
    input, temporal groups and all), the answer word and `<|im_end|>` appended, and the loss is the
    language model's cross-entropy on those two tokens; AdamW on every weight, a warm-up then a cosine
    decay over the steps or the seconds (whichever ends first), on any device; the next step's items are
@@ -26,6 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
+
+from ...pipeline.registry import FromScratch, model_type_of, scratch_kit
+from ..embedded import kit
 
 VIDEO_LOG = "training_log_video.json"
 
@@ -60,18 +63,18 @@ def extend_vocabulary(model: Any, processor: Any, words: list[str]) -> list[str]
     return added
 
 
-def _batch(processor: Any, visuals: list[Any], questions: list[str], answers: list[str], device: Any):
-    """Processor tensors with each answer word and <|im_end|> appended; labels only on those two tokens."""
-    from ...qwen.processing import IM_END, encode_prompts
-
+def _batch(family: FromScratch, processor: Any, visuals: list[Any], questions: list[str], answers: list[str],
+           device: Any):
+    """Processor tensors with each answer word and the turn's end (<|im_end|>) appended; labels only on those two
+    tokens. `family`: the model's `FromScratch`."""
     tok = processor.tokenizer
-    inputs = encode_prompts(processor, [[v] for v in visuals], questions)
+    inputs = family.encode_prompts(processor, [[v] for v in visuals], questions)
     ids = []
     for a in answers:
         got = tok(a, add_special_tokens=False)["input_ids"]
         if len(got) != 1 or got[0] == tok.unk_token_id:
             raise ValueError(f"answer {a!r} is not one word of the tokenizer: extend_vocabulary first")
-        ids.append([got[0], tok.convert_tokens_to_ids(IM_END)])
+        ids.append([got[0], tok.convert_tokens_to_ids(family.end_token)])
     tail = torch.tensor(ids, dtype=inputs["input_ids"].dtype)
     shape = tuple(inputs["input_ids"].shape)
     for name, value in list(inputs.items()):      # every per-token row grows by the two tokens (text: type 0)
@@ -116,6 +119,7 @@ def finetune(model: Any, processor: Any, steps: int = 2000, seconds: float | Non
     """Train on clips + images (module docstring) for `steps` or `seconds`; -> the log (one dict per step).
     on_save(log): called every `save_every_s` seconds and at the end (write the checkpoint there)."""
     device = model.device
+    family = kit(model)
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     log: list[dict[str, float]] = []
@@ -143,7 +147,7 @@ def finetune(model: Any, processor: Any, steps: int = 2000, seconds: float | Non
         now, ahead = ahead, items(step + 1)
         for name, _, _ in kinds:
             visuals, questions, answers = now[name].result()
-            loss = model(**_batch(processor, visuals, questions, answers, device)).loss
+            loss = model(**_batch(family, processor, visuals, questions, answers, device)).loss
             loss.backward()
             losses[name] = float(loss.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -173,10 +177,9 @@ def run(init: str, out: str, steps: int, seconds: float | None, clips: int, imag
     """Load `init`, extend the vocabulary, fine-tune, save to `out` (model, processor, log)."""
     import os
 
-    from ...qwen.loading import load_vlm
     from .spec import video_words
 
-    model, processor = load_vlm(init, device=device, dtype="float32")
+    model, processor = scratch_kit(model_type_of(init)).load(init, device=device, dtype="float32")
     model.requires_grad_(True)
     added = extend_vocabulary(model, processor, video_words())
     os.makedirs(out, exist_ok=True)
