@@ -14,6 +14,12 @@ for _key, _value in (("HF_HUB_OFFLINE", "1"), ("HF_HUB_DISABLE_TELEMETRY", "1"),
                      ("GRADIO_ANALYTICS_ENABLED", "False"), ("TOKENIZERS_PARALLELISM", "false")):
     os.environ.setdefault(_key, _value)
 
+# Subprocesses import this tree's library: `python scripts/x.py` puts scripts/ first on sys.path, so the vLLM
+# environment's scripts would otherwise import whichever tree its editable install points at (another worktree, or
+# the folder a copied environment came from). tests/test_install.py clears PYTHONPATH for its fresh interpreter.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
