@@ -96,10 +96,25 @@ def run_row(name: str, model: str, reqs: list[dict], work: Path, *flags: str, co
             "choose_s": sum(c["choose_s"] for c in calls), "tower_s": sum(c["tower_s"] for c in calls)}
 
 
-def accuracy(row: dict[str, Any], clips: list[dict]) -> float:
+def scores(row: dict[str, Any], clips: list[dict]) -> list[float]:
+    """Per clip, in the clips' order, whether the row's answer is right (1.0 / 0.0)."""
     from arr_coc.data.metrics import score_record
 
-    return statistics.mean(score_record(row["answers"][c["record"]["id"]], c["record"]) for c in clips)
+    return [float(score_record(row["answers"][c["record"]["id"]], c["record"])) for c in clips]
+
+
+def paired(rows: list[dict[str, Any]], budgets: list[str]) -> list[dict[str, Any]]:
+    """The shapes setup's paired differences over the same clips (the project's one paired interval,
+    `evaluation.report.paired_stats`): at each budget ARR-COC against the `evs` selector at equal kept counts (the
+    Hugging Face path both), and vLLM + ARR-COC against stock vLLM's every token."""
+    from arr_coc.evaluation.report import paired_stats
+
+    by = {r["row"]: r["scores"] for r in rows}
+    out = []
+    for b in budgets:
+        for a, ref in ((f"HF arr_coc {pct(b)}", f"HF evs {pct(b)}"), (f"arr_coc {pct(b)}", "stock")):
+            out.append({"row": a, "against": ref, **paired_stats(by[a], by[ref])})
+    return out
 
 
 def hf_rows(clips: list[dict], budgets: list[str], work: Path, commands: list[str]) -> list[dict[str, Any]]:
@@ -128,16 +143,16 @@ def hf_worker(spec: Path) -> None:
     rows = []
     for method, encode in (("evs", "after"), ("arr_coc", "before")):
         for budget in job["budgets"]:
-            scores, kept = [], []
+            right, kept = [], []
             for s in range(0, len(job["clips"]), 8):
                 batch = job["clips"][s:s + 8]
                 got = vlm.respond([[load_clip(np.load(c["path"]))] for c in batch],
                                   [c["record"]["question"] for c in batch],
                                   Pruning.of(method, parse_budget(budget), "exact", encode), max_new_tokens=16)
-                scores += [score_record(a, c["record"]) for a, c in zip(got.answers, batch)]
+                right += [float(score_record(a, c["record"])) for a, c in zip(got.answers, batch)]
                 kept += [sum(int(k.numel()) for k in tr.kept_indices) for tr in got.traces]
-            rows.append({"row": f"HF {method} {pct(budget)}", "accuracy": statistics.mean(scores),
-                         "visual_tokens": statistics.mean(kept), "n": len(scores)})
+            rows.append({"row": f"HF {method} {pct(budget)}", "accuracy": statistics.mean(right),
+                         "visual_tokens": statistics.mean(kept), "n": len(right), "scores": right})
     spec.with_name("hf.out.json").write_text(json.dumps(rows))
 
 
@@ -175,10 +190,12 @@ def shapes_setup(args: argparse.Namespace, work: Path, commands: list[str]) -> d
         rows.append(run_row(f"arr_coc {pct(b)}", CLIP_MODEL, requests(clips, ttft, b), work / "shapes", "--layer",
                             CLIP_LAYER, "--encode", "before", commands=commands))
     for r in rows:
-        r["accuracy"] = accuracy(r, clips)
+        r["scores"] = scores(r, clips)
+        r["accuracy"] = statistics.mean(r["scores"])
         r.pop("answers")
     hf = hf_rows(clips, args.budgets.split(","), work / "shapes", commands)
-    return {"setup": "shapes", "label": "embedded clip model (Qwen2-VL, 192-d)", "rows": rows + hf}
+    return {"setup": "shapes", "label": "embedded clip model (Qwen2-VL, 192-d)", "rows": rows + hf,
+            "paired": paired(rows + hf, args.budgets.split(","))}
 
 
 def wide_setup(args: argparse.Namespace, work: Path, frames: int, commands: list[str]) -> dict[str, Any]:
@@ -215,6 +232,12 @@ def markdown(report: dict[str, Any]) -> str:
                        f"{fmt(r.get('ttft_s'), '.3f')} | {r['visual_tokens']:.0f} | {fmt(r.get('accuracy'), '.3f')} | "
                        f"{shares[0]} | {shares[1]} |")
         out.append("")
+        if s.get("paired"):
+            out += ["Paired over the same clips (difference in accuracy, 95% interval, wins / losses):", "",
+                    "| row | against | difference | 95% interval | wins / losses |", "|---|---|---|---|---|"]
+            out += [f"| {p['row']} | {p['against']} | {p['diff']:+.3f} | [{p['low']:+.3f}, {p['high']:+.3f}] | "
+                    f"{p['wins']} / {p['losses']} |" for p in s["paired"]]
+            out.append("")
     return "\n".join(out)
 
 
