@@ -48,9 +48,9 @@ class AdapterCard:
 def adapter_folder(name_or_folder: str | os.PathLike, revision: str | None = None,
                    cache_dir: str | os.PathLike | None = None) -> str:
     """The local folder holding an adapter: the folder itself or its `adapter/` (a layer folder saved by
-    `ARRCOCQwen.save_pretrained`), or a hub repository's snapshot (the cache offline); AdapterError otherwise."""
+    `ARRCOC.save_pretrained`), or a hub repository's snapshot (the cache offline); AdapterError otherwise."""
     name = os.fspath(name_or_folder)
-    how = (f"pass a folder written by train-adapter or ARRCOCQwen.save_pretrained ({CONFIG_FILE} + {WEIGHTS_FILE}) "
+    how = (f"pass a folder written by train-adapter or ARRCOC.save_pretrained ({CONFIG_FILE} + {WEIGHTS_FILE}) "
            "or a hub id ('owner/name')")
     if not os.path.exists(name) and looks_like_hub_id(name):
         try:
@@ -69,7 +69,7 @@ def adapter_folder(name_or_folder: str | os.PathLike, revision: str | None = Non
     raise AdapterError(f"no adapter at {name!r} (no {CONFIG_FILE} + {WEIGHTS_FILE} in it or in {SUBFOLDER}/); {how}")
 
 
-RESAVE = "save it again (train-adapter or ARRCOCQwen.save_pretrained) or copy the folder again"
+RESAVE = "save it again (train-adapter or ARRCOC.save_pretrained) or copy the folder again"
 
 
 def _first_line(exc: BaseException) -> str:

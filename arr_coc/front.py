@@ -126,6 +126,18 @@ class ARRCOC:
             self._layer.to(self.backend.device)
         return self._layer
 
+    def save_pretrained(self, folder: str | os.PathLike, card: Any | None = None, adapter_card: Any | None = None
+                        ) -> None:
+        """The layer into `folder` (config.json, model.safetensors, README.md; `card`: a `core.persistence.LayerCard`)
+        and the backend's loaded adapter, where it has one, into `folder/adapter/` (`adapter_card`: an
+        `adapter_files.AdapterCard`): `from_pretrained(model, arr_coc=folder)` loads both back (the adapter as the
+        layer folder's default)."""
+        from .adapter_files import SUBFOLDER
+
+        self.layer.save_pretrained(folder, card)
+        if has(self.backend, Adapts):
+            self.backend.save_adapter(os.path.join(os.fspath(folder), SUBFOLDER), adapter_card)
+
     @property
     def device(self) -> torch.device:
         return self.backend.device

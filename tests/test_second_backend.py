@@ -203,3 +203,20 @@ def test_training_through_a_backend_without_trains_through_is_refused_in_one_lin
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not implement TrainsThrough" in err[0] and f"({command})" in err[0], err
     assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_the_front_door_saves_its_layer_through_a_backend_without_adapters_and_loads_it_back(folder, tmp_path):
+    """`ARRCOC.save_pretrained` on a backend without `Adapts`: the layer's files alone (no adapter/), and a front
+    door over that folder holds the same weights (a layer of its own seed differs: the check can fail)."""
+    from arr_coc import ARRCOC
+
+    torch.manual_seed(1)
+    vlm = ARRCOC.from_pretrained(str(folder), arr_coc=None)
+    vlm.save_pretrained(tmp_path / "layer")
+    assert sorted(p.name for p in (tmp_path / "layer").iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    again = ARRCOC.from_pretrained(str(folder), arr_coc=str(tmp_path / "layer"))
+    saved, loaded = vlm.layer.state_dict(), again.layer.state_dict()
+    assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
+    torch.manual_seed(2)
+    other = ARRCOC.from_pretrained(str(folder), arr_coc=None).layer.state_dict()
+    assert any(not torch.equal(saved[k], other[k]) for k in saved)

@@ -220,6 +220,10 @@ class Adapts(Protocol):
     def adapted(self, on: bool) -> AbstractContextManager[Any]:
         """Inside, the model runs with its adapter when `on` and it has one, the stock model otherwise."""
 
+    def save_adapter(self, folder: str, card: Any | None) -> bool:
+        """The loaded adapter into `folder` in the format `load_adapter` reads, with `card` (an
+        `adapter_files.AdapterCard`) or the adapter's own; -> False (nothing written) when none is loaded."""
+
     def adapter_flops(self, tower_cells: int, lm_tokens: int) -> int:
         """The adapter's extra FLOPs for a tower pass over `tower_cells` cells and an LM prefill of `lm_tokens`."""
 

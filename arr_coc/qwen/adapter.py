@@ -172,7 +172,7 @@ def attach_adapter(model: PreTrainedModel, rank: int = 16, alpha: float = 32.0,
 
 
 def layer_adapter(layer: Any, model: PreTrainedModel, model_name: str) -> str | None:
-    """The adapter a trained layer's folder holds (`layer/adapter/`, as `ARRCOCQwen.save_pretrained` and
+    """The adapter a trained layer's folder holds (`layer/adapter/`, as `ARRCOC.save_pretrained` and
     train-adapter write it), when it was trained for this base model: its arr_coc_adapter.json names the same
     base (family, widths, depths) and its card the same model (folder or hub id). -> the layer folder to load it
     from (`load_adapter` finds adapter/ in it); None when there is none or it is for another model (the layer

@@ -166,6 +166,13 @@ class QwenBackend:
 
         self.set_adapter(adapter if isinstance(adapter, Adapter) else load_adapter(self.model, adapter))
 
+    def save_adapter(self, folder: str, card: Any | None) -> bool:
+        """The adapter in peft's files (`Adapter.save_pretrained`); False when none is loaded."""
+        if self.adapter is None:
+            return False
+        self.adapter.save_pretrained(folder, card)
+        return True
+
     def train_adapter(self, init: Any | None, rank: int, alpha: float, targets: Sequence[str], dropout: float,
                       seed: int) -> Adapter:
         """A trainable adapter on this model: loaded from `init` (a folder or hub id), else a fresh peft LoRA."""

@@ -80,15 +80,6 @@ class ARRCOCQwen(ARRCOC):
         model = self.backend.model
         return Runtime(model.device, model.dtype, getattr(model.config, "_attn_implementation", None))
 
-    def save_pretrained(self, folder: str | os.PathLike, card: LayerCard | None = None,
-                        adapter_card: AdapterCard | None = None) -> None:
-        """The ARR-COC layer into `folder` (config.json, model.safetensors, README.md) and, when there is one, the
-        adapter beside it in `folder/adapter/` (peft's files): `from_pretrained(..., arr_coc=folder, adapter=folder)`
-        loads both."""
-        self.layer.save_pretrained(folder, card)
-        if self.adapter is not None:
-            self.adapter.save_pretrained(os.path.join(os.fspath(folder), SUBFOLDER), adapter_card)
-
     def model_generate(self, budget: BudgetSpec = None, method: str | Selector = "arr_coc", return_trace: bool = False,
                        budget_mode: BudgetMode | None = None, encode: EncodeConfig | EncodeMode | None = None,
                        **kwargs: Any):
