@@ -357,7 +357,7 @@ needs_vllm = pytest.mark.skipif(not VLLM_PY.exists() and not os.environ.get("CI"
 
 
 def _vllm(items: Path, out: Path, *extra: str, n: int = N_ITEMS) -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     cmd = [str(VLLM_PY), "scripts/vllm_compare.py", "--items", str(items), "--n", str(n), "--out", str(out),
            *extra]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
