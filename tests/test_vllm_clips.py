@@ -368,6 +368,34 @@ def test_the_question_moves_a_qwen3_vl_clips_cells(tiny_qwen3):
     assert moved >= len(other) // 2
 
 
+@needs_vllm
+def test_qwen3_vl_clips_in_bf16_keep_the_hugging_face_paths_cells(tiny_qwen3, tmp_path):
+    """Served in bf16: the processor's choice reads the clips' float32 patches (their bits, which Qwen3-VL's per-clip
+    processor calls would drop, `_CLIP_BITS`) and the question's rows cast to bf16, as the Hugging Face path in bf16
+    (its layer in float32) reads them: every cell equal; answers through bf16 kernels differ only at near-ties."""
+    import torch
+
+    from arr_coc import ARRCOC
+
+    model, reqs, _, _, _, _ = tiny_qwen3
+    some = [r for r in reqs if r["budget"] == "0.05" and not r["name"].startswith(OTHER)]
+    got = _serve(some, tmp_path, "--model", model, "--layer", "untrained", "--dtype", "bfloat16")
+    vlm = ARRCOC.from_pretrained(model, arr_coc=None, adapter=False, dtype=torch.bfloat16)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        vlm.layer
+    hf = _hf_answers(vlm, some, model)
+    assert {r["name"]: (got[r["name"]]["kept"], hf[r["name"]][1]) for r in some
+            if got[r["name"]]["kept"] != hf[r["name"]][1]} == {}
+    differ = _differ(got, hf, [r["name"] for r in some], model)
+    steps = {n: next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+             for n, (a, b) in differ.items()}
+    margins = {n: got[n]["margins"][i] if i < len(got[n]["margins"]) else None for n, i in steps.items()}
+    print(f"tiny Qwen3-VL clips in bf16: {len(some)} of {len(some)} cells, {len(some) - len(differ)} answers equal; "
+          f"margins where not: {sorted(m for m in margins.values() if m is not None)}")
+    assert all(m is not None and m < 1.0 for m in margins.values()), margins
+
+
 # -- the OpenAI server: video_url parts ------------------------------------------------------------------------------
 
 @needs_vllm
