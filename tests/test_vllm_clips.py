@@ -369,6 +369,17 @@ def test_the_question_moves_a_qwen3_vl_clips_cells(tiny_qwen3):
 
 
 @needs_vllm
+def test_chunked_prefill_keeps_a_qwen3_vl_clips_cells_and_answers(tiny_qwen3, tmp_path):
+    """Prefill in chunks of 32 tokens: a chunk ends inside a frame group's pads, between groups and inside a
+    timestamp; each group's kept cells land at the same positions (the same cells and tokens as one chunk)."""
+    model, reqs, got, _, _, _ = tiny_qwen3
+    some = [r for r in reqs if r["budget"] in ("0.25", "1.0") and not r["name"].startswith(("other-", "chat-"))][::2]
+    chunked = _serve(some, tmp_path, "--model", model, "--layer", "untrained", "--max-batched-tokens", "32")
+    assert {r["name"]: (chunked[r["name"]]["kept"], chunked[r["name"]]["token_ids"]) for r in some} == \
+        {r["name"]: (got[r["name"]]["kept"], got[r["name"]]["token_ids"]) for r in some}
+
+
+@needs_vllm
 def test_qwen3_vl_clips_in_bf16_keep_the_hugging_face_paths_cells(tiny_qwen3, tmp_path):
     """Served in bf16: the processor's choice reads the clips' float32 patches (their bits, which Qwen3-VL's per-clip
     processor calls would drop, `_CLIP_BITS`) and the question's rows cast to bf16, as the Hugging Face path in bf16
