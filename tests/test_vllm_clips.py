@@ -81,8 +81,8 @@ def _serve(reqs: list[dict], tmp: Path, *extra: str, env: dict[str, str] | None 
     (tmp / "reqs.json").write_text(json.dumps(reqs))
     cmd = [str(VLLM_PY), "scripts/vllm_requests.py", "--model", MODEL, "--requests", str(tmp / "reqs.json"), "--out",
            str(tmp / "got.json"), "--layer", LAYER, "--encode", "before", "--max-model-len", "4096", *extra]
-    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), **(env or {})},
-                          capture_output=True, text=True, timeout=1500)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), **(env or {})}   # the worktree's plugin
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
     return {r["name"]: r for r in json.loads((tmp / "got.json").read_text())["requests"]}
 

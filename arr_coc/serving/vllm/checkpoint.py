@@ -15,10 +15,7 @@ from typing import Sequence
 
 import torch
 
-# The language model's input embedding in the checkpoints the plugin serves (transformers 4.5x and 5.x save
-# Qwen2-VL, Qwen2.5-VL and Qwen3-VL as the first; older Qwen2-VL checkpoints as the second).
-EMBEDDING_NAMES = ("model.language_model.embed_tokens.weight", "model.embed_tokens.weight",
-                   "language_model.model.embed_tokens.weight")
+from ...qwen.families import EMBEDDING_TENSORS as EMBEDDING_NAMES   # the families' checkpoints' tensor names
 
 
 class CheckpointEmbedding:

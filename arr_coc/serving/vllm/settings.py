@@ -433,7 +433,7 @@ def unit_cells(cells: torch.Tensor, counts: Sequence[int], grid_thw: Sequence[Se
 def frame_group_positions(kept: torch.Tensor, grid_hw: tuple[int, int]) -> torch.Tensor:
     """[K, 4] long: a Qwen3-VL clip's kept cells (raster over (t, h, w)) each at (0, row, column) from its own frame
     group's first position, and the group's extent max(h, w): each group sits in the prompt like an image after its
-    timestamp text (transformers' `Qwen3VLModel.get_rope_index` splits a clip's grid into t grids of one frame, and
+    timestamp text (transformers' Qwen3-VL rope index splits a clip's grid into t grids of one frame, and
     vLLM's `_iter_mm_grid_hw`, qwen3_vl.py:2796-2874, places each frame group alone)."""
     h, w = grid_hw
     return kept_positions(kept.to(torch.long).cpu() % (h * w), grid_hw)
