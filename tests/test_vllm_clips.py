@@ -278,7 +278,7 @@ def tiny_qwen3(clips, tmp_path_factory) -> tuple[str, list[dict], dict, dict, di
     """The tiny random Qwen3-VL with the untrained layer (built after torch.manual_seed(0) in the processor, the
     model and the Hugging Face path): N_TINY clips (each frame group's "<t seconds>" in the prompt) at three
     budgets and at 1.0, another clip's question at 5 %, and N_CHAT through the chat template at 1.0; stock vLLM at
-    1.0; the Hugging Face path on the pruned ones. Also: the engine's seconds and each clip's merged grid."""
+    1.0 and at 5 % (the OpenAI server's reference); the Hugging Face path on the pruned ones. Also: the engine's seconds and each clip's merged grid."""
     import time
 
     import torch
@@ -301,6 +301,7 @@ def tiny_qwen3(clips, tmp_path_factory) -> tuple[str, list[dict], dict, dict, di
     asked = [c for c in some if c["question"] != some[0]["question"]][:N_MIXED]      # another clip's question
     reqs += [ask(f"other-{c['id']}", c, some[0]["question"], "0.05") for c in asked]
     reqs += [ask(f"chat-{c['id']}", c, c["question"], "1.0", bare=False) for c in some[:N_CHAT]]
+    reqs += [ask(f"chat5-{c['id']}", c, c["question"], "0.05", bare=False) for c in some[:N_CHAT]]
     t0 = time.perf_counter()
     got = _serve(reqs, tmp, "--model", model, "--layer", "untrained")
     seconds = time.perf_counter() - t0
@@ -312,7 +313,7 @@ def tiny_qwen3(clips, tmp_path_factory) -> tuple[str, list[dict], dict, dict, di
         vlm.layer                                           # built now, from seed 0, as the plugin builds it
     videos = load_processor(model).video_processor
     grids = {c["path"]: videos([load_clip(np.load(c["path"]))])["video_grid_thw"][0].tolist() for c in some}
-    hf = _hf_answers(vlm, [r for r in reqs if r["budget"] != "1.0"], model)
+    hf = _hf_answers(vlm, [r for r in reqs if r["budget"] != "1.0" and not r["name"].startswith("chat5-")], model)
     return model, reqs, got, stock, hf, {"seconds": seconds, "grids": grids}
 
 
@@ -325,7 +326,7 @@ def test_qwen3_vl_clips_keep_the_hugging_face_paths_cells_and_answers(tiny_qwen3
     from arr_coc.serving.vllm.settings import group_counts
 
     model, reqs, got, _, hf, seen = tiny_qwen3
-    pruned = [r["name"] for r in reqs if r["budget"] != "1.0"]
+    pruned = [r["name"] for r in reqs if r["budget"] != "1.0" and not r["name"].startswith("chat5-")]
     assert len(pruned) >= len(BUDGETS) * N_TINY + 5
     assert {n: got[n]["error"] for n in pruned if got[n]["error"]} == {}
     assert {n: (got[n]["kept"], hf[n][1]) for n in pruned if got[n]["kept"] != hf[n][1]} == {}
@@ -380,6 +381,28 @@ def test_chunked_prefill_keeps_a_qwen3_vl_clips_cells_and_answers(tiny_qwen3, tm
 
 
 @needs_vllm
+def test_the_openai_server_answers_qwen3_vl_clips_as_the_offline_engine(tiny_qwen3, tmp_path):
+    """`vllm serve` with the tiny Qwen3-VL, clips as `video_url` data URLs read at 2 fps (--media-io-kwargs, so each
+    group's timestamp is the offline requests'): the offline engine's answers and prompt tokens at 5 % (the choice
+    in the API server's processor) and at 1.0; a bad budget 400, and the server serves on."""
+    model, reqs, got, _, _, _ = tiny_qwen3
+    sent = [r for r in reqs if r["name"].startswith(("chat5-", "chat-"))]
+    sent += [{**sent[0], "name": "bad", "budget": "lots"}]
+    (tmp_path / "reqs.json").write_text(json.dumps(sent))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [str(VLLM_PY), "scripts/vllm_serve_check.py", "--model", model, "--layer", "untrained", "--encode",
+           "before", "--requests", str(tmp_path / "reqs.json"), "--out", str(tmp_path / "serve.json")]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:] + (tmp_path / "serve.log").read_text()[-3000:]
+    server = json.loads((tmp_path / "serve.json").read_text())["requests"]
+    asked = [r["name"] for r in sent if r["name"] != "bad"]
+    assert {n: (server[n]["answer"], server[n]["prompt_tokens"]) for n in asked} == \
+        {n: (got[n]["answer"], got[n]["prompt_tokens"]) for n in asked}
+    assert server["bad"]["error"]["status"] == 400 and "is not a budget" in server["bad"]["error"]["message"]
+    assert server["__after"]["error"] is None
+
+
+@needs_vllm
 def test_qwen3_vl_clips_in_bf16_keep_the_hugging_face_paths_cells(tiny_qwen3, tmp_path):
     """Served in bf16: the processor's choice reads the clips' float32 patches (their bits, which Qwen3-VL's per-clip
     processor calls would drop, `_CLIP_BITS`) and the question's rows cast to bf16, as the Hugging Face path in bf16
@@ -389,7 +412,7 @@ def test_qwen3_vl_clips_in_bf16_keep_the_hugging_face_paths_cells(tiny_qwen3, tm
     from arr_coc import ARRCOC
 
     model, reqs, _, _, _, _ = tiny_qwen3
-    some = [r for r in reqs if r["budget"] == "0.05" and not r["name"].startswith(OTHER)]
+    some = [r for r in reqs if r["budget"] == "0.05" and "prompt" in r and not r["name"].startswith(OTHER)]
     got = _serve(some, tmp_path, "--model", model, "--layer", "untrained", "--dtype", "bfloat16")
     vlm = ARRCOC.from_pretrained(model, arr_coc=None, adapter=False, dtype=torch.bfloat16)
     with torch.random.fork_rng(devices=[]):
