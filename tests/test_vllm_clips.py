@@ -260,24 +260,26 @@ def test_qwen2_5_vl_clips_keep_the_hugging_face_paths_cells_and_answers(tiny_qwe
 N_CHAT = 8             # Qwen3-VL clips asked through the chat template (the outer <|vision_start|> pair kept)
 
 
-def _bare_clip_prompt(model: str, question: str) -> str:
-    """The chat prompt of one clip and a question, the clip's placeholder written as one bare <|video_pad|>. The
+def _bare_clip_prompt(model: str, question: str, parts: tuple[str, ...] | list[str] = ("video",)) -> str:
+    """The chat prompt of `parts` (one clip, or an image and a clip) and a question, the clip's placeholder written as
+    one bare <|video_pad|>. The
     Hugging Face path's processor replaces the template's whole <|vision_start|><|video_pad|><|vision_end|> by the
     clip's groups (as Qwen's reference processor does); vLLM, under transformers >= 5.10, expands the pad alone and
     keeps the outer pair (qwen3_vl.py:1408-1415). Written bare, both paths read the same tokens."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    text = tok.apply_chat_template([_user(["video"], question)], tokenize=False, add_generation_prompt=True,
+    text = tok.apply_chat_template([_user(list(parts), question)], tokenize=False, add_generation_prompt=True,
                                    chat_template=(Path(model) / "chat_template.jinja").read_text())
     return text.replace("<|vision_start|><|video_pad|><|vision_end|>", "<|video_pad|>")
 
 
 @pytest.fixture(scope="module")
-def tiny_qwen3(clips, tmp_path_factory) -> tuple[str, list[dict], dict, dict, dict, dict]:
+def tiny_qwen3(clips, picture, tmp_path_factory) -> tuple[str, list[dict], dict, dict, dict, dict]:
     """The tiny random Qwen3-VL with the untrained layer (built after torch.manual_seed(0) in the processor, the
     model and the Hugging Face path): N_TINY clips (each frame group's "<t seconds>" in the prompt) at three
-    budgets and at 1.0, another clip's question at 5 %, and N_CHAT through the chat template at 1.0; stock vLLM at
+    budgets and at 1.0, another clip's question at 5 %, a picture beside a clip at 10 %, and N_CHAT through the chat
+    template at 1.0; stock vLLM at
     1.0 and at 5 % (the OpenAI server's reference); the Hugging Face path on the pruned ones. Also: the engine's seconds and each clip's merged grid."""
     import time
 
@@ -301,6 +303,9 @@ def tiny_qwen3(clips, tmp_path_factory) -> tuple[str, list[dict], dict, dict, di
     asked = [c for c in some if c["question"] != some[0]["question"]][:N_MIXED]      # another clip's question
     reqs += [ask(f"other-{c['id']}", c, some[0]["question"], "0.05") for c in asked]
     reqs += [ask(f"chat-{c['id']}", c, c["question"], "1.0", bare=False) for c in some[:N_CHAT]]
+    reqs += [{**ask(f"mixed-{c['id']}", c, c["question"], "0.1"), "images": [picture],
+              "messages": [_user(["image", "video"], c["question"])],
+              "prompt": _bare_clip_prompt(model, c["question"], ["image", "video"])} for c in some[:N_MIXED // 2]]
     reqs += [ask(f"chat5-{c['id']}", c, c["question"], "0.05", bare=False) for c in some[:N_CHAT]]
     t0 = time.perf_counter()
     got = _serve(reqs, tmp, "--model", model, "--layer", "untrained")
@@ -319,8 +324,8 @@ def tiny_qwen3(clips, tmp_path_factory) -> tuple[str, list[dict], dict, dict, di
 
 @needs_vllm
 def test_qwen3_vl_clips_keep_the_hugging_face_paths_cells_and_answers(tiny_qwen3):
-    """Every clip at every budget, and under another clip's question: the same kept cells over space and time
-    (each frame group keeping what the space-time choice gives it) and the same greedy tokens."""
+    """Every clip at every budget, under another clip's question and beside a picture: the same kept cells over
+    space and time (each frame group keeping what the space-time choice gives it) and the same greedy tokens."""
     import torch
 
     from arr_coc.serving.vllm.settings import group_counts
@@ -331,13 +336,13 @@ def test_qwen3_vl_clips_keep_the_hugging_face_paths_cells_and_answers(tiny_qwen3
     assert {n: got[n]["error"] for n in pruned if got[n]["error"]} == {}
     assert {n: (got[n]["kept"], hf[n][1]) for n in pruned if got[n]["kept"] != hf[n][1]} == {}
     assert _differ(got, hf, pruned, model) == {}
-    assert {n: (got[n]["visual_tokens"], len(got[n]["kept"][0])) for n in pruned
-            if got[n]["visual_tokens"] != len(got[n]["kept"][0])} == {}          # the prompt's pads: the kept cells
+    pads = {n: sum(len(k) for k in got[n]["kept"]) for n in pruned}
+    assert {n: (got[n]["visual_tokens"], pads[n]) for n in pruned if got[n]["visual_tokens"] != pads[n]} == {}
     split = {}                               # (grid, budget) -> the per-group counts the choice gave
     for r in reqs:
         if r["name"] in pruned:
             t, h, w = seen["grids"][r["clips"][0]]
-            counts = tuple(group_counts(torch.tensor(got[r["name"]]["kept"][0]), t, h * w // 4))
+            counts = tuple(group_counts(torch.tensor(got[r["name"]]["kept"][-1]), t, h * w // 4))
             split.setdefault((t, h, w, r["budget"]), set()).add(counts)
     assert any(len(c) > 1 for c in split.values())   # one grid and budget, other splits: the content decides
     print(f"tiny Qwen3-VL clips: {len(pruned)} pruned requests equal to the HF path; "
