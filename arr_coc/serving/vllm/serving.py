@@ -7,7 +7,8 @@ Three mixins, each put in front of a family's vLLM class by `qwen.py` (Qwen2-VL)
   PIL image processor, a checkpoint of another family refused in one line;
 - `ARRCOCProcessor` (before the family's multimodal processor): each request's budget and question join the kwargs
   vLLM hashes (so every cache is keyed by image, question and budget), and each image gets `count_of(budget,
-  cells)` pads;
+  cells)` pads; a Qwen3-VL clip is chosen here (`ProcessorChoice`: its prompt holds each frame group's count), its
+  kept cells handed to the model as a field;
 - `ARRCOCModel` (before the family's model class): `arr_coc.choose` on the processor's patches and the question,
   after the tower (on its tokens) or before it (then `encode_kept` runs the tower on the chosen cells only); the
   kept rows leave with their own M-RoPE positions in 4 extra channels (EVS's convention), which
@@ -300,7 +301,9 @@ class ARRCOCProcessor:
 
     def _count_items(self, out: Any, media: Media, ours: Mapping[str, Any]) -> None:
         """Each item's question ids and kept count (the one count: the placeholders written here and the rows the
-        model keeps, `check_rows`); an item no budget lets in is refused (`check_picture`)."""
+        model keeps, `check_rows`); an item no budget lets in is refused (`check_picture`). Where clips are chosen
+        here (Qwen3-VL, `arr_coc_chooses_clips`), each clip's kept cells too (`CLIP_KEPT_KEY`, [sum K] over the
+        clips), on the float32 patches."""
         grid = out[media.grid].tolist()
         merge = int(self.info.get_hf_config().vision_config.spatial_merge_size)
         longest = int(self.info.ctx.model_config.max_model_len)
