@@ -277,10 +277,10 @@ def _bare_clip_prompt(model: str, question: str, parts: tuple[str, ...] | list[s
 @pytest.fixture(scope="module")
 def tiny_qwen3(clips, picture, tmp_path_factory) -> tuple[str, list[dict], dict, dict, dict, dict]:
     """The tiny random Qwen3-VL with the untrained layer (built after torch.manual_seed(0) in the processor, the
-    model and the Hugging Face path): N_TINY clips (each frame group's "<t seconds>" in the prompt) at three
-    budgets and at 1.0, another clip's question at 5 %, a picture beside a clip at 10 %, and N_CHAT through the chat
-    template at 1.0; stock vLLM at
-    1.0 and at 5 % (the OpenAI server's reference); the Hugging Face path on the pruned ones. Also: the engine's seconds and each clip's merged grid."""
+    model and the Hugging Face path), one plugin engine: N_TINY clips (each frame group's "<t seconds>" in the
+    prompt) at three budgets and at 1.0, another clip's question at 5 %, a picture beside a clip at 10 %, and
+    N_CHAT through the chat template at 1.0 and at 5 % (the OpenAI server's reference); stock vLLM at 1.0; the
+    Hugging Face path on the pruned bare-placeholder ones. Also: the engine's seconds and each clip's grid."""
     import time
 
     import torch
