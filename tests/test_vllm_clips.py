@@ -3,7 +3,9 @@
 The embedded clip model (`checkpoints/shapes-qwen2vl-video`, the one `ask --video` and the app use) answers
 generated ShapesVQA-video clips through vLLM + ARR-COC and through the Hugging Face path: the same cells and the same
 greedy answers at three budgets, a clip beside an image, keep-all equal to stock vLLM token for token, and chunked
-prefill keeping the same cells. One engine per configuration, many requests each (`scripts/vllm_requests.py`).
+prefill keeping the same cells. The tiny random Qwen2.5-VL (its M-RoPE time step) and Qwen3-VL (each frame group's
+timestamp in the prompt, its cells chosen in the processor) the same against their Hugging Face paths. One engine per
+configuration, many requests each (`scripts/vllm_requests.py`).
 Like tests/test_vllm_plugin.py: skipped where vLLM's environment is missing, except in CI (CI=true).
 """
 
@@ -254,6 +256,186 @@ def test_qwen2_5_vl_clips_keep_the_hugging_face_paths_cells_and_answers(tiny_qwe
             if got[n]["token_ids"] != stock[n]["token_ids"]} == {}
 
 
+# -- Qwen3-VL: each frame group's timestamp and its own pads, chosen in the processor ----------------------------
+
+N_CHAT = 8             # Qwen3-VL clips asked through the chat template (the outer <|vision_start|> pair kept)
+
+
+def _bare_clip_prompt(model: str, question: str, parts: tuple[str, ...] | list[str] = ("video",)) -> str:
+    """The chat prompt of `parts` (one clip, or an image and a clip) and a question, the clip's placeholder written as
+    one bare <|video_pad|>. The
+    Hugging Face path's processor replaces the template's whole <|vision_start|><|video_pad|><|vision_end|> by the
+    clip's groups (as Qwen's reference processor does); vLLM, under transformers >= 5.10, expands the pad alone and
+    keeps the outer pair (qwen3_vl.py:1408-1415). Written bare, both paths read the same tokens."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    text = tok.apply_chat_template([_user(list(parts), question)], tokenize=False, add_generation_prompt=True,
+                                   chat_template=(Path(model) / "chat_template.jinja").read_text())
+    return text.replace("<|vision_start|><|video_pad|><|vision_end|>", "<|video_pad|>")
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3(clips, picture, tmp_path_factory) -> tuple[str, list[dict], dict, dict, dict, dict]:
+    """The tiny random Qwen3-VL with the untrained layer (built after torch.manual_seed(0) in the processor, the
+    model and the Hugging Face path), one plugin engine: N_TINY clips (each frame group's "<t seconds>" in the
+    prompt) at three budgets and at 1.0, another clip's question at 5 %, a picture beside a clip at 10 %, and
+    N_CHAT through the chat template at 1.0 and at 5 % (the OpenAI server's reference); stock vLLM at 1.0; the
+    Hugging Face path on the pruned bare-placeholder ones. Also: the engine's seconds and each clip's grid."""
+    import time
+
+    import torch
+
+    from arr_coc import ARRCOC
+    from arr_coc.qwen.processing import load_processor
+    from arr_coc.qwen.tiny import save_tiny_qwen
+    from arr_coc.video import load_clip
+
+    tmp = tmp_path_factory.mktemp("tiny-qwen3")
+    model = save_tiny_qwen("qwen3_vl", str(tmp / "model"))
+    some = clips[:N_TINY]
+
+    def ask(name: str, clip: dict, question: str, budget: str, bare: bool = True) -> dict:
+        req = {"name": name, "images": [], "clips": [clip["path"]], "budget": budget,
+               "messages": [_user(["video"], question)]}
+        return {**req, "prompt": _bare_clip_prompt(model, question)} if bare else req
+
+    reqs = [ask(f"{c['id']}@{b}", c, c["question"], b) for b in BUDGETS + ("1.0",) for c in some]
+    asked = [c for c in some if c["question"] != some[0]["question"]][:N_MIXED]      # another clip's question
+    reqs += [ask(f"other-{c['id']}", c, some[0]["question"], "0.05") for c in asked]
+    reqs += [ask(f"chat-{c['id']}", c, c["question"], "1.0", bare=False) for c in some[:N_CHAT]]
+    reqs += [{**ask(f"mixed-{c['id']}", c, c["question"], "0.1"), "images": [picture],
+              "messages": [_user(["image", "video"], c["question"])],
+              "prompt": _bare_clip_prompt(model, c["question"], ["image", "video"])} for c in some[:N_MIXED // 2]]
+    reqs += [ask(f"chat5-{c['id']}", c, c["question"], "0.05", bare=False) for c in some[:N_CHAT]]
+    t0 = time.perf_counter()
+    got = _serve(reqs, tmp, "--model", model, "--layer", "untrained")
+    seconds = time.perf_counter() - t0
+    every = [r for r in reqs if r["budget"] == "1.0"]
+    stock = _serve(every, tmp_path_factory.mktemp("tiny-qwen3-stock"), "--model", model, "--stock")
+    vlm = ARRCOC.from_pretrained(model, arr_coc=None, adapter=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        vlm.layer                                           # built now, from seed 0, as the plugin builds it
+    videos = load_processor(model).video_processor
+    grids = {c["path"]: videos([load_clip(np.load(c["path"]))])["video_grid_thw"][0].tolist() for c in some}
+    hf = _hf_answers(vlm, [r for r in reqs if r["budget"] != "1.0" and not r["name"].startswith("chat5-")], model)
+    return model, reqs, got, stock, hf, {"seconds": seconds, "grids": grids}
+
+
+@needs_vllm
+def test_qwen3_vl_clips_keep_the_hugging_face_paths_cells_and_answers(tiny_qwen3):
+    """Every clip at every budget, under another clip's question and beside a picture: the same kept cells over
+    space and time (each frame group keeping what the space-time choice gives it) and the same greedy tokens."""
+    import torch
+
+    from arr_coc.serving.vllm.settings import group_counts
+
+    model, reqs, got, _, hf, seen = tiny_qwen3
+    pruned = [r["name"] for r in reqs if r["budget"] != "1.0" and not r["name"].startswith("chat5-")]
+    assert len(pruned) >= len(BUDGETS) * N_TINY + 5
+    assert {n: got[n]["error"] for n in pruned if got[n]["error"]} == {}
+    assert {n: (got[n]["kept"], hf[n][1]) for n in pruned if got[n]["kept"] != hf[n][1]} == {}
+    assert _differ(got, hf, pruned, model) == {}
+    pads = {n: sum(len(k) for k in got[n]["kept"]) for n in pruned}
+    assert {n: (got[n]["visual_tokens"], pads[n]) for n in pruned if got[n]["visual_tokens"] != pads[n]} == {}
+    split = {}                               # (grid, budget) -> the per-group counts the choice gave
+    for r in reqs:
+        if r["name"] in pruned:
+            t, h, w = seen["grids"][r["clips"][0]]
+            counts = tuple(group_counts(torch.tensor(got[r["name"]]["kept"][-1]), t, h * w // 4))
+            split.setdefault((t, h, w, r["budget"]), set()).add(counts)
+    assert any(len(c) > 1 for c in split.values())   # one grid and budget, other splits: the content decides
+    print(f"tiny Qwen3-VL clips: {len(pruned)} pruned requests equal to the HF path; "
+          f"{sum(len(c) for c in split.values())} per-group splits over {len(split)} grid-budget pairs; "
+          f"plugin engine {seen['seconds']:.0f} s")
+
+
+@needs_vllm
+def test_qwen3_vl_clips_kept_whole_are_stock_vllms_token_for_token(tiny_qwen3):
+    """Budget 1.0 through the plugin (the choice in the processor keeps every cell) and stock vLLM: the same
+    prompt and the same tokens, the clip's placeholder written bare and through the chat template."""
+    _, reqs, got, stock, _, _ = tiny_qwen3
+    every = [r["name"] for r in reqs if r["budget"] == "1.0"]
+    assert len(every) == N_TINY + N_CHAT
+    assert {n: (got[n]["token_ids"], stock[n]["token_ids"]) for n in every
+            if got[n]["token_ids"] != stock[n]["token_ids"]} == {}
+    assert {got[n]["prompt_tokens"] - stock[n]["prompt_tokens"] for n in every} == {0}
+
+
+@needs_vllm
+def test_the_question_moves_a_qwen3_vl_clips_cells(tiny_qwen3):
+    """The negative control: the same clip under another question keeps other cells on most clips."""
+    _, reqs, got, _, _, _ = tiny_qwen3
+    other = [r["name"] for r in reqs if r["name"].startswith("other-")]
+    assert len(other) >= 5
+    own = {n: got[n.replace("other-", "") + "@0.05"]["kept"] for n in other}
+    moved = sum(got[n]["kept"] != k for n, k in own.items())
+    print(f"tiny Qwen3-VL clips: another question moved the cells of {moved} of {len(other)}")
+    assert moved >= len(other) // 2
+
+
+@needs_vllm
+def test_chunked_prefill_keeps_a_qwen3_vl_clips_cells_and_answers(tiny_qwen3, tmp_path):
+    """Prefill in chunks of 32 tokens: a chunk ends inside a frame group's pads, between groups and inside a
+    timestamp; each group's kept cells land at the same positions (the same cells and tokens as one chunk)."""
+    model, reqs, got, _, _, _ = tiny_qwen3
+    some = [r for r in reqs if r["budget"] in ("0.25", "1.0") and not r["name"].startswith(("other-", "chat-"))][::2]
+    chunked = _serve(some, tmp_path, "--model", model, "--layer", "untrained", "--max-batched-tokens", "32")
+    assert {r["name"]: (chunked[r["name"]]["kept"], chunked[r["name"]]["token_ids"]) for r in some} == \
+        {r["name"]: (got[r["name"]]["kept"], got[r["name"]]["token_ids"]) for r in some}
+
+
+@needs_vllm
+def test_the_openai_server_answers_qwen3_vl_clips_as_the_offline_engine(tiny_qwen3, tmp_path):
+    """`vllm serve` with the tiny Qwen3-VL, clips as `video_url` data URLs read at 2 fps (--media-io-kwargs, so each
+    group's timestamp is the offline requests'): the offline engine's answers and prompt tokens at 5 % (the choice
+    in the API server's processor) and at 1.0; a bad budget 400, and the server serves on."""
+    model, reqs, got, _, _, _ = tiny_qwen3
+    sent = [r for r in reqs if r["name"].startswith(("chat5-", "chat-"))]
+    sent += [{**sent[0], "name": "bad", "budget": "lots"}]
+    (tmp_path / "reqs.json").write_text(json.dumps(sent))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [str(VLLM_PY), "scripts/vllm_serve_check.py", "--model", model, "--layer", "untrained", "--encode",
+           "before", "--requests", str(tmp_path / "reqs.json"), "--out", str(tmp_path / "serve.json")]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:] + (tmp_path / "serve.log").read_text()[-3000:]
+    server = json.loads((tmp_path / "serve.json").read_text())["requests"]
+    asked = [r["name"] for r in sent if r["name"] != "bad"]
+    assert {n: (server[n]["answer"], server[n]["prompt_tokens"]) for n in asked} == \
+        {n: (got[n]["answer"], got[n]["prompt_tokens"]) for n in asked}
+    assert server["bad"]["error"]["status"] == 400 and "is not a budget" in server["bad"]["error"]["message"]
+    assert server["__after"]["error"] is None
+
+
+@needs_vllm
+def test_qwen3_vl_clips_in_bf16_keep_the_hugging_face_paths_cells(tiny_qwen3, tmp_path):
+    """Served in bf16: the processor's choice reads the clips' float32 patches (their bits, which Qwen3-VL's per-clip
+    processor calls would drop, `_CLIP_BITS`) and the question's rows cast to bf16, as the Hugging Face path in bf16
+    (its layer in float32) reads them: every cell equal; answers through bf16 kernels differ only at near-ties."""
+    import torch
+
+    from arr_coc import ARRCOC
+
+    model, reqs, _, _, _, _ = tiny_qwen3
+    some = [r for r in reqs if r["budget"] == "0.05" and "prompt" in r and not r["name"].startswith(OTHER)]
+    got = _serve(some, tmp_path, "--model", model, "--layer", "untrained", "--dtype", "bfloat16")
+    vlm = ARRCOC.from_pretrained(model, arr_coc=None, adapter=False, dtype=torch.bfloat16)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        vlm.layer
+    hf = _hf_answers(vlm, some, model)
+    assert {r["name"]: (got[r["name"]]["kept"], hf[r["name"]][1]) for r in some
+            if got[r["name"]]["kept"] != hf[r["name"]][1]} == {}
+    differ = _differ(got, hf, [r["name"] for r in some], model)
+    steps = {n: next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+             for n, (a, b) in differ.items()}
+    margins = {n: got[n]["margins"][i] if i < len(got[n]["margins"]) else None for n, i in steps.items()}
+    print(f"tiny Qwen3-VL clips in bf16: {len(some)} of {len(some)} cells, {len(some) - len(differ)} answers equal; "
+          f"margins where not: {sorted(m for m in margins.values() if m is not None)}")
+    assert all(m is not None and m < 1.0 for m in margins.values()), margins
+
+
 # -- the OpenAI server: video_url parts ------------------------------------------------------------------------------
 
 @needs_vllm
@@ -265,7 +447,7 @@ def test_the_openai_server_answers_clips_as_the_offline_engine(served, tmp_path)
     sent += [r for r in reqs if r["name"].startswith("mixed-")][:4]
     sent += [{**sent[0], "name": "bad", "budget": "lots"}]
     (tmp_path / "reqs.json").write_text(json.dumps(sent))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     cmd = [str(VLLM_PY), "scripts/vllm_serve_check.py", "--model", MODEL, "--layer", LAYER, "--encode", "before",
            "--requests", str(tmp_path / "reqs.json"), "--out", str(tmp_path / "serve.json")]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

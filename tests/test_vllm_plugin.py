@@ -20,10 +20,10 @@ import torch
 from arr_coc.budget import BudgetError
 from arr_coc.paths import LayerNotFound
 from arr_coc.serving.vllm.settings import (Placed, RequestRefused, ServeError, ServeSettings, cell_rows, check_lora,
-                                           check_picture, check_rows, clip_count, frame_units, kept_count,
-                                           kept_positions,
+                                           check_picture, check_rows, clip_count, clips_served, frame_group_positions,
+                                           frame_group_spans, frame_units, group_counts, kept_count, kept_positions,
                                            place_kept_positions, prompt_positions, question_ids, refuse_clips,
-                                           request_budget, screen_request_kwargs, server_fingerprint)
+                                           request_budget, screen_request_kwargs, server_fingerprint, unit_cells)
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
@@ -84,15 +84,21 @@ def test_the_layers_adapter_needs_vllms_lora_on_the_tower_or_is_refused_in_one_l
     assert check_lora(ServeSettings.of(Cfg({"layer": LAYER})), None) is None   # no adapter: nothing to check
 
 
-def test_a_qwen3_vl_server_started_for_clips_is_refused_in_one_line():
-    """Qwen2-VL and Qwen2.5-VL clips are served; a Qwen3-VL server started to take clips stops in one line."""
+def test_a_qwen3_vl_server_for_clips_after_the_tower_is_refused_in_one_line():
+    """Every family's clips are served before the tower; Qwen3-VL's choose in the processor (each frame group's
+    pads are counted there), so a Qwen3-VL server started for clips after the tower stops in one line."""
+    for family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
+        refuse_clips({"video": 1}, family, "before")
+        assert clips_served(family, "before")
     for family in ("qwen2_vl", "qwen2_5_vl"):
-        refuse_clips({"video": 1}, family)
-    refuse_clips({"image": 1}, "qwen3_vl")
-    refuse_clips(None, "qwen3_vl")
-    refuse_clips({"video": 0}, "qwen3_vl")
-    with pytest.raises(ServeError, match="serves Qwen3-VL images, not its clips yet"):
-        refuse_clips({"video": 1}, "qwen3_vl")
+        refuse_clips({"video": 1}, family, "after")
+    assert not clips_served("qwen3_vl", "after")
+    refuse_clips({"image": 1}, "qwen3_vl", "after")
+    refuse_clips(None, "qwen3_vl", "after")
+    refuse_clips({"video": 0}, "qwen3_vl", "after")
+    with pytest.raises(ServeError, match="serves Qwen3-VL clips before the tower only") as err:
+        refuse_clips({"video": 1}, "qwen3_vl", "after")
+    assert "\n" not in str(err.value) and '"encode": "before"' in str(err.value)
 
 
 def test_a_requests_budget_is_the_projects_budget_and_the_default_the_layers():
@@ -223,6 +229,61 @@ def test_a_clip_kept_whole_sits_where_stock_vllm_puts_it_and_pruned_keeps_the_te
     assert not torch.equal(pruned[:, 7:10], positions[:, 7:10])          # the provisional ones were replaced
 
 
+def test_a_qwen3_vl_clip_kept_whole_is_stock_vllms_and_pruned_keeps_the_hugging_face_paths_positions():
+    """A Qwen3-VL clip of 3 frame groups (2x3 cells each), each group its timestamp text, <|vision_start|>, its pads
+    and <|vision_end|>: kept whole, each group's pads are placed as vLLM places them (each group like an image,
+    qwen3_vl.py:2888-2961); pruned to a choice's cells (a count per group, one group keeping two), every token
+    keeps the position it has in the unpruned prompt, the Hugging Face path's rule (`rewrite`)."""
+    video, start, end, stamp = 7, 8, 9, [20, 21]
+
+    def prompt(per_group: list[int]) -> list[int]:
+        return [1, 2] + [x for k in per_group for x in stamp + [start] + [video] * k + [end]] + [4, 5]
+
+    full = prompt([6, 6, 6])
+    spans = frame_group_spans(full, 2, len(full) - 2, start, end)
+    assert spans == [(5, 6), (15, 6), (25, 6)]
+    stock = _stock_positions(len(full), [(o, 1, 2, 3, 1.0) for o, _ in spans])
+    positions, delta = prompt_positions(len(full), [Placed(o, k, 2, 3) for o, k in spans])
+    kept = frame_group_positions(torch.arange(18), (2, 3))
+    placed, placed_delta = place_kept_positions(torch.tensor(full), [kept], positions, 0, (6, video))
+    assert torch.equal(placed, stock) and placed_delta == delta == int(stock.max()) + 1 - len(full)
+    cells = torch.tensor([1, 8, 9, 17])                                  # groups 0, 1, 1, 2
+    assert group_counts(cells, 3, 6) == [1, 2, 1]
+    short = prompt([1, 2, 1])
+    spans = frame_group_spans(short, 2, len(short) - 2, start, end)
+    positions, _ = prompt_positions(len(short), [Placed(o, k, 2, 3) for o, k in spans])
+    pruned, pruned_delta = place_kept_positions(torch.tensor(short), [frame_group_positions(cells, (2, 3))],
+                                                positions, 0, (6, video))
+    pads = [5 + 10 * (c // 6) + c % 6 for c in cells.tolist()]           # each kept cell's index in `full`
+    kept_at = [i for i, t in enumerate(full) if t != video] + pads
+    assert torch.equal(pruned, stock[:, sorted(kept_at)]) and pruned_delta == int(stock.max()) + 1 - len(short)
+
+
+def test_a_clips_kept_cells_over_space_and_time_are_its_frame_groups_cells():
+    """`unit_cells`: clips' kept cells numbered over (t, h, w) -> per frame group its cells, `frame_units`' order."""
+    got = unit_cells(torch.tensor([1, 8, 9, 17, 0, 3]), [4, 2], [(3, 4, 6), (1, 4, 4)], 2)
+    assert [g.tolist() for g in got] == [[1], [2, 3], [5], [0, 3]]
+
+
+def test_the_checkpoints_embedding_rows_are_the_embedding_in_the_serving_dtype(tmp_path):
+    """The processor's question embedding (Qwen3-VL clips): the checkpoint's rows, read one by one, cast as vLLM
+    casts the loaded weight; a checkpoint without the tensor is refused naming what it looked for."""
+    from safetensors.torch import save_file
+
+    from arr_coc.serving.vllm.checkpoint import CheckpointEmbedding
+
+    weight = torch.randn(10, 4)
+    save_file({"model.language_model.embed_tokens.weight": weight, "lm_head.weight": weight.clone()},
+              str(tmp_path / "model.safetensors"))
+    ids = torch.tensor([[3, 1, 0], [0, 3, 9]])
+    assert torch.equal(CheckpointEmbedding(str(tmp_path), torch.float32)(ids), weight[ids])
+    assert torch.equal(CheckpointEmbedding(str(tmp_path), torch.bfloat16)(ids), weight.to(torch.bfloat16)[ids])
+    (tmp_path / "other").mkdir()
+    save_file({"lm_head.weight": weight}, str(tmp_path / "other" / "model.safetensors"))
+    with pytest.raises(ValueError, match="embed_tokens"):
+        CheckpointEmbedding(str(tmp_path / "other"), torch.float32)
+
+
 def test_the_question_is_read_as_the_hugging_face_path_reads_it():
     from arr_coc.qwen.prompt import PromptTokens
 
@@ -302,7 +363,7 @@ def _one_process(extra: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _vllm(items: Path, out: Path, *extra: str, n: int = N_ITEMS) -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     cmd = [str(VLLM_PY), "scripts/vllm_compare.py", "--items", str(items), "--n", str(n), "--out", str(out),
            *extra, *_one_process(extra)]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

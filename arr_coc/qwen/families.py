@@ -20,6 +20,12 @@ from typing import Any
 
 from ..encode import EncodeConfig
 
+# Where a saved checkpoint of any of the three families holds its language model's input embedding (transformers
+# 4.5x and 5.x save the first; older Qwen2-VL checkpoints the others): read row by row where no model is loaded
+# (the vLLM plugin's processor, `arr_coc.serving.vllm.checkpoint`).
+EMBEDDING_TENSORS = ("model.language_model.embed_tokens.weight", "model.embed_tokens.weight",
+                     "language_model.model.embed_tokens.weight")
+
 
 @dataclass(frozen=True)
 class Family:

@@ -7,7 +7,8 @@ Three mixins, each put in front of a family's vLLM class by `qwen.py` (Qwen2-VL)
   PIL image processor, a checkpoint of another family refused in one line;
 - `ARRCOCProcessor` (before the family's multimodal processor): each request's budget and question join the kwargs
   vLLM hashes (so every cache is keyed by image, question and budget), and each image gets `count_of(budget,
-  cells)` pads;
+  cells)` pads; a Qwen3-VL clip is chosen here (`ProcessorChoice`: its prompt holds each frame group's count), its
+  kept cells handed to the model as a field;
 - `ARRCOCModel` (before the family's model class): `arr_coc.choose` on the processor's patches and the question,
   after the tower (on its tokens) or before it (then `encode_kept` runs the tower on the chosen cells only); the
   kept rows leave with their own M-RoPE positions in 4 extra channels (EVS's convention), which
@@ -18,6 +19,7 @@ Three mixins, each put in front of a family's vLLM class by `qwen.py` (Qwen2-VL)
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import logging
@@ -38,11 +40,13 @@ from vllm.utils.torch_utils import set_default_torch_dtype
 from ...pipeline.pure import choose
 from ...qwen.pixels import PatchImages
 from ...qwen.prompt import PromptTokens
-from .settings import (BUDGET_KEY, CLIP_COUNT_KEY, CLIP_PIXELS_KEY, CLIP_QUESTION_KEY, CLIPLESS_FAMILIES, COUNT_KEY,
-                       PIXELS_KEY, PLUGIN_KEYS, QUESTION_KEY, SERVER_KEY, Placed, ServeError, ServeSettings,
-                       check_family, check_lora, check_picture, check_rows, clip_count, frame_units, kept_count,
-                       kept_positions, place_kept_positions, prompt_positions, prompt_tokens, question_ids,
-                       refuse_clips, request_budget, screen_request_kwargs, server_fingerprint)
+from .checkpoint import CheckpointEmbedding, checkpoint_folder
+from .settings import (BUDGET_KEY, CLIP_COUNT_KEY, CLIP_KEPT_KEY, CLIP_PIXELS_KEY, CLIP_QUESTION_KEY, COUNT_KEY,
+                       GROUPED_CLIP_FAMILIES, PIXELS_KEY, PLUGIN_KEYS, QUESTION_KEY, SERVER_KEY, Placed, ServeError,
+                       ServeSettings, check_family, check_lora, check_picture, check_rows, clip_count, clips_served,
+                       frame_units, kept_count, kept_positions, place_kept_positions, prompt_positions, prompt_tokens,
+                       question_ids, refuse_clips, request_budget, screen_request_kwargs, server_fingerprint,
+                       unit_cells)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +74,10 @@ CLIPS = Media("video", "clip", "pixel_values_videos", "video_grid_thw", CLIP_QUE
 MEDIA = (IMAGES, CLIPS)
 FIELDS = (QUESTION_KEY, COUNT_KEY)   # per image, batched, on the host (CLIPS.fields per clip)
 log = logging.getLogger("arr_coc.serving.vllm")
+# While the plugin's processor runs transformers' (per clip, for Qwen3-VL, qwen3_vl.py:1578-1620, which keeps only
+# the patches, the grids and the timestamps of each call): the clips' float32 patch bits, in order (`_exact_pixels`).
+_CLIP_BITS: contextvars.ContextVar[list[torch.Tensor] | None] = contextvars.ContextVar("arr_coc_clip_bits",
+                                                                                     default=None)
 TRACE = os.environ.get("ARR_COC_VLLM_TRACE")    # a file: each image's kept cells appended there (tests)
 TIMING = os.environ.get("ARR_COC_VLLM_TIMING")  # a file: each encoder call's choice and tower seconds (benchmarks)
 
@@ -84,11 +92,22 @@ class ARRCOCInfo:
         return super().get_hf_config()
 
     def get_supported_mm_limits(self) -> Mapping[str, int | None]:
-        """Images, and clips where the family's are served (`settings.CLIPLESS_FAMILIES`: there vLLM refuses a clip
+        """Images, and clips where this server serves them (`settings.clips_served`: elsewhere vLLM refuses a clip
         at the request, 400, as a modality this model does not take)."""
-        if self.family in CLIPLESS_FAMILIES:
+        if not clips_served(self.family, self.arr_coc_settings().encode):
             return {"image": None}
         return super().get_supported_mm_limits()
+
+    def arr_coc_chooses_clips(self) -> bool:
+        """Whether this server chooses a clip's cells here, in the processor (`settings.GROUPED_CLIP_FAMILIES`,
+        before the tower): the prompt then holds each frame group's kept count."""
+        return self.family in GROUPED_CLIP_FAMILIES and self.arr_coc_settings().encode == "before"
+
+    def arr_coc_processor_choice(self) -> ProcessorChoice:
+        """The server's choice as the processor runs it (built once per processing info)."""
+        if not hasattr(self, "_arr_coc_choice"):
+            self._arr_coc_choice = ProcessorChoice(self.arr_coc_settings(), self.get_hf_config(), self.ctx.model_config)
+        return self._arr_coc_choice
 
     def arr_coc_settings(self) -> ServeSettings:
         if not hasattr(self, "_arr_coc_settings"):
@@ -164,10 +183,87 @@ def _exact_pixels(base: type, media: Media) -> type:
             out = super().__call__(*args, **kwargs)
             if media.pixels in out:
                 out[media.exact] = torch.as_tensor(out[media.pixels]).to(torch.float32).view(torch.int32)
+                seen = _CLIP_BITS.get() if media is CLIPS else None
+                if seen is not None:
+                    seen.append(out[media.exact])
             return out
 
     ExactPixels.__name__ = ExactPixels.__qualname__ = f"Exact{base.__name__}"
     return ExactPixels
+
+
+def build_served_layer(layer: str | None, hidden: int) -> torch.nn.Module:
+    """The server's layer as every place that chooses builds it: float32 whatever the model's dtype, as in the
+    Hugging Face path; the untrained layer (`layer` None) is the one built after `torch.manual_seed(0)` (every
+    worker and the processor the same one). Built outside inference mode: a layer's own bookkeeping cannot
+    version inference tensors (vLLM runs requests under inference_mode)."""
+    from ...core.layer import build_layer
+
+    # vLLM builds the model under its serving dtype: the layer under float32 (its weights load as they are).
+    with torch.inference_mode(False), torch.random.fork_rng(devices=[]), set_default_torch_dtype(torch.float32):
+        torch.manual_seed(0)
+        built = build_layer(layer, hidden)
+    return built.to(torch.float32).eval()
+
+
+@functools.cache
+def _processor_layer(layer: str | None, hidden: int) -> torch.nn.Module:
+    """The processor's copy of the server's layer, built once per process."""
+    return build_served_layer(layer, hidden)
+
+
+def served_choice(pixel_values: torch.Tensor, unit_thw: Sequence[tuple[int, int, int]],
+                  questions: Sequence[list[int]], budgets: Sequence[int], *, config: Any, layer: torch.nn.Module,
+                  embed: Any, image_processor: Any, tokenizer: Any = None,
+                  tokens: Sequence[torch.Tensor] | None = None, clips: Sequence[int] | None = None,
+                  groups: Sequence[int] | None = None) -> list[torch.Tensor]:
+    """Kept cells per unit (an image, or a clip's frame group: `frame_units`), the one choice the server runs,
+    in the model or in the processor: the pure choice at the count the processor wrote placeholders for (a
+    clip's: its count over space and time, one value, no second rounding), each image and each clip alone
+    (`run_selector`). pixel_values [P, C * T * p * p] float32; embed: [N, L] ids -> [N, L, D] (the model's
+    `embed_input_ids`, or the checkpoint's rows); tokens: per unit the tower's [n_i, D] (after the tower). A
+    clip's allocator reads its question's words, decoded as the Hugging Face path decodes them
+    (`QwenBackend.decode_text`)."""
+    merge = int(config.vision_config.spatial_merge_size)
+    grid_hw = [(h // merge, w // merge) for _, h, w in unit_thw]
+    pad = getattr(config.text_config, "pad_token_id", None) or 0
+    texts = None if clips is None else [tokenizer.decode(q, skip_special_tokens=True) for q in questions]
+    chosen = choose(PatchImages(pixel_values, list(unit_thw), image_processor), grid_hw, questions, embed,
+                    layer=layer, method="arr_coc", budget=list(budgets), budget_mode="exact", seed=0,
+                    pad_token_id=pad, strict=True, visual_tokens=None if tokens is None else list(tokens),
+                    clips=clips, groups=groups, questions=texts)
+    return chosen.kept
+
+
+class ProcessorChoice:
+    """The server's choice where the processor runs it (Qwen3-VL clips, `ARRCOCInfo.arr_coc_chooses_clips`): the
+    layer built as the model builds it (`build_served_layer`, once per process), the question's embedding rows
+    read from the checkpoint in the serving dtype (`CheckpointEmbedding`: what `embed_input_ids` returns), and the
+    checkpoint's image processor and tokenizer loaded as the model loads them. It runs on the processor's host."""
+
+    def __init__(self, settings: ServeSettings, config: Any, model_config: Any):
+        from transformers import AutoImageProcessor, AutoTokenizer
+
+        self.config = config
+        self.layer = _processor_layer(settings.layer, int(config.text_config.hidden_size))
+        folder = checkpoint_folder(model_config.model, getattr(model_config, "revision", None))
+        self.embed = CheckpointEmbedding(folder, model_config.dtype)
+        self.image_processor = AutoImageProcessor.from_pretrained(model_config.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer)
+
+    def clips(self, pixel_values: torch.Tensor, grid_thw: Sequence[Sequence[int]], question: list[int],
+              counts: Sequence[int]) -> torch.Tensor:
+        """[sum K] long: each clip's kept cells (raster over its (t, h, w) merged cells, `counts[i]` of clip i),
+        clips one after the other. pixel_values [P, C * T * p * p] float32, the clips' patch rows."""
+        units, clips, groups = frame_units(grid_thw)
+        with torch.inference_mode():
+            kept = served_choice(pixel_values, units, [question] * len(units), [counts[c] for c in clips],
+                                 config=self.config, layer=self.layer, embed=self.embed,
+                                 image_processor=self.image_processor, tokenizer=self.tokenizer, clips=clips,
+                                 groups=groups)
+        merge = int(self.config.vision_config.spatial_merge_size)
+        per_clip = _item_cells(kept, clips, [h * w // merge ** 2 for _, h, w in units], len(grid_thw))
+        return torch.cat(per_clip).to(torch.long)
 
 
 class ARRCOCProcessor:
@@ -185,7 +281,14 @@ class ARRCOCProcessor:
         modality's grid (`_count_items`). Here, not in `_call_hf_processor` (processor.py:1287-1297): Qwen3-VL's
         override of this method (qwen3_vl.py:1420-1644) calls transformers' processor itself (line 1615)."""
         ours = {k: hf_kwargs[k] for k in PLUGIN_KEYS if k in hf_kwargs}
-        out = super()._apply_hf_processor_main(mm_items, {k: v for k, v in hf_kwargs.items() if k not in ours})
+        bits: list[torch.Tensor] = []
+        collecting = _CLIP_BITS.set(bits)
+        try:
+            out = super()._apply_hf_processor_main(mm_items, {k: v for k, v in hf_kwargs.items() if k not in ours})
+        finally:
+            _CLIP_BITS.reset(collecting)
+        if bits and out.get(CLIPS.grid) is not None and out.get(CLIPS.exact) is None:
+            out[CLIPS.exact] = torch.cat(bits)          # dropped by Qwen3-VL's per-clip calls
         if QUESTION_KEY in ours:
             for media in MEDIA:
                 if out.get(media.grid) is not None:
@@ -194,7 +297,9 @@ class ARRCOCProcessor:
 
     def _count_items(self, out: Any, media: Media, ours: Mapping[str, Any]) -> None:
         """Each item's question ids and kept count (the one count: the placeholders written here and the rows the
-        model keeps, `check_rows`); an item no budget lets in is refused (`check_picture`)."""
+        model keeps, `check_rows`); an item no budget lets in is refused (`check_picture`). Where clips are chosen
+        here (Qwen3-VL, `arr_coc_chooses_clips`), each clip's kept cells too (`CLIP_KEPT_KEY`, [sum K] over the
+        clips), on the float32 patches."""
         grid = out[media.grid].tolist()
         merge = int(self.info.get_hf_config().vision_config.spatial_merge_size)
         longest = int(self.info.ctx.model_config.max_model_len)
@@ -208,6 +313,16 @@ class ARRCOCProcessor:
             counts = [kept_count(budget, g, merge) for g in grid]
         out[media.question] = torch.tensor([list(ours[QUESTION_KEY])] * n, dtype=torch.long).reshape(n, -1)
         out[media.count] = torch.tensor(counts, dtype=torch.long)
+        if media is CLIPS and self.info.arr_coc_chooses_clips():
+            bits = out.get(CLIPS.exact)
+            pixels = out[CLIPS.pixels] if bits is None else _float32_bits(bits, torch.device("cpu"))
+            if pixels.dtype != torch.float32:
+                raise RuntimeError("ARR-COC: the processor's float32 clip patches were not handed on (their bits); "
+                                   "this is a plugin defect, please report it")
+            chooser, t0 = self.info.arr_coc_processor_choice(), time.perf_counter()
+            out[CLIP_KEPT_KEY] = chooser.clips(pixels, grid, list(ours[QUESTION_KEY]), counts)
+            if TIMING:
+                _timing(n, choose_s=time.perf_counter() - t0, tower_s=0.0, where="processor")
 
     def _get_mm_fields_config(self, hf_inputs: Any, hf_processor_mm_kwargs: Mapping[str, object]
                               ) -> Mapping[str, MultiModalFieldConfig]:
@@ -217,6 +332,9 @@ class ARRCOCProcessor:
             if media.exact in hf_inputs:          # as the patch rows: each item's rows
                 grid = hf_inputs.get(media.grid, torch.empty((0, 3)))
                 fields[media.exact] = MultiModalFieldConfig.flat_from_sizes(media.modality, grid.prod(-1))
+        if CLIP_KEPT_KEY in hf_inputs:            # each clip's kept cells, its count of them
+            fields[CLIP_KEPT_KEY] = MultiModalFieldConfig.flat_from_sizes(CLIPS.modality, hf_inputs[CLIPS.count],
+                                                                          keep_on_cpu=True)
         return fields
 
     def _get_prompt_updates(self, mm_items: Any, hf_processor_mm_kwargs: Mapping[str, Any],
@@ -245,11 +363,12 @@ def _trace(pixel_values: torch.Tensor, grid_thw: torch.Tensor, questions: Any, c
                                 "count": int(c), "kept": k.tolist()}) + "\n")
 
 
-def _timing(images: int, choose_s: float, tower_s: float) -> None:
+def _timing(images: int, choose_s: float, tower_s: float, where: str = "model") -> None:
     """One JSON line per encoder call to $ARR_COC_VLLM_TIMING (scripts/vllm_bench.py): its images, the seconds
-    inside the choice (`arr_coc_choose`) and in the tower (every cell after, the kept cells before)."""
+    inside the choice (`arr_coc_choose`) and in the tower (every cell after, the kept cells before); `where`:
+    "model", or "processor" for the clips chosen there (Qwen3-VL, one line per processor call)."""
     with open(TIMING, "a") as f:
-        f.write(json.dumps({"images": images, "choose_s": choose_s, "tower_s": tower_s}) + "\n")
+        f.write(json.dumps({"images": images, "choose_s": choose_s, "tower_s": tower_s, "where": where}) + "\n")
 
 
 def _float32_bits(bits: Any, device: torch.device) -> torch.Tensor:
@@ -317,7 +436,7 @@ class ARRCOCModel:
         check_family(getattr(vllm_config.model_config.hf_config, "model_type", None), self.family)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.arr_coc = ServeSettings.of(self.config)
-        refuse_clips(vllm_config.model_config.multimodal_config.limit_per_prompt, self.family)
+        refuse_clips(vllm_config.model_config.multimodal_config.limit_per_prompt, self.family, self.arr_coc.encode)
         operator = getattr(vllm_config.model_config.multimodal_config, "mm_processor_kwargs", None) or {}
         if operator.get(BUDGET_KEY) is not None:        # a bad default stops the server at start, in one line
             request_budget({}, self.arr_coc, operator)
@@ -337,16 +456,8 @@ class ARRCOCModel:
         self._arr_coc_image_processor: Any = None
 
     def _build_layer(self) -> torch.nn.Module:
-        """The server's layer, built here, not at the first request: vLLM runs requests under inference_mode, whose
-        tensors a layer's own bookkeeping cannot version. float32 whatever the model's dtype, as in the Hugging Face
-        path. The untrained layer is the one built after `torch.manual_seed(0)` (every worker the same one)."""
-        from ...core.layer import build_layer
-
-        # vLLM builds the model under its serving dtype: the layer under float32 (its weights load as they are).
-        with torch.inference_mode(False), torch.random.fork_rng(devices=[]), set_default_torch_dtype(torch.float32):
-            torch.manual_seed(0)
-            layer = build_layer(self.arr_coc.layer, int(self.config.text_config.hidden_size))
-        return layer.to(torch.float32).eval()
+        """The server's layer (`build_served_layer`), built here, not at the first request."""
+        return build_served_layer(self.arr_coc.layer, int(self.config.text_config.hidden_size))
 
     def load_weights(self, weights: Any) -> set[str]:
         """The checkpoint's weights; the layer's came from its own folder (vLLM counts every parameter)."""
@@ -377,20 +488,11 @@ class ARRCOCModel:
                        questions: Sequence[list[int]], budgets: Sequence[int],
                        tokens: Sequence[torch.Tensor] | None, clips: Sequence[int] | None = None,
                        groups: Sequence[int] | None = None) -> list[torch.Tensor]:
-        """Kept cells per unit (an image, or a clip's frame group: `frame_units`): the pure choice at the count the
-        processor wrote placeholders for (a clip's: its count over space and time, one value, no second rounding),
-        each image and each clip alone (`run_selector`). A clip's allocator reads its question's words, decoded as
-        the Hugging Face path decodes them (`QwenBackend.decode_text`)."""
-        merge = int(self.config.vision_config.spatial_merge_size)
-        grid_hw = [(h // merge, w // merge) for _, h, w in unit_thw]
-        pad = getattr(self.config.text_config, "pad_token_id", None) or 0
-        texts = None if clips is None else [self._tokenizer().decode(q, skip_special_tokens=True) for q in questions]
-        chosen = choose(PatchImages(pixel_values, list(unit_thw), self._image_processor()), grid_hw, questions,
-                        self.get_language_model().embed_input_ids, layer=self.arr_coc_layer, method="arr_coc",
-                        budget=list(budgets), budget_mode="exact", seed=0, pad_token_id=pad, strict=True,
-                        visual_tokens=None if tokens is None else list(tokens), clips=clips, groups=groups,
-                        questions=texts)
-        return chosen.kept
+        """Kept cells per unit (`served_choice`), with the model's layer and input embedding."""
+        return served_choice(pixel_values, unit_thw, questions, budgets, config=self.config, layer=self.arr_coc_layer,
+                             embed=self.get_language_model().embed_input_ids, image_processor=self._image_processor(),
+                             tokenizer=None if clips is None else self._tokenizer(), tokens=tokens, clips=clips,
+                             groups=groups)
 
     def encode_kept(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, kept: Sequence[torch.Tensor]
                     ) -> list[torch.Tensor]:
@@ -407,9 +509,14 @@ class ARRCOCModel:
     def _embed(self, media: Media, kwargs: dict[str, Any]) -> list[torch.Tensor]:
         """Per item [K, D' + 4]: its kept rows and their M-RoPE offsets (`kept_positions`). The choice runs per
         unit (a clip's frame groups together, `frame_units`), after the tower (on every unit's tokens) or before it
-        (then the tower encodes the kept cells only)."""
+        (then the tower encodes the kept cells only); a Qwen3-VL clip's cells were chosen in the processor
+        (`CLIP_KEPT_KEY`), whose prompt holds each frame group's count."""
         ours = {k: kwargs.pop(k, None) for k in media.fields}
         bits = kwargs.pop(media.exact, None)
+        chosen = kwargs.pop(CLIP_KEPT_KEY, None) if media is CLIPS else None
+        if chosen is None and media is CLIPS and self.family in GROUPED_CLIP_FAMILIES:
+            raise RuntimeError(f"ARR-COC: a {self.family} clip reached the model without the processor's kept cells; "
+                               "this is a plugin defect, please report it")
         factors = self._time_factors(kwargs) if media is CLIPS else None
         pixel_values, grid_thw = _rows(kwargs[media.pixels]), kwargs[media.grid]
         if not isinstance(grid_thw, torch.Tensor):
@@ -426,13 +533,14 @@ class ARRCOCModel:
             self._parse_and_validate_image_input(pixel_values=pixel_values, image_grid_thw=unit_grid))
         exact = pixel_values if bits is None else _float32_bits(bits, pixel_values.device)
         width = int(self.config.text_config.hidden_size)                   # the token, without Qwen3's deepstack
+        merge = int(self.config.vision_config.spatial_merge_size)
         t1 = time.perf_counter()
-        kept = self.arr_coc_choose(exact, units, [ids[i] for i in of_item], [counts[i] for i in of_item],
-                                   None if rows is None else [r[:, :width] for r in rows], clips, groups)
+        kept = unit_cells(_rows(chosen), counts, items, merge) if chosen is not None else self.arr_coc_choose(
+            exact, units, [ids[i] for i in of_item], [counts[i] for i in of_item],
+            None if rows is None else [r[:, :width] for r in rows], clips, groups)
         t2 = time.perf_counter()
         check_rows([sum(int(k.numel()) for k, i in zip(kept, of_item) if i == j) for j in range(len(items))],
                    counts, media.name)
-        merge = int(self.config.vision_config.spatial_merge_size)
         per_item = _item_cells(kept, of_item, [h * w // merge ** 2 for _, h, w in units], len(items))
         if TRACE:
             _trace(exact, grid_thw, ours[media.question], ours[media.count], per_item)
@@ -444,11 +552,18 @@ class ARRCOCModel:
         out = []
         for j, ((t, h, w), cells) in enumerate(zip(items, per_item)):
             f = torch.cat([feats[u] for u, i in enumerate(of_item) if i == j])
-            where = kept_positions(cells, (h // merge, w // merge), t, 1.0 if factors is None else factors[j])
+            where = self.arr_coc_positions(media, cells, (h // merge, w // merge), t,
+                                           1.0 if factors is None else factors[j])
             out.append(torch.cat([f, where.to(f.device, f.dtype)], dim=1))
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("ARR-COC: %s %d kept %d of %d cells", media.name, j, cells.numel(), t * h * w // merge ** 2)
         return out
+
+    def arr_coc_positions(self, media: Media, cells: torch.Tensor, grid_hw: tuple[int, int], groups: int,
+                          factor: float) -> torch.Tensor:
+        """[K, 4] an item's kept cells' M-RoPE offsets from its first pad's position (`kept_positions`; a clip's
+        over its groups in one run of pads). Qwen3-VL's clips: from each frame group's own (its class)."""
+        return kept_positions(cells, grid_hw, groups, factor)
 
     def _time_factors(self, kwargs: Mapping[str, Any]) -> list[float]:
         """Per clip, its frame groups' M-RoPE time step: `second_per_grid_ts` (Qwen2.5-VL's processor; 1.0 where
@@ -465,16 +580,21 @@ class ARRCOCModel:
         """The text's final positions and the pads' provisional ones (`settings.prompt_positions`): the families'
         own rules for images (qwen2_vl.py:1354-1391, qwen2_5_vl.py:1371-1408, qwen3_vl.py:2888-2961) and for clips
         (a group's time step from `iter_mm_grid_thw`, qwen2_5_vl.py:1328-1369)."""
+        placed = [p for f in mm_features for p in self.arr_coc_placed(f, input_tokens)]
+        return prompt_positions(len(input_tokens), placed)
+
+    def arr_coc_placed(self, feature: Any, input_tokens: list[int]) -> list[Placed]:
+        """An image's or clip's pads in the prompt (one run each; Qwen3-VL's clips: one per frame group, its
+        class). A clip's time step: `second_per_grid_ts` (where its processor gives it) times `tokens_per_second`."""
         merge = int(self.config.vision_config.spatial_merge_size)
-        per_second = float(getattr(self.config.vision_config, "tokens_per_second", 1.0))
-        items = []
-        for f in mm_features:
-            media = CLIPS if f.modality == "video" else IMAGES
-            t, h, w = (int(v) for v in f.data[media.grid].data.tolist())
-            seconds = f.data.get("second_per_grid_ts") if media is CLIPS else None
-            factor = (1.0 if seconds is None else float(seconds.data.item())) * per_second if media is CLIPS else 1.0
-            items.append(Placed(f.mm_position.offset, f.mm_position.length, h // merge, w // merge, t, factor))
-        return prompt_positions(len(input_tokens), items)
+        media = CLIPS if feature.modality == "video" else IMAGES
+        t, h, w = (int(v) for v in feature.data[media.grid].data.tolist())
+        factor = 1.0
+        if media is CLIPS:
+            seconds = feature.data.get("second_per_grid_ts")
+            per_second = float(getattr(self.config.vision_config, "tokens_per_second", 1.0))
+            factor = (1.0 if seconds is None else float(seconds.data.item())) * per_second
+        return [Placed(feature.mm_position.offset, feature.mm_position.length, h // merge, w // merge, t, factor)]
 
     def recompute_mrope_positions(self, input_ids: Any, multimodal_embeddings: Sequence[torch.Tensor],
                                   mrope_positions: torch.LongTensor, num_computed_tokens: int

@@ -52,10 +52,14 @@ PIXELS_KEY = "arr_coc_pixels"        # per image, below float32 serving: the pro
 CLIP_QUESTION_KEY = "arr_coc_clip_question"   # per clip, as QUESTION_KEY / COUNT_KEY / PIXELS_KEY per image
 CLIP_COUNT_KEY = "arr_coc_clip_count"
 CLIP_PIXELS_KEY = "arr_coc_clip_pixels"
+CLIP_KEPT_KEY = "arr_coc_clip_kept"  # per clip, chosen in the processor: its kept cells, raster over (t, h, w)
 PLUGIN_KEYS = (BUDGET_KEY, QUESTION_KEY, SERVER_KEY)
 INTERNAL_KEYS = (QUESTION_KEY, COUNT_KEY, SERVER_KEY, PIXELS_KEY, CLIP_QUESTION_KEY, CLIP_COUNT_KEY,
-                 CLIP_PIXELS_KEY)   # a request's own are dropped, never read
-CLIPLESS_FAMILIES = ("qwen3_vl",)    # families whose clips the plugin does not serve yet (`refuse_clips`)
+                 CLIP_PIXELS_KEY, CLIP_KEPT_KEY)   # a request's own are dropped, never read
+# Families whose prompt holds a clip's pads per frame group, each group between its own timestamp text and
+# <|vision_start|> / <|vision_end|> (Qwen3-VL): each group's count is fixed when the prompt is written, so their
+# clips are chosen in the processor (`ARRCOCProcessor`), before the tower only (`clips_served`).
+GROUPED_CLIP_FAMILIES = ("qwen3_vl",)
 SETTINGS = ("layer", "encode", "budget", "method", "adapter")
 ENCODES = ("after", "before")         # the choice after the tower (on its tokens) or before it (then only the
                                       # chosen cells are encoded); "before"'s gist, margin and windows: not served
@@ -183,18 +187,27 @@ def check_lora(settings: ServeSettings, lora: Any) -> str | None:
             f"(offline: lora_request=LoRARequest(...); the server: {flags})")
 
 
-def refuse_clips(limit_per_prompt: Mapping[str, Any] | None, family: str) -> None:
-    """A Qwen3-VL server started to take clips (`--limit-mm-per-prompt '{"video": N}'`, N > 0) is refused in one
-    line: Qwen3-VL writes each frame group's own timestamp and <|vision_start|> into the prompt, so its pads per
-    group are fixed before the choice spreads a clip's budget over time (docs/SERVING.md, "Clips"). Qwen2-VL and
-    Qwen2.5-VL clips are served (one run of pads per clip)."""
-    if family not in CLIPLESS_FAMILIES:
+def clips_served(family: str, encode: str) -> bool:
+    """Whether a server of `family` with the choice `encode` ("after" / "before" the tower) takes clips: every
+    family before the tower; after it, not the families whose pads are counted per frame group
+    (`GROUPED_CLIP_FAMILIES`): their choice runs in the processor, where no tower has run."""
+    return family not in GROUPED_CLIP_FAMILIES or encode == "before"
+
+
+def refuse_clips(limit_per_prompt: Mapping[str, Any] | None, family: str, encode: str) -> None:
+    """A server started to take clips (`--limit-mm-per-prompt '{"video": N}'`, N > 0) that cannot serve them
+    (`clips_served`) is refused in one line: Qwen3-VL after the tower. Qwen3-VL writes each frame group's own
+    timestamp and <|vision_start|> into the prompt, so each group's pads are counted in the processor, where the
+    space-time choice then runs, on the pixels, before any tower (docs/SERVING.md, "Clips")."""
+    if clips_served(family, encode):
         return
     video = (limit_per_prompt or {}).get("video")
     count = getattr(video, "count", video)          # vLLM 0.32 keeps {modality: int or a per-modality options object}
     if count:
-        raise ServeError(f"the ARR-COC plugin serves {FAMILY_NAMES[family]} images, not its clips yet: start "
-                         "without \"video\" in --limit-mm-per-prompt (a clip request is then refused, 400)")
+        raise ServeError(f"the ARR-COC plugin serves {FAMILY_NAMES[family]} clips before the tower only (each frame "
+                         "group's pads are counted in the processor, where the choice runs): add \"encode\": "
+                         "\"before\" to --hf-overrides' arr_coc, or start without \"video\" in "
+                         "--limit-mm-per-prompt (a clip request is then refused, 400)")
 
 
 def check_family(model_type: str | None, served: str) -> None:
@@ -413,6 +426,50 @@ def frame_units(grid_thw: Sequence[Sequence[int]]) -> tuple[list[tuple[int, int,
     return units, clips, groups
 
 
+def group_counts(cells: torch.Tensor, groups: int, per_group: int) -> list[int]:
+    """How many of a clip's kept cells (raster indices over its (t, h, w) merged cells, `per_group` = h * w a
+    group) fall in each of its `groups` frame groups: the pads each group's slot of a Qwen3-VL prompt holds."""
+    return torch.bincount(cells.to(torch.long).cpu() // per_group, minlength=groups).tolist()
+
+
+def unit_cells(cells: torch.Tensor, counts: Sequence[int], grid_thw: Sequence[Sequence[int]], merge: int
+               ) -> list[torch.Tensor]:
+    """The inverse of numbering a clip's kept cells over space and time: cells [sum K] (clips one after the other,
+    `counts` each, raster over (t, h, w)) -> per frame group (`frame_units`' order) its kept cells over (h, w)."""
+    out, start = [], 0
+    for k, (t, h, w) in zip(counts, grid_thw):
+        n = (int(h) // merge) * (int(w) // merge)
+        mine = cells[start:start + int(k)].to(torch.long).cpu()
+        start += int(k)
+        out += [mine[mine // n == g] % n for g in range(int(t))]
+    return out
+
+
+def frame_group_positions(kept: torch.Tensor, grid_hw: tuple[int, int]) -> torch.Tensor:
+    """[K, 4] long: a Qwen3-VL clip's kept cells (raster over (t, h, w)) each at (0, row, column) from its own frame
+    group's first position, and the group's extent max(h, w): each group sits in the prompt like an image after its
+    timestamp text (transformers' Qwen3-VL rope index splits a clip's grid into t grids of one frame, and
+    vLLM's `_iter_mm_grid_hw`, qwen3_vl.py:2796-2874, places each frame group alone)."""
+    h, w = grid_hw
+    return kept_positions(kept.to(torch.long).cpu() % (h * w), grid_hw)
+
+
+def frame_group_spans(tokens: Sequence[int], start: int, stop: int, vision_start: int, vision_end: int
+                      ) -> list[tuple[int, int]]:
+    """A Qwen3-VL clip's placeholder tokens[start:stop] (per frame group: its timestamp text, <|vision_start|>,
+    its pads, <|vision_end|>) -> per group (its first pad's offset, its pads), as vLLM finds them
+    (`_iter_mm_grid_hw`: from each group's <|vision_start|> to its <|vision_end|>)."""
+    out: list[tuple[int, int]] = []
+    begin = None
+    for i in range(start, stop):
+        if tokens[i] == vision_start:
+            begin = i
+        elif tokens[i] == vision_end and begin is not None:
+            out.append((begin + 1, i - begin - 1))
+            begin = None
+    return out
+
+
 def cell_rows(grid_thw: Sequence[Sequence[int]], kept: Sequence[torch.Tensor], merge: int) -> torch.Tensor:
     """The processor's patch rows of each image's kept cells, images one after the other: merged cell c of an image
     owns the merge**2 consecutive rows from merge**2 * c (`arr_coc/qwen/pixels.py`), which is also the order of
@@ -424,10 +481,11 @@ def cell_rows(grid_thw: Sequence[Sequence[int]], kept: Sequence[torch.Tensor], m
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
-__all__ = ["ARCHITECTURES", "BUDGET_KEY", "BudgetError", "COUNT_KEY", "FAMILY_ARCHITECTURES", "FAMILY_NAMES",
-           "CLIP_COUNT_KEY", "CLIP_PIXELS_KEY", "CLIP_QUESTION_KEY", "CLIPLESS_FAMILIES",
-           "INTERNAL_KEYS", "PIXELS_KEY", "Placed", "PLUGIN_KEYS", "QUESTION_KEY", "RequestRefused", "SERVER_KEY", "ServeError",
-           "ServeSettings", "cell_rows", "clip_count", "extent", "frame_units", "check_family", "check_lora", "check_picture", "check_rows", "kept_count",
-           "kept_positions", "place_kept_positions", "prompt_positions", "question_ids", "refuse_clips",
-           "request_budget", "screen_request_kwargs", "served_adapter", "server_fingerprint",
-           "time_positions"]
+__all__ = ["ARCHITECTURES", "BUDGET_KEY", "BudgetError", "CLIP_COUNT_KEY", "CLIP_KEPT_KEY", "CLIP_PIXELS_KEY",
+           "CLIP_QUESTION_KEY", "COUNT_KEY", "FAMILY_ARCHITECTURES", "FAMILY_NAMES", "GROUPED_CLIP_FAMILIES",
+           "INTERNAL_KEYS", "PIXELS_KEY", "PLUGIN_KEYS", "Placed", "QUESTION_KEY", "RequestRefused", "SERVER_KEY",
+           "ServeError", "ServeSettings", "cell_rows", "check_family", "check_lora", "check_picture", "check_rows",
+           "clip_count", "clips_served", "extent", "frame_group_positions", "frame_group_spans", "frame_units",
+           "group_counts", "kept_count", "kept_positions", "place_kept_positions", "prompt_positions",
+           "question_ids", "refuse_clips", "request_budget", "screen_request_kwargs", "served_adapter",
+           "server_fingerprint", "time_positions", "unit_cells"]
