@@ -112,7 +112,6 @@ class ARRCOCInfo:
     def arr_coc_settings(self) -> ServeSettings:
         if not hasattr(self, "_arr_coc_settings"):
             self._arr_coc_settings = ServeSettings.of(self.get_hf_config())
-            self._arr_coc_server_kwargs = self._take_server_budget()
             self._arr_coc_fingerprint = server_fingerprint(self._arr_coc_settings)
             self._arr_coc_floor = self._arr_coc_settings.min_per_group()    # read once, not per request
         return self._arr_coc_settings
@@ -122,22 +121,27 @@ class ARRCOCInfo:
         self.arr_coc_settings()
         return self._arr_coc_floor
 
-    def _take_server_budget(self) -> dict[str, Any]:
+    def arr_coc_server_kwargs(self) -> dict[str, Any]:
         """The operator's default budget from `--mm-processor-kwargs` (vLLM merges those into transformers'
-        call after the plugin reads a request, context.py:376-400): taken out of the server's kwargs, so that it is
-        the plugin's default and never reaches transformers' processor."""
-        mm = self.ctx.model_config.get_multimodal_config()
-        server = getattr(mm, "mm_processor_kwargs", None)
-        if isinstance(server, dict) and BUDGET_KEY in server:
-            return {BUDGET_KEY: server.pop(BUDGET_KEY)}
-        return {}
+        call after the plugin reads a request, context.py:376-400): taken out of the server's kwargs at the first
+        request, so that it is the plugin's default and never reaches transformers' processor. Not earlier: vLLM
+        builds a ProcessingInfo while it makes the model's config (`get_supported_mm_limits`, config/model.py:925),
+        and a budget taken there would be gone from the config it then hands to its other processes (data-parallel
+        API servers, the engine). Checked here too, in one line, as the model checks it at start."""
+        if not hasattr(self, "_arr_coc_server_kwargs"):
+            mm = self.ctx.model_config.get_multimodal_config()
+            server = getattr(mm, "mm_processor_kwargs", None)
+            taken = {BUDGET_KEY: server.pop(BUDGET_KEY)} if isinstance(server, dict) and BUDGET_KEY in server else {}
+            request_budget({}, self.arr_coc_settings(), taken)
+            self._arr_coc_server_kwargs = taken
+        return self._arr_coc_server_kwargs
 
     def arr_coc_request(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """A request's processor kwargs as the plugin serves them (`screen_request_kwargs`), with its budget (the
         request's, else the server's), its question's ids and the server's fingerprint, all hashed by vLLM."""
         settings = self.arr_coc_settings()
         ours = screen_request_kwargs(kwargs)
-        ours[BUDGET_KEY] = request_budget(ours, settings, self._arr_coc_server_kwargs)
+        ours[BUDGET_KEY] = request_budget(ours, settings, self.arr_coc_server_kwargs())
         ours[SERVER_KEY] = self._arr_coc_fingerprint
         return ours
 
