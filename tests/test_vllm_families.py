@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _ties import beyond_ties, relevance_rows
 
 from arr_coc.serving.vllm.settings import FAMILY_ARCHITECTURES, ServeError, check_family
 
@@ -167,11 +168,16 @@ def served_bf16(request, items, tmp_path_factory) -> Served:
 
 @needs_vllm
 def test_bf16_serving_keeps_the_hugging_face_paths_cells(served_bf16):
-    """Before the tower: every cell equal to the Hugging Face path in bf16, at every budget, on every item. After
+    """Before the tower: every cell equal to the Hugging Face path in bf16, at every budget, on every item, up to
+    float32 ties at the budget's edge (`_ties`: within 1e-5, on at most 1 item in 20). After
     the tower (where measured) the choice reads the tower's bf16 tokens, vLLM's kernels against transformers':
     most equal. Answers: where they differ, the first differing token was a near-tie (its margin under 1 nat)."""
-    before = [(k, r["kept"] == served_bf16.hf[k]["kept"]) for k, r in served_bf16.plugin.items() if k[0] == "before"]
-    assert [k for k, same in before if not same] == [] and len(before) == len(BUDGETS) * N_BF16
+    hf = served_bf16.hf
+    before = [(k, r["kept"]) for k, r in served_bf16.plugin.items() if k[0] == "before"]
+    assert [k for k, kept in before if beyond_ties(kept, hf[k]["kept"], hf[k]["relevance"])] == []
+    assert len(before) == len(BUDGETS) * N_BF16
+    ties = [k for k, kept in before if kept != hf[k]["kept"]]
+    assert len(ties) <= len(before) // 20, ties
     after = [r["kept"] == served_bf16.hf[k]["kept"] for k, r in served_bf16.plugin.items() if k[0] == "after"]
     if after:
         print(f"{served_bf16.family} bf16 after the tower: {sum(after)} of {len(after)} items keep the same cells")
@@ -208,7 +214,8 @@ def _hf(model: Path, items: Path, listed: list[dict], dtype=None) -> dict[tuple[
             got = vlm.respond(images, [it["question"] for it in listed],
                               Pruning.of("arr_coc", parse_budget(budget), "exact", mode), max_new_tokens=MAX_TOKENS)
             for it, tr, toks in zip(listed, got.traces, got.answered.new_tokens):
-                out[(mode, budget, it["id"])] = {"kept": tr.kept_indices[0].tolist(), "token_ids": toks.tolist()}
+                out[(mode, budget, it["id"])] = {"kept": tr.kept_indices[0].tolist(), "token_ids": toks.tolist(),
+                                                 "relevance": relevance_rows(tr)[0]}
     return out
 
 
