@@ -386,6 +386,24 @@ def test_chunked_prefill_keeps_a_qwen3_vl_clips_cells_and_answers(tiny_qwen3, tm
         {r["name"]: (got[r["name"]]["kept"], got[r["name"]]["token_ids"]) for r in some}
 
 
+def _serve_check(model: str, layer: str, sent: list[dict], offline: dict[str, dict], tmp: Path) -> None:
+    """`vllm serve` (scripts/vllm_serve_check.py, the openai client, clips as `video_url` data URLs) asked `sent`,
+    whose last request ("bad") has a bad budget: every other answer and prompt length is the offline engine's, "bad"
+    is refused 400 in the project's words, and the server answers after it."""
+    (tmp / "reqs.json").write_text(json.dumps(sent))
+    cmd = [str(VLLM_PY), "scripts/vllm_serve_check.py", "--model", model, "--layer", layer, "--encode", "before",
+           "--requests", str(tmp / "reqs.json"), "--out", str(tmp / "serve.json")]
+    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:] + (tmp / "serve.log").read_text()[-3000:]
+    server = json.loads((tmp / "serve.json").read_text())["requests"]
+    asked = [r["name"] for r in sent if r["name"] != "bad"]
+    assert {n: (server[n]["answer"], server[n]["prompt_tokens"]) for n in asked} == \
+        {n: (offline[n]["answer"], offline[n]["prompt_tokens"]) for n in asked}
+    assert server["bad"]["error"]["status"] == 400 and "is not a budget" in server["bad"]["error"]["message"]
+    assert server["__after"]["error"] is None
+
+
 @needs_vllm
 def test_the_openai_server_answers_qwen3_vl_clips_as_the_offline_engine(tiny_qwen3, tmp_path):
     """`vllm serve` with the tiny Qwen3-VL, clips as `video_url` data URLs read at 2 fps (--media-io-kwargs, so each
@@ -394,18 +412,7 @@ def test_the_openai_server_answers_qwen3_vl_clips_as_the_offline_engine(tiny_qwe
     model, reqs, got, _, _, _ = tiny_qwen3
     sent = [r for r in reqs if r["name"].startswith(("chat5-", "chat-"))]
     sent += [{**sent[0], "name": "bad", "budget": "lots"}]
-    (tmp_path / "reqs.json").write_text(json.dumps(sent))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [str(VLLM_PY), "scripts/vllm_serve_check.py", "--model", model, "--layer", "untrained", "--encode",
-           "before", "--requests", str(tmp_path / "reqs.json"), "--out", str(tmp_path / "serve.json")]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:] + (tmp_path / "serve.log").read_text()[-3000:]
-    server = json.loads((tmp_path / "serve.json").read_text())["requests"]
-    asked = [r["name"] for r in sent if r["name"] != "bad"]
-    assert {n: (server[n]["answer"], server[n]["prompt_tokens"]) for n in asked} == \
-        {n: (got[n]["answer"], got[n]["prompt_tokens"]) for n in asked}
-    assert server["bad"]["error"]["status"] == 400 and "is not a budget" in server["bad"]["error"]["message"]
-    assert server["__after"]["error"] is None
+    _serve_check(model, "untrained", sent, got, tmp_path)
 
 
 @needs_vllm
@@ -446,18 +453,7 @@ def test_the_openai_server_answers_clips_as_the_offline_engine(served, tmp_path)
     sent = [r for r in reqs if r["budget"] == "0.05" and not r["name"].startswith(OTHER)][:8]
     sent += [r for r in reqs if r["name"].startswith("mixed-")][:4]
     sent += [{**sent[0], "name": "bad", "budget": "lots"}]
-    (tmp_path / "reqs.json").write_text(json.dumps(sent))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [str(VLLM_PY), "scripts/vllm_serve_check.py", "--model", MODEL, "--layer", LAYER, "--encode", "before",
-           "--requests", str(tmp_path / "reqs.json"), "--out", str(tmp_path / "serve.json")]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:] + (tmp_path / "serve.log").read_text()[-3000:]
-    server = json.loads((tmp_path / "serve.json").read_text())["requests"]
-    asked = [r["name"] for r in sent if r["name"] != "bad"]
-    assert {n: (server[n]["answer"], server[n]["prompt_tokens"]) for n in asked} == \
-        {n: (got[n]["answer"], got[n]["prompt_tokens"]) for n in asked}
-    assert server["bad"]["error"]["status"] == 400 and "is not a budget" in server["bad"]["error"]["message"]
-    assert server["__after"]["error"] is None
+    _serve_check(MODEL, LAYER, sent, got, tmp_path)
 
 
 # -- bf16 serving ---------------------------------------------------------------------------------------------------

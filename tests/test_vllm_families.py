@@ -92,7 +92,7 @@ def test_packed_windows_are_the_full_grids_windows_of_the_kept_cells():
 # -- served by vLLM ----------------------------------------------------------------------------------------------
 
 def _vllm(model: Path, items: Path, out: Path, *extra: str, check: bool = True, n: int = N_ITEMS) -> dict | str:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}   # PYTHONPATH: the tree first (conftest)
     cmd = [str(VLLM_PY), "scripts/vllm_compare.py", "--items", str(items), "--n", str(n), "--out", str(out),
            "--model", str(model), "--max-tokens", str(MAX_TOKENS), "--one-process", *extra]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -363,7 +363,7 @@ def _one_process(extra: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _vllm(items: Path, out: Path, *extra: str, n: int = N_ITEMS) -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}   # PYTHONPATH: the tree first (conftest)
     cmd = [str(VLLM_PY), "scripts/vllm_compare.py", "--items", str(items), "--n", str(n), "--out", str(out),
            *extra, *_one_process(extra)]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
