@@ -73,24 +73,22 @@ def _hf(dtype: torch.dtype = torch.float32):
     return ARRCOC.from_pretrained(MODEL, arr_coc=LAYER, adapter=False, dtype=dtype)
 
 
-def _ask(vlm, visuals: list[list], questions: list, budget: str, relevance: list | None = None
-         ) -> tuple[list[str], list[list[list[int]]]]:
-    """Answers and kept cells per item (per picture); `relevance`, when given, gets each item's per-picture
-    relevance rows (`_ties.relevance_rows`)."""
+def _ask(vlm, visuals: list[list], questions: list, budget: str
+         ) -> tuple[list[str], list[list[list[int]]], list[list[list[float]]]]:
+    """Per item: its answer, and per picture its kept cells and its relevance row (`_ties.relevance_rows`)."""
     from PIL import Image
 
     from arr_coc.budget import parse_budget
 
-    answers, kept = [], []
+    answers, kept, relevance = [], [], []
     for s in range(0, len(visuals), 8):
         pictures = [[Image.open(p).convert("RGB") for p in ps] for ps in visuals[s:s + 8]]
         said, traces = vlm.generate(pictures, list(questions[s:s + 8]), budget=parse_budget(budget),
                                     budget_mode="exact", max_new_tokens=16, encode="before")
         answers += [a.strip() for a in said]
         kept += [[k.tolist() for k in tr.kept_indices] for tr in traces]
-        if relevance is not None:
-            relevance += [relevance_rows(tr) for tr in traces]
-    return answers, kept
+        relevance += [relevance_rows(tr) for tr in traces]
+    return answers, kept, relevance
 
 
 # -- the Hugging Face path: a picture's cells whatever shares its batch -----------------------------------------
@@ -157,8 +155,7 @@ def test_bf16_serving_keeps_the_hugging_face_paths_cells(items, bf16, budget):
     (`_ties`: two cells' relevances within 1e-5, on at most 1 picture in 20). Answers: the tower and language model
     run vLLM's bf16 kernels, not transformers', so an answer may differ only where a token's margin is a near-tie."""
     vlm = _hf(torch.bfloat16)
-    relevance: list = []
-    answers, kept = _ask(vlm, [[it["path"]] for it in items], [it["question"] for it in items], budget, relevance)
+    answers, kept, relevance = _ask(vlm, [[it["path"]] for it in items], [it["question"] for it in items], budget)
     got = [bf16[f"{it['id']}@{budget}"] for it in items]
     assert {it["id"]: (g["kept"], k) for it, g, k, rel in zip(items, got, kept, relevance)
             if any(beyond_ties(a, b, r) for a, b, r in zip(g["kept"], k, rel))} == {}
@@ -240,8 +237,8 @@ def test_chats_and_two_image_prompts_are_answered_as_the_front_door_answers_them
 
     reqs, got = conversations
     mine = [r for r in reqs if r["name"].startswith(kind + "-") and not r["name"].endswith("again")]
-    answers, kept = _ask(_hf(), [r["images"] for r in mine], [Conversation.of(r["messages"]) for r in mine],
-                         mine[0]["budget"])
+    answers, kept, _ = _ask(_hf(), [r["images"] for r in mine], [Conversation.of(r["messages"]) for r in mine],
+                            mine[0]["budget"])
     assert {r["name"]: (got[r["name"]]["kept"], k) for r, k in zip(mine, kept) if got[r["name"]]["kept"] != k} == {}
     assert {r["name"]: (got[r["name"]]["answer"].strip(), a) for r, a in zip(mine, answers)
             if got[r["name"]]["answer"].strip() != a} == {}

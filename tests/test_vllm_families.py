@@ -178,7 +178,7 @@ def test_bf16_serving_keeps_the_hugging_face_paths_cells(served_bf16):
     assert len(before) == len(BUDGETS) * N_BF16
     ties = [k for k, kept in before if kept != hf[k]["kept"]]
     assert len(ties) <= len(before) // 20, ties
-    after = [r["kept"] == served_bf16.hf[k]["kept"] for k, r in served_bf16.plugin.items() if k[0] == "after"]
+    after = [r["kept"] == hf[k]["kept"] for k, r in served_bf16.plugin.items() if k[0] == "after"]
     if after:
         print(f"{served_bf16.family} bf16 after the tower: {sum(after)} of {len(after)} items keep the same cells")
         assert sum(after) >= 0.8 * len(after)
