@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _vllm import run as vllm_run   # one vLLM import per session (tests/_vllm_forks.py)
 from test_vllm_families import _answer   # an answer's tokens up to its end, as the families compare them
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,8 +83,7 @@ def _serve(reqs: list[dict], tmp: Path, *extra: str, env: dict[str, str] | None 
     cmd = [str(VLLM_PY), "scripts/vllm_requests.py", "--model", MODEL, "--requests", str(tmp / "reqs.json"), "--out",
            str(tmp / "got.json"), "--layer", LAYER, "--encode", "before", "--max-model-len", "4096", *extra,
            *(() if "--tp" in extra else ("--one-process",))]   # no spawned engine processes (the server test has them)
-    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
-                          capture_output=True, text=True, timeout=1500)
+    done = vllm_run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
     return {r["name"]: r for r in json.loads((tmp / "got.json").read_text())["requests"]}
 
@@ -393,8 +393,7 @@ def _serve_check(model: str, layer: str, sent: list[dict], offline: dict[str, di
     (tmp / "reqs.json").write_text(json.dumps(sent))
     cmd = [str(VLLM_PY), "scripts/vllm_serve_check.py", "--model", model, "--layer", layer, "--encode", "before",
            "--requests", str(tmp / "reqs.json"), "--out", str(tmp / "serve.json")]
-    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
-                          timeout=900)
+    done = vllm_run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:] + (tmp / "serve.log").read_text()[-3000:]
     server = json.loads((tmp / "serve.json").read_text())["requests"]
     asked = [r["name"] for r in sent if r["name"] != "bad"]

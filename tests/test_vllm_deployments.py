@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _vllm import run as vllm_run   # one vLLM import per session (tests/_vllm_forks.py)
 import torch
 from _ties import beyond_ties, relevance_rows
 
@@ -61,8 +62,7 @@ def _serve(reqs: list[dict], tmp: Path, *extra: str) -> dict[str, dict]:
     cmd = [str(VLLM_PY), "scripts/vllm_requests.py", "--requests", str(tmp / "reqs.json"), "--out",
            str(tmp / "got.json"), "--layer", LAYER, "--encode", "before", "--one-process", *extra]
     # --one-process: no spawned engine processes (the data-parallel server test below has vLLM's processes)
-    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
-                          timeout=1200)
+    done = vllm_run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     return {r["name"]: r for r in json.loads((tmp / "got.json").read_text())["requests"]}
 
@@ -285,7 +285,7 @@ def server(items, conversations, tmp_path_factory):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
     cmd = [str(VLLM_PY), "scripts/vllm_serve_check.py", "--layer", LAYER, "--encode", "before", "--dp", "2",
            "--operator-budget", "5%", "--requests", str(tmp / "reqs.json"), "--out", str(tmp / "serve.json")]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    done = vllm_run(cmd, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:] + (tmp / "serve.log").read_text()[-3000:]
     return json.loads((tmp / "serve.json").read_text())["requests"]
 
@@ -310,8 +310,7 @@ def test_a_bad_operator_budget_stops_the_server_at_start_in_one_line(items, tmp_
     (tmp_path / "reqs.json").write_text(json.dumps(reqs))
     cmd = [str(VLLM_PY), "scripts/vllm_requests.py", "--requests", str(tmp_path / "reqs.json"), "--out",
            str(tmp_path / "got.json"), "--layer", LAYER, "--encode", "before", "--server-budget", "lots", "--one-process"]
-    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
-                          timeout=600)
+    done = vllm_run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
     said = done.stdout + done.stderr                    # the worker logs its error on stdout
     assert done.returncode != 0 and "--mm-processor-kwargs arr_coc_budget 'lots' is not a budget" in said
 

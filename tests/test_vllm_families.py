@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _vllm import run as vllm_run   # one vLLM import per session (tests/_vllm_forks.py)
 from _ties import beyond_ties, relevance_rows
 
 from arr_coc.serving.vllm.settings import FAMILY_ARCHITECTURES, ServeError, check_family
@@ -95,7 +96,7 @@ def _vllm(model: Path, items: Path, out: Path, *extra: str, check: bool = True, 
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}   # PYTHONPATH: the tree first (conftest)
     cmd = [str(VLLM_PY), "scripts/vllm_compare.py", "--items", str(items), "--n", str(n), "--out", str(out),
            "--model", str(model), "--max-tokens", str(MAX_TOKENS), "--one-process", *extra]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = vllm_run(cmd, env=env, timeout=600)
     if not check:
         return done.stderr
     assert done.returncode == 0, done.stderr[-3000:]

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _vllm import run as vllm_run   # one vLLM import per session (tests/_vllm_forks.py)
 import torch
 
 from arr_coc.budget import BudgetError
@@ -366,7 +367,7 @@ def _vllm(items: Path, out: Path, *extra: str, n: int = N_ITEMS) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}   # PYTHONPATH: the tree first (conftest)
     cmd = [str(VLLM_PY), "scripts/vllm_compare.py", "--items", str(items), "--n", str(n), "--out", str(out),
            *extra, *_one_process(extra)]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    done = vllm_run(cmd, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -468,9 +469,8 @@ def test_the_openai_server_answers_with_and_without_a_budget_and_refuses_a_bad_o
     """`vllm serve` (its API-server entry) on 127.0.0.1 through the `openai` client: the server's budget (25%:
     64 of 256 cells), a share, a count, a bad budget (HTTP 400, the project's one line), then serving on."""
     out = tmp_path / "serve.json"
-    done = subprocess.run([str(VLLM_PY), "scripts/vllm_serve_check.py", "--out", str(out), "--budget", "0.25"],
-                          cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
-                          timeout=600)
+    done = vllm_run([str(VLLM_PY), "scripts/vllm_serve_check.py", "--out", str(out), "--budget", "0.25"],
+                    env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(out.read_text())
     assert got["answers"] == {"server": " orange", "5%": " orange", "64": " orange", "after bad": " orange"}
@@ -493,7 +493,7 @@ def test_the_server_runs_the_layers_adapter_for_image_requests(served, tmp_path)
            "before", "--adapter", "--budget", "0.05", "--image", str(items.parent / item["image"]), "--question",
            item["question"]]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = vllm_run(cmd, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(out.read_text())["answers"]
     pairs = [(item, item["question"])]
@@ -502,8 +502,7 @@ def test_the_server_runs_the_layers_adapter_for_image_requests(served, tmp_path)
     assert (got["server"].strip(), got["5%"].strip(), got["after bad"].strip()) == \
         (with_adapter["0.05"], with_adapter["0.05"], with_adapter["0.1"])
     assert without != with_adapter["0.05"]
-    refused = subprocess.run([a for a in cmd if a != "--adapter"], cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=600)
+    refused = vllm_run([a for a in cmd if a != "--adapter"], env=env, timeout=600)
     log = out.with_suffix(".log").read_text()
     assert refused.returncode != 0 and "ships a LoRA adapter (rank 16" in log and "--enable-tower-connector-lora" in log
 
