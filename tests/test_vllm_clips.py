@@ -386,6 +386,30 @@ def test_chunked_prefill_keeps_a_qwen3_vl_clips_cells_and_answers(tiny_qwen3, tm
         {r["name"]: (got[r["name"]]["kept"], got[r["name"]]["token_ids"]) for r in some}
 
 
+@needs_vllm
+def test_tensor_parallel_2_keeps_a_qwen3_vl_clips_cells(tiny_qwen3, tmp_path):
+    """Two tensor-parallel workers (one core each) behind Qwen3-VL's processor-side choice: every frame group keeps
+    one worker's cells and pads. The random model's answers are near-ties everywhere and tensor parallelism sums its
+    matmuls in another order, so an answer may differ only where one worker's first differing token was a float32
+    near-tie (margin under 1e-3)."""
+    model, reqs, got, _, _, _ = tiny_qwen3
+    some = [r for r in reqs if r["budget"] == "0.1" and not r["name"].startswith(OTHER)][:8]
+    some += [r for r in reqs if r["name"].startswith("mixed-")][:2]
+    tp2 = _serve(some, tmp_path, "--model", model, "--layer", "untrained", "--tp", "2",
+                 env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    assert {r["name"]: (tp2[r["name"]]["kept"], tp2[r["name"]]["prompt_tokens"]) for r in some} == \
+        {r["name"]: (got[r["name"]]["kept"], got[r["name"]]["prompt_tokens"]) for r in some}
+    eos = _eos(model)
+    differ = {r["name"]: (_answer(tp2[r["name"]]["token_ids"], eos), _answer(got[r["name"]]["token_ids"], eos))
+              for r in some}
+    steps = {n: next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+             for n, (a, b) in differ.items() if a != b}
+    margins = {n: got[n]["margins"][i] if i < len(got[n]["margins"]) else None for n, i in steps.items()}
+    print(f"tiny Qwen3-VL clips, tensor parallel 2: {len(some)} of {len(some)} cells, {len(some) - len(steps)} "
+          f"answers equal; margins where not: {margins}")
+    assert all(m is not None and m < 1e-3 for m in margins.values()), margins
+
+
 def _serve_check(model: str, layer: str, sent: list[dict], offline: dict[str, dict], tmp: Path) -> None:
     """`vllm serve` (scripts/vllm_serve_check.py, the openai client, clips as `video_url` data URLs) asked `sent`,
     whose last request ("bad") has a bad budget: every other answer and prompt length is the offline engine's, "bad"
