@@ -61,14 +61,16 @@ def _child(job: dict) -> None:
 
 
 def main() -> None:
+    reply = os.fdopen(os.dup(1), "w")               # the replies' own pipe: nothing else writes to it
+    os.dup2(2, 1)                                    # what the imports print goes to the server's log
     _preload()
-    reply = sys.stdout
     for line in sys.stdin:
         job = json.loads(line)
-        reply.flush()
-        sys.stderr.flush()
+        for stream in (reply, sys.stdout, sys.stderr):
+            stream.flush()                           # nothing buffered is written twice after the fork
         pid = os.fork()
         if pid == 0:
+            reply.close()
             _child(job)
         reply.write(json.dumps({"pid": pid}) + "\n")
         reply.flush()
