@@ -44,20 +44,19 @@ class _ForkServer:
         return got
 
     def run(self, cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-        out = Path(tempfile.mkdtemp(prefix="vllm-job-"))
-        job = {"argv": cmd[1:], "cwd": str(ROOT), "env": env, "stdout": str(out / "stdout"),
-               "stderr": str(out / "stderr")}
-        self.proc.stdin.write(json.dumps(job) + "\n")
-        self.proc.stdin.flush()
-        pid = self._reply(60)["pid"]             # the server answers at once with the child it forked
-        try:
-            code = self._reply(timeout)["returncode"]
-        except queue.Empty:
-            os.kill(pid, signal.SIGKILL)
-            self._reply(60)
-            raise subprocess.TimeoutExpired(cmd, timeout, (out / "stdout").read_text(),
-                                            (out / "stderr").read_text()) from None
-        return subprocess.CompletedProcess(cmd, code, (out / "stdout").read_text(), (out / "stderr").read_text())
+        with tempfile.TemporaryDirectory(prefix="vllm-job-") as folder:
+            out, err = Path(folder) / "stdout", Path(folder) / "stderr"
+            job = {"argv": cmd[1:], "cwd": str(ROOT), "env": env, "stdout": str(out), "stderr": str(err)}
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+            pid = self._reply(600)["pid"]        # at once, or once the server's first imports are done
+            try:
+                code = self._reply(timeout)["returncode"]
+            except queue.Empty:
+                os.kill(pid, signal.SIGKILL)
+                self._reply(60)
+                raise subprocess.TimeoutExpired(cmd, timeout, out.read_text(), err.read_text()) from None
+            return subprocess.CompletedProcess(cmd, code, out.read_text(), err.read_text())
 
     def close(self) -> None:
         self.proc.stdin.close()
