@@ -1,10 +1,11 @@
 """Cells kept by two engines, compared up to float32 ties.
 
 The layer runs in float32 in both vLLM and the Hugging Face path. Its sums come out in another order when the
-engine runs another number of threads (the test process runs one, `conftest._one_thread`; vLLM's CPU worker its
-own). Two cells whose relevances differ by less than that rounding can then change places at the budget's edge.
-Seen on an AMD EPYC (AVX-512) in bf16 serving: test-000095 at 25 %, cells 91 and 121, relevances 3e-8 apart with
-one thread and equal with two. Every other difference is a real one.
+engine runs another number of threads (vLLM's CPU worker binds its own; the references run the machine's,
+`conftest.engine_threads`, one thread before 2026-12-02) or another machine's kernels. Two cells whose relevances
+differ by less than that rounding can then change places at the budget's edge. Seen on an AMD EPYC (AVX-512) in
+bf16 serving: test-000095 at 25 %, cells 91 and 121, relevances 3e-8 apart with one thread and equal with two.
+Every other difference is a real one.
 """
 
 from __future__ import annotations

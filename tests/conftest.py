@@ -34,7 +34,24 @@ def _one_thread():
     import torch
 
     before = torch.get_num_threads()
+    _MACHINE_THREADS.append(before)
     torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+_MACHINE_THREADS: list[int] = []   # torch's own thread count, before `_one_thread`
+
+
+@pytest.fixture(scope="module")
+def engine_threads():
+    """The vLLM tests' Hugging Face references run on the machine's threads, as vLLM's CPU worker beside them does:
+    there nothing else runs at the same time (each engine runs, then the references), and on 2 cores a reference
+    run takes about 0.6x the time of one thread's."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(_MACHINE_THREADS[0])
     yield
     torch.set_num_threads(before)
 

@@ -353,6 +353,7 @@ def test_a_raw_prompt_without_vision_start_gets_its_pads_placed():
 
 # -- served by vLLM ----------------------------------------------------------------------------------------------
 
+pytestmark = pytest.mark.usefixtures("engine_threads")   # the references on vLLM's threads (conftest)
 needs_vllm = pytest.mark.skipif(not VLLM_PY.exists() and not os.environ.get("CI"),
                                 reason="no vLLM environment (make vllm-env; `make test` builds it)")
 
