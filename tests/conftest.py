@@ -47,7 +47,7 @@ _MACHINE_THREADS: list[int] = []   # torch's own thread count, before `_one_thre
 def engine_threads():
     """The vLLM tests' Hugging Face references run on the machine's threads, as vLLM's CPU worker beside them does:
     there nothing else runs at the same time (each engine runs, then the references), and on 2 cores a reference
-    run takes about 0.6x the time of one thread's."""
+    run took 0.65-0.75x the time of one thread's (docs/SERVING.md)."""
     import torch
 
     before = torch.get_num_threads()
