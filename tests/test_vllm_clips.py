@@ -32,7 +32,7 @@ N_STOCK = 24           # clips asked of stock vLLM and of the plugin at 1.0
 N_TINY = 16            # clips asked of the tiny random Qwen2.5-VL
 OTHER = ("mixed-", "all-", "other-")
 
-pytestmark = pytest.mark.usefixtures("engine_threads")   # the references on vLLM's threads (conftest)
+pytestmark = pytest.mark.usefixtures("engine_threads")   # the module's HF references on vLLM's threads (conftest)
 needs_vllm = pytest.mark.skipif(not VLLM_PY.exists() and not os.environ.get("CI"),
                                 reason="no vLLM environment (make vllm-env; `make test` builds it)")
 

@@ -30,7 +30,7 @@ BUDGETS = ("0.05", "0.1", "0.25")
 N_ITEMS = int(os.environ.get("ARR_COC_VLLM_DEPLOY_ITEMS", "100"))
 SIDES = (224, 280, 336, 392, 448, 504, 560, 616)       # canvas sides: 64 mixed sizes
 
-pytestmark = pytest.mark.usefixtures("engine_threads")   # the references on vLLM's threads (conftest)
+pytestmark = pytest.mark.usefixtures("engine_threads")   # the module's HF references on vLLM's threads (conftest)
 needs_vllm = pytest.mark.skipif(not VLLM_PY.exists() and not os.environ.get("CI"),
                                 reason="no vLLM environment (make vllm-env; `make test` builds it)")
 

@@ -33,7 +33,7 @@ N_ITEMS = int(os.environ.get("ARR_COC_VLLM_FAMILY_ITEMS", "16"))
 N_BF16 = int(os.environ.get("ARR_COC_VLLM_FAMILY_BF16_ITEMS", "100"))
 MAX_TOKENS = 12
 
-pytestmark = pytest.mark.usefixtures("engine_threads")   # the references on vLLM's threads (conftest)
+pytestmark = pytest.mark.usefixtures("engine_threads")   # the module's HF references on vLLM's threads (conftest)
 needs_vllm = pytest.mark.skipif(not VLLM_PY.exists() and not os.environ.get("CI"),
                                 reason="no vLLM environment (make vllm-env; `make test` builds it)")
 

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from _vllm import run as vllm_run   # one vLLM import per session (tests/_vllm_forks.py)
 import torch
+from _vllm import run as vllm_run   # one vLLM import per session (tests/_vllm_forks.py)
 
 from arr_coc.budget import BudgetError
 from arr_coc.paths import LayerNotFound
@@ -353,7 +353,7 @@ def test_a_raw_prompt_without_vision_start_gets_its_pads_placed():
 
 # -- served by vLLM ----------------------------------------------------------------------------------------------
 
-pytestmark = pytest.mark.usefixtures("engine_threads")   # the references on vLLM's threads (conftest)
+pytestmark = pytest.mark.usefixtures("engine_threads")   # the module's HF references on vLLM's threads (conftest)
 needs_vllm = pytest.mark.skipif(not VLLM_PY.exists() and not os.environ.get("CI"),
                                 reason="no vLLM environment (make vllm-env; `make test` builds it)")
 
