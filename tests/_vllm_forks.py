@@ -7,7 +7,7 @@ engine, no thread, no torch op has run in the parent, so nothing half-initialise
 working folder, environment, argv and output files, runs the script as `__main__`, and exits; each engine still
 lives and dies in a process of its own, as before.
 
-Run under vLLM's environment by `tests/conftest.py` (the `vllm_run` fixture). Protocol, one JSON object per line:
+Started in vLLM's environment by `tests/_vllm.py` (its `run`). Protocol, one JSON object per line:
 in on stdin {"argv": [script, args...], "cwd", "env", "stdout", "stderr"} (the last two: file paths); out on stdout
 {"pid"} when the child starts, then {"returncode"} when it ends.
 """

@@ -139,6 +139,14 @@ def _differ(got: dict[str, dict], hf: dict, names: list[str], model: str) -> dic
             if _answer(got[n]["token_ids"], eos) != hf[n][0]}
 
 
+def _margins_where_they_differ(got: dict[str, dict], differ: dict[str, tuple]) -> dict[str, float | None]:
+    """Per request whose answers differ (`_differ`): `got`'s logit margin over the runner-up at the first differing
+    token (None where that step is past `got`'s answer: one answer ended, the other went on)."""
+    steps = {n: next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+             for n, (a, b) in differ.items()}
+    return {n: got[n]["margins"][i] if i < len(got[n]["margins"]) else None for n, i in steps.items()}
+
+
 def _per_visual(trace) -> list[list[int]]:
     """A trace's kept cells per visual: an image's as they are, a clip's groups numbered over (t, h, w)."""
     out: list[list[int]] = []
@@ -401,12 +409,9 @@ def test_tensor_parallel_2_keeps_a_qwen3_vl_clips_cells(tiny_qwen3, tmp_path):
     assert {r["name"]: (tp2[r["name"]]["kept"], tp2[r["name"]]["prompt_tokens"]) for r in some} == \
         {r["name"]: (got[r["name"]]["kept"], got[r["name"]]["prompt_tokens"]) for r in some}
     eos = _eos(model)
-    differ = {r["name"]: (_answer(tp2[r["name"]]["token_ids"], eos), _answer(got[r["name"]]["token_ids"], eos))
-              for r in some}
-    steps = {n: next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-             for n, (a, b) in differ.items() if a != b}
-    margins = {n: got[n]["margins"][i] if i < len(got[n]["margins"]) else None for n, i in steps.items()}
-    print(f"tiny Qwen3-VL clips, tensor parallel 2: {len(some)} of {len(some)} cells, {len(some) - len(steps)} "
+    margins = _margins_where_they_differ(got, _differ(got, {n: (_answer(tp2[n]["token_ids"], eos), None)
+                                                            for n in tp2}, [r["name"] for r in some], model))
+    print(f"tiny Qwen3-VL clips, tensor parallel 2: {len(some)} of {len(some)} cells, {len(some) - len(margins)} "
           f"answers equal; margins where not: {margins}")
     assert all(m is not None and m < 1e-3 for m in margins.values()), margins
 
@@ -458,11 +463,8 @@ def test_qwen3_vl_clips_in_bf16_keep_the_hugging_face_paths_cells(tiny_qwen3, tm
     hf = _hf_answers(vlm, some, model)
     assert {r["name"]: (got[r["name"]]["kept"], hf[r["name"]][1]) for r in some
             if got[r["name"]]["kept"] != hf[r["name"]][1]} == {}
-    differ = _differ(got, hf, [r["name"] for r in some], model)
-    steps = {n: next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-             for n, (a, b) in differ.items()}
-    margins = {n: got[n]["margins"][i] if i < len(got[n]["margins"]) else None for n, i in steps.items()}
-    print(f"tiny Qwen3-VL clips in bf16: {len(some)} of {len(some)} cells, {len(some) - len(differ)} answers equal; "
+    margins = _margins_where_they_differ(got, _differ(got, hf, [r["name"] for r in some], model))
+    print(f"tiny Qwen3-VL clips in bf16: {len(some)} of {len(some)} cells, {len(some) - len(margins)} answers equal; "
           f"margins where not: {sorted(m for m in margins.values() if m is not None)}")
     assert all(m is not None and m < 1.0 for m in margins.values()), margins
 
