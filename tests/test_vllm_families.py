@@ -157,15 +157,15 @@ def served_bf16(request, items, tmp_path_factory) -> Served:
     family = request.param
     tmp = tmp_path_factory.mktemp(f"{family}-bf16")
     model = Path(save_tiny_qwen(family, str(tmp / "model")))
-    plugin = {}
-    for mode in os.environ.get("ARR_COC_VLLM_BF16_MODES", "before").split(","):
+    plugin, modes = {}, tuple(os.environ.get("ARR_COC_VLLM_BF16_MODES", "before").split(","))
+    for mode in modes:
         rows = _vllm(model, items, tmp / f"{mode}.json", "--budgets", ",".join(BUDGETS), "--layer", "untrained",
                      "--encode", mode, "--dtype", "bfloat16", "--margins", n=N_BF16)
         plugin.update({(mode, r["budget"], r["id"]): r for r in rows})
     listed = [json.loads(line) for line in items.read_text().splitlines()][:N_BF16]
     config = json.loads((model / "config.json").read_text())
     eos = {int(config["text_config"]["eos_token_id"]), int(config["text_config"]["pad_token_id"])}
-    return Served(family, listed, {}, plugin, _hf(model, items, listed, torch.bfloat16), eos)
+    return Served(family, listed, {}, plugin, _hf(model, items, listed, torch.bfloat16, modes), eos)
 
 
 @needs_vllm
@@ -195,9 +195,10 @@ def test_bf16_serving_keeps_the_hugging_face_paths_cells(served_bf16):
     assert all(m is not None and m < 1.0 for _, m in differ), differ
 
 
-def _hf(model: Path, items: Path, listed: list[dict], dtype=None) -> dict[tuple[str, str, str], dict]:
-    """The Hugging Face path at each budget, met exactly, after and before the tower, with the untrained layer
-    built after torch.manual_seed(0) (the plugin's) and no adapter."""
+def _hf(model: Path, items: Path, listed: list[dict], dtype=None,
+        modes: tuple[str, ...] = MODES) -> dict[tuple[str, str, str], dict]:
+    """The Hugging Face path at each budget, met exactly, in each of `modes` (after and before the tower), with the
+    untrained layer built after torch.manual_seed(0) (the plugin's) and no adapter."""
     import torch
     from PIL import Image
 
@@ -211,7 +212,7 @@ def _hf(model: Path, items: Path, listed: list[dict], dtype=None) -> dict[tuple[
         vlm.layer                                           # built now, from seed 0
     images = [Image.open(items.parent / it["image"]).convert("RGB") for it in listed]
     out = {}
-    for mode in MODES:
+    for mode in modes:
         for budget in BUDGETS:
             got = vlm.respond(images, [it["question"] for it in listed],
                               Pruning.of("arr_coc", parse_budget(budget), "exact", mode), max_new_tokens=MAX_TOKENS)
