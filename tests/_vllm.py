@@ -16,8 +16,13 @@ import tempfile
 import threading
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+# Skipped where vLLM's environment is missing, except in CI (CI=true), where a missing environment fails.
+needs_vllm = pytest.mark.skipif(not VLLM_PY.exists() and not os.environ.get("CI"),
+                                reason="no vLLM environment (make vllm-env; `make test` builds it)")
 
 
 class _ForkServer:

@@ -19,11 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _vllm import ROOT, VLLM_PY, needs_vllm
 from _vllm import run as vllm_run   # one vLLM import per session (tests/_vllm_forks.py)
 from test_vllm_families import _answer   # an answer's tokens up to its end, as the families compare them
 
-ROOT = Path(__file__).resolve().parent.parent
-VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 MODEL, LAYER = "checkpoints/shapes-qwen2vl-video", "checkpoints/arr-coc-shapes-before"
 BUDGETS = ("0.05", "0.1", "0.25")
 N_CLIPS = int(os.environ.get("ARR_COC_VLLM_CLIPS", "100"))
@@ -33,8 +32,6 @@ N_TINY = 16            # clips asked of the tiny random Qwen2.5-VL
 OTHER = ("mixed-", "all-", "other-")
 
 pytestmark = pytest.mark.usefixtures("engine_threads")   # the module's HF references on vLLM's threads (conftest)
-needs_vllm = pytest.mark.skipif(not VLLM_PY.exists() and not os.environ.get("CI"),
-                                reason="no vLLM environment (make vllm-env; `make test` builds it)")
 
 
 @pytest.fixture(scope="module")

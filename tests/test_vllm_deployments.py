@@ -19,20 +19,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from _vllm import ROOT, VLLM_PY, needs_vllm
 from _vllm import run as vllm_run   # one vLLM import per session (tests/_vllm_forks.py)
 import torch
 from _ties import beyond_ties, relevance_rows
 
-ROOT = Path(__file__).resolve().parent.parent
-VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 MODEL, LAYER = "checkpoints/shapes-qwen2vl", "checkpoints/arr-coc-shapes-before"
 BUDGETS = ("0.05", "0.1", "0.25")
 N_ITEMS = int(os.environ.get("ARR_COC_VLLM_DEPLOY_ITEMS", "100"))
 SIDES = (224, 280, 336, 392, 448, 504, 560, 616)       # canvas sides: 64 mixed sizes
 
 pytestmark = pytest.mark.usefixtures("engine_threads")   # the module's HF references on vLLM's threads (conftest)
-needs_vllm = pytest.mark.skipif(not VLLM_PY.exists() and not os.environ.get("CI"),
-                                reason="no vLLM environment (make vllm-env; `make test` builds it)")
 
 
 @pytest.fixture(scope="module")

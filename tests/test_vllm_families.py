@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _vllm import ROOT, VLLM_PY, needs_vllm
 from _vllm import run as vllm_run   # one vLLM import per session (tests/_vllm_forks.py)
 from _ties import beyond_ties, relevance_rows
 
 from arr_coc.serving.vllm.settings import FAMILY_ARCHITECTURES, ServeError, check_family
 
-ROOT = Path(__file__).resolve().parent.parent
-VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 FAMILIES = ("qwen2_5_vl", "qwen3_vl")
 MODES = ("after", "before")
 BUDGETS = ("0.05", "0.1", "0.25")
@@ -34,8 +33,6 @@ N_BF16 = int(os.environ.get("ARR_COC_VLLM_FAMILY_BF16_ITEMS", "100"))
 MAX_TOKENS = 12
 
 pytestmark = pytest.mark.usefixtures("engine_threads")   # the module's HF references on vLLM's threads (conftest)
-needs_vllm = pytest.mark.skipif(not VLLM_PY.exists() and not os.environ.get("CI"),
-                                reason="no vLLM environment (make vllm-env; `make test` builds it)")
 
 
 # -- the pure part ------------------------------------------------------------------------------------------------

@@ -8,11 +8,9 @@ import os
 import subprocess
 
 import pytest
-from _vllm import ROOT, VLLM_PY
+from _vllm import ROOT, VLLM_PY, needs_vllm
 from _vllm import run as vllm_run
 
-needs_vllm = pytest.mark.skipif(not VLLM_PY.exists() and not os.environ.get("CI"),
-                                reason="no vLLM environment (make vllm-env; `make test` builds it)")
 
 SCRIPT = """import os, sys, time
 import vllm

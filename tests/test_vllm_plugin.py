@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _vllm import ROOT, VLLM_PY, needs_vllm
 from _vllm import run as vllm_run   # one vLLM import per session (tests/_vllm_forks.py)
 
 from arr_coc.budget import BudgetError
@@ -26,8 +27,6 @@ from arr_coc.serving.vllm.settings import (Placed, RequestRefused, ServeError, S
                                            place_kept_positions, prompt_positions, question_ids, refuse_clips,
                                            request_budget, screen_request_kwargs, server_fingerprint, unit_cells)
 
-ROOT = Path(__file__).resolve().parent.parent
-VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 MODEL, LAYER = "checkpoints/shapes-qwen2vl", "checkpoints/arr-coc-shapes"
 LAYERS = {"after": LAYER, "before": "checkpoints/arr-coc-shapes-before"}
 BUDGETS = ("0.05", "0.1", "0.25", "1.0")
@@ -354,8 +353,6 @@ def test_a_raw_prompt_without_vision_start_gets_its_pads_placed():
 # -- served by vLLM ----------------------------------------------------------------------------------------------
 
 pytestmark = pytest.mark.usefixtures("engine_threads")   # the module's HF references on vLLM's threads (conftest)
-needs_vllm = pytest.mark.skipif(not VLLM_PY.exists() and not os.environ.get("CI"),
-                                reason="no vLLM environment (make vllm-env; `make test` builds it)")
 
 
 def _one_process(extra: tuple[str, ...]) -> tuple[str, ...]:
