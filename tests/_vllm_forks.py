@@ -42,6 +42,7 @@ def _child(job: dict) -> None:
         script = os.path.abspath(job["argv"][0])
         sys.argv = [script, *job["argv"][1:]]
         sys.path[0] = os.path.dirname(script)          # as `python script.py` puts the script's folder first
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)    # not the jobs' pipe: nothing it starts can read a job
         sys.stdin = open(os.devnull)
         runpy.run_path(script, run_name="__main__")
         code = 0

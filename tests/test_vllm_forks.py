@@ -18,6 +18,8 @@ print("cwd", os.getcwd(), "flag", os.environ.get("FORKS_FLAG"), "argv", sys.argv
 print("to stderr", file=sys.stderr)
 if sys.argv[1] == "sleep":
     time.sleep(60)
+if sys.argv[1] == "stdin":
+    sys.exit(f"stdin {os.read(0, 64)!r}")
 sys.exit(int(sys.argv[1]) if sys.argv[1].isdigit() else sys.argv[1])
 """
 
@@ -33,6 +35,7 @@ def test_a_script_through_the_fork_server_is_run_as_a_fresh_interpreter_runs_it(
     assert f"cwd {ROOT} flag on argv ['0']" in ok.stdout and ok.stderr.strip().endswith("to stderr")
     message = vllm_run([VLLM_PY, script, "bad words"], env={**os.environ}, timeout=120)
     assert message.returncode == 1 and "bad words" in message.stderr and "flag None" in message.stdout
+    assert "stdin b''" in vllm_run([VLLM_PY, script, "stdin"], env=env, timeout=120).stderr   # empty, not a pipe
     pids = {int(r.stdout.split("pid")[1]) for r in (ok, failed, message)}
     assert len(pids) == 3 and os.getpid() not in pids            # each script a process of its own
     with pytest.raises(subprocess.TimeoutExpired):
