@@ -34,24 +34,20 @@ def _one_thread():
     import torch
 
     before = torch.get_num_threads()
-    _MACHINE_THREADS.append(before)
     torch.set_num_threads(1)
-    yield
+    yield before                         # torch's own thread count (`engine_threads` restores it)
     torch.set_num_threads(before)
 
 
-_MACHINE_THREADS: list[int] = []   # torch's own thread count, before `_one_thread`
-
-
 @pytest.fixture(scope="module")
-def engine_threads():
+def engine_threads(_one_thread):
     """The vLLM tests' Hugging Face references run on the machine's threads, as vLLM's CPU worker beside them does:
     there nothing else runs at the same time (each engine runs, then the references), and on 2 cores a reference
     run took 0.65-0.75x the time of one thread's (docs/SERVING.md)."""
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(_MACHINE_THREADS[0])
+    torch.set_num_threads(_one_thread)
     yield
     torch.set_num_threads(before)
 

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _vllm import ROOT, VLLM_PY, needs_vllm
-from _vllm import run as vllm_run   # one vLLM import per session (tests/_vllm_forks.py)
+from _vllm import ROOT, VLLM_PY, needs_vllm, run as vllm_run   # one vLLM import per session (_vllm_forks)
 from test_vllm_families import _answer   # an answer's tokens up to its end, as the families compare them
 
 MODEL, LAYER = "checkpoints/shapes-qwen2vl-video", "checkpoints/arr-coc-shapes-before"

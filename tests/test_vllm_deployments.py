@@ -19,8 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _vllm import ROOT, VLLM_PY, needs_vllm
-from _vllm import run as vllm_run   # one vLLM import per session (tests/_vllm_forks.py)
+from _vllm import ROOT, VLLM_PY, needs_vllm, run as vllm_run   # one vLLM import per session (_vllm_forks)
 import torch
 from _ties import beyond_ties, relevance_rows
 

@@ -8,8 +8,7 @@ import os
 import subprocess
 
 import pytest
-from _vllm import ROOT, VLLM_PY, needs_vllm
-from _vllm import run as vllm_run
+from _vllm import ROOT, VLLM_PY, needs_vllm, run as vllm_run
 
 
 SCRIPT = """import os, sys, time

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _vllm import ROOT, VLLM_PY, needs_vllm
-from _vllm import run as vllm_run   # one vLLM import per session (tests/_vllm_forks.py)
+from _vllm import ROOT, VLLM_PY, needs_vllm, run as vllm_run   # one vLLM import per session (_vllm_forks)
 
 from arr_coc.budget import BudgetError
 from arr_coc.paths import LayerNotFound
