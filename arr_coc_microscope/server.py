@@ -275,7 +275,7 @@ def warm_up(scope: Microscope) -> float:
     """Answer one generated ShapesVQA question with the page's defaults before serving (what a first request
     would otherwise pay: lazy builds, allocator growth, and on the fast path each stage's compile for that
     bucket). Returns the seconds it took; a failure is logged, never fatal."""
-    from arr_coc.shapes import make_item
+    from arr_coc_shapes import make_item
     from arr_coc_microscope.handler import ask
 
     t0 = time.perf_counter()

@@ -370,12 +370,12 @@ class Runner:
         return json.loads(Path(job.out).read_text()) if job.kind != "build" else {}
 
     def gen_data(self, out: Path, n: int, canvas: str | None) -> str:
-        """`python -m arr_coc gen-data --split test --seed 0` (reused when already there with exactly n items:
+        """`python -m arr_coc_shapes gen-data --split test --seed 0` (reused when already there with exactly n items:
         items are seeded by index, so the first N are `gen-data --n N`'s)."""
         items = out / "test.jsonl"
         if items.exists() and len(items.read_text().splitlines()) == n:
             return str(items)
-        cmd = [str(PROJECT_PY), "-m", "arr_coc", "gen-data", "--out", str(out), "--split", "test", "--n", str(n),
+        cmd = [str(PROJECT_PY), "-m", "arr_coc_shapes", "gen-data", "--out", str(out), "--split", "test", "--n", str(n),
                "--seed", "0"] + (["--canvas", canvas] if canvas else [])
         self.commands.append(shlex.join(cmd))
         subprocess.run(cmd, cwd=ROOT, env=self.env(), check=True)

@@ -47,8 +47,8 @@ def write_clips(folder: Path, first: int, n: int, canvas: str | None, lengths: t
     """Test clips `first`..`first + n - 1` as .npy frames, with their question and record."""
     import numpy as np
 
-    from arr_coc.shapes.video import make_clip_item
-    from arr_coc.shapes.video.spec import options
+    from arr_coc_shapes.video import make_clip_item
+    from arr_coc_shapes.video.spec import options
 
     folder.mkdir(parents=True, exist_ok=True)
     out = []

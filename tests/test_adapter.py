@@ -240,12 +240,13 @@ def _shipped():
 @pytest.mark.parametrize("stage", ["frozen", "joint"])
 def test_two_steps_move_the_adapter_and_in_joint_the_layer_and_never_the_vlm(stage, tmp_path):
     from arr_coc.training.adapter import AdapterTrainConfig, train_adapter
+    from arr_coc_shapes.adapter_items import ShapesSource
 
     wrapper, model, layer = _shipped()
     vlm, net = _snapshot(wrapper.model), _snapshot(wrapper.arr_coc_layer)
     cfg = AdapterTrainConfig(out=str(tmp_path / "pair"), stage=stage, steps=2, batch_size=2, val_items=2,
                              eval_every=100, rank=4, lr=1e-2, layer_lr=1e-2, warmup=1)
-    state = train_adapter(cfg, model, layer, progress=False, vlm=wrapper)
+    state = train_adapter(cfg, model, layer, progress=False, vlm=wrapper, items=ShapesSource())
     assert state["step"] == 2 and all(r["grad_norm"] for r in state["log"])
     after = _snapshot(wrapper.model)
     lora = [n for n in after if ".lora_" in n]
@@ -263,12 +264,13 @@ def test_two_steps_move_the_adapter_and_in_joint_the_layer_and_never_the_vlm(sta
 
 def test_a_stopped_run_resumes_to_the_same_adapter(tmp_path):
     from arr_coc.training.adapter import AdapterTrainConfig, train_adapter
+    from arr_coc_shapes.adapter_items import ShapesSource
 
     def run(out, **kw):
         wrapper, model, layer = _shipped()
         cfg = AdapterTrainConfig(out=str(out), steps=2, batch_size=2, val_items=2, eval_every=100, rank=4, lr=1e-2,
                                  warmup=1, hard=True)
-        train_adapter(cfg, model, layer, progress=False, vlm=wrapper, **kw)
+        train_adapter(cfg, model, layer, progress=False, vlm=wrapper, items=ShapesSource(), **kw)
         return wrapper
 
     straight = _snapshot(run(tmp_path / "a").model)
@@ -278,19 +280,22 @@ def test_a_stopped_run_resumes_to_the_same_adapter(tmp_path):
 
 
 def test_hard_items_oversample_the_named_types():
-    from arr_coc.training.adapter import AdapterTrainConfig, ShapesItems, type_weights
+    from arr_coc.training.adapter import AdapterTrainConfig, type_weights
+    from arr_coc_shapes.adapter_items import ShapesItems, ShapesSource
 
-    weights, rate = type_weights(AdapterTrainConfig(hard=True, hard_types=("count",), hard_weight=4))
-    assert weights == {"count": 4} and rate == 0.42
+    cfg = AdapterTrainConfig(hard=True, hard_types=("count",), hard_weight=4, val_items=1)
+    weights = type_weights(cfg)
+    assert weights == {"count": 4}
+    assert ShapesSource().draw(cfg, 3, weights)[0].hard_rate == 0.42       # 0.3 x 4, at the generator's ceiling
     plain = [ShapesItems(3, "x", 60)[i][3] for i in range(60)]
     hard = [ShapesItems(3, "x", 60, weights)[i][3] for i in range(60)]
     assert hard.count("count") > 2 * plain.count("count")
     with pytest.raises(ValueError, match="hard types"):
-        AdapterTrainConfig(hard_types=("colour",))
+        ShapesSource().check(AdapterTrainConfig(hard_types=("colour",)))
 
 
 def test_jsonl_items_hold_out_validation_and_oversample_by_weight(tmp_path):
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
     from arr_coc.data import read_jsonl
     from arr_coc.training.adapter_items import JsonlItems, answer_to_learn
 
@@ -313,7 +318,7 @@ def test_jsonl_items_hold_out_validation_and_oversample_by_weight(tmp_path):
 
 def test_train_adapter_runs_on_a_jsonl_split_and_refuses_a_missing_one(tmp_path, capsys):
     from arr_coc.__main__ import main
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
 
     split = write_split(tmp_path / "data", "train", n=12, seed=4)
     out = tmp_path / "pair"
@@ -327,10 +332,14 @@ def test_train_adapter_runs_on_a_jsonl_split_and_refuses_a_missing_one(tmp_path,
     assert "--data" in capsys.readouterr().err
 
 
-def _train_adapter_refusal(argv: list[str], capsys) -> str:
-    """train-adapter's one line for argv (exit 2, no traceback), checked before any model loads."""
-    from arr_coc.__main__ import main
+def _train_adapter_refusal(argv: list[str], capsys, workbench: bool = False) -> str:
+    """train-adapter's one line for argv (exit 2, no traceback), checked before any model loads; `workbench`: the
+    checkout's `python -m arr_coc_shapes train-adapter` (ShapesVQA drawn on the fly)."""
+    from arr_coc.__main__ import main as library
     from arr_coc.qwen import loading
+    from arr_coc_shapes.cli import main as shapes
+
+    main = shapes if workbench else library
 
     saved, loading.load_vlm = loading.load_vlm, lambda *a, **k: pytest.fail("the model loaded")
     try:
@@ -345,7 +354,7 @@ def _train_adapter_refusal(argv: list[str], capsys) -> str:
 def test_train_adapter_refuses_bad_data_and_options_in_one_line_naming_the_cause(tmp_path, capsys):
     """Issue 55: a malformed line, an empty split, a split smaller than --val-items, --rank 0/-1, an --out that
     cannot be written and --steps 0 each ended in a traceback (or, --steps 0, wrote an untrained adapter)."""
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
 
     split = write_split(tmp_path / "data", "train", n=12, seed=4)
     bad = tmp_path / "data" / "bad.jsonl"
@@ -354,25 +363,31 @@ def test_train_adapter_refuses_bad_data_and_options_in_one_line_naming_the_cause
     empty.write_text("")
     (tmp_path / "a-file").write_text("x")
     out = ["--out", str(tmp_path / "pair")]
+    data = ["--data", str(split), "--val-items", "2"]
     cases = [
+        ([*out], "no --data: give JSONL splits .*`python -m arr_coc_shapes train-adapter`"),
         (["--data", str(bad), *out], "bad.jsonl.*line 2"),
         (["--data", str(empty), *out], "no records"),
         (["--data", str(split), *out], "12 records and --val-items 32 .* pass --val-items 3"),
         (["--rank", "0", *out], "--rank 0"),
         (["--rank", "-1", *out], "--rank -1"),
         (["--steps", "0", *out], "--steps 0"),
-        (["--out", str(tmp_path / "a-file")], "--out .*a-file: cannot write there"),
-        (["--out", str(tmp_path / "a-file" / "under")], "cannot write there"),
+        ([*data, "--out", str(tmp_path / "a-file")], "--out .*a-file: cannot write there"),
+        ([*data, "--out", str(tmp_path / "a-file" / "under")], "cannot write there"),
     ]
     for argv, words in cases:
         err = _train_adapter_refusal(argv, capsys)
+        assert __import__("re").search(words, err), (argv, err)
+    for argv, words in [(["--hard", "--hard-types", "colour", *out], "arr_coc_shapes train-adapter: error: hard types"),
+                        (["--out", str(tmp_path / "a-file")], "--out .*a-file: cannot write there")]:
+        err = _train_adapter_refusal(argv, capsys, workbench=True)
         assert __import__("re").search(words, err), (argv, err)
     assert not (tmp_path / "pair" / "adapter").exists()
 
 
 def test_train_adapter_resume_without_a_state_says_it_starts_fresh(tmp_path, capsys):
     from arr_coc.__main__ import main
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
 
     split = write_split(tmp_path / "data", "train", n=12, seed=4)
     assert main(["train-adapter", "--data", str(split), "--steps", "1", "--batch-size", "2", "--val-items", "2",
@@ -384,7 +399,7 @@ def test_train_adapter_resume_without_a_state_says_it_starts_fresh(tmp_path, cap
 def test_eval_and_ask_take_an_adapter_and_pair_rows_with_and_without_it(tmp_path, capsys):
     from arr_coc.__main__ import main
     from arr_coc.paths import EMBEDDED_MODEL
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
 
     wrapper, _, _ = _shipped()
     adapter = attach_adapter(wrapper.model, rank=4, alpha=8.0)
@@ -422,7 +437,7 @@ def test_eval_runs_the_trained_layers_own_adapter_by_default_for_its_rows_only(t
     trained layer's rows (arr_coc_trained) and for no other method's; --no-adapter turns it off (the control)."""
     from arr_coc.__main__ import main
     from arr_coc.paths import EMBEDDED_MODEL, SHIPPED_BEFORE_LAYER, shown_path
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
 
     split = str(write_split(tmp_path / "shapes", split="test", n=2, seed=0))
     reports = {}
@@ -439,7 +454,7 @@ def test_eval_runs_the_trained_layers_own_adapter_by_default_for_its_rows_only(t
 
 
 def test_the_page_offers_a_layer_with_and_without_its_shipped_adapter_side_by_side():
-    from arr_coc.shapes import make_item
+    from arr_coc_shapes import make_item
     from arr_coc_microscope.configs import layer_for_mode
     from arr_coc_microscope.handler import ask
     from arr_coc_microscope.server import add_layers, load, parse_args, shipped_before_layer

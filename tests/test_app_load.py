@@ -25,7 +25,7 @@ def embedded_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def shapes_requests(tmp_path_factory) -> list[tuple[str, str]]:
     """(image path, question) for 5 ShapesVQA scenes of different canvas sizes (so token counts differ)."""
-    from arr_coc.shapes import make_item
+    from arr_coc_shapes import make_item
 
     folder = tmp_path_factory.mktemp("shapes_requests")
     requests = []

@@ -173,14 +173,14 @@ def test_the_tower_flops_agree_with_the_evaluations_counter(tiny_report):
     from arr_coc.qwen import ARRCOCQwen
     from arr_coc.encode import EncodeConfig
     from arr_coc.runtime import Runtime
-    from arr_coc.shapes import make_item
+    from arr_coc.evaluation.scenes import bench_scene
 
     report, _ = tiny_report
     model, processor, _ = build_model(PRESETS["tiny"], 2, 2, Runtime.resolve("cpu", "float32"))
     vlm = ARRCOCQwen(model, processor)
-    image, record, _ = make_item(0, "bench", 0, canvas="336x336", hard_rate=0.0)
-    assert record["question"] == report["question"]
-    inputs = vlm.build_inputs([[image]], [record["question"]])
+    image, question = bench_scene(0, 0, 336)
+    assert question == report["question"]
+    inputs = vlm.build_inputs([[image]], [question])
     for encode, gist in (("after", 0.0), ("before", 0.0), ("before", 0.25)):
         _, traces = vlm.prepare(inputs, budget=0.25, encode=EncodeConfig(encode, gist=gist)).outputs
         row = _row(report, encode, 0.25, gist)
@@ -245,3 +245,26 @@ def test_stages_time_arr_cocs_own_work_and_count_what_a_gpu_would_launch(tmp_pat
 def _prompt(vlm, inputs):
     """The prompt of `inputs` as the pipeline reads it (no tower): what the evaluation's cost counts against."""
     return vlm.backend.read_prompt(inputs, encode_all=False)
+
+
+def test_bench_scenes_are_seeded_cluttered_and_asked_in_the_embedded_model_s_words():
+    """The library draws the bench's pictures itself (the test bed is not installed with it): the same picture for
+    the same (seed, index, size), another for another index, 8-24 coloured shapes on a light background (not blank),
+    and questions the embedded model's word-level tokenizer knows every word of."""
+    import numpy as np
+
+    from arr_coc.evaluation.scenes import bench_scene
+    from arr_coc_shapes.embedded import _split_words, vocabulary
+
+    (a, qa), (b, qb), (c, _) = bench_scene(0, 1, 448), bench_scene(0, 1, 448), bench_scene(0, 2, 448)
+    assert a.size == (448, 448) and a.tobytes() == b.tobytes() and qa == qb
+    assert a.tobytes() != c.tobytes()
+    for image in (a, c):
+        pixels = np.asarray(image, dtype=np.int16)
+        coloured = (pixels.max(-1) - pixels.min(-1) > 100).mean()    # the shapes' saturated colours, not the ground
+        assert 0.02 < coloured < 0.5, coloured
+    known = set(vocabulary())
+    assert all(set(_split_words(bench_scene(0, i, 336)[1])) <= known for i in range(40))
+    assert not set(_split_words("How many hexagons are there?")) <= known      # negative control
+    with pytest.raises(ValueError, match="at least 65 px"):
+        bench_scene(0, 0, 64)

@@ -204,7 +204,7 @@ def _slider_at_its_maximum(page) -> None:
 def test_a_video_clip_in_the_browser(page, tmp_path):
     """A ShapesVQA-video clip uploaded in the video box is answered by the baseline and both configs; the strips
     show the temporal groups (ARR_COC_SCREENSHOT=1 writes docs/app_video_screenshot.png)."""
-    from arr_coc.shapes.video import make_clip_item, save_clip
+    from arr_coc_shapes.video import make_clip_item, save_clip
 
     frames, record, _ = make_clip_item(seed=0, split="test", index=2)     # "What color is the shape that moves?"
     clip = save_clip(frames, tmp_path / "clip.gif")

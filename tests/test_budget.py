@@ -122,7 +122,7 @@ def test_the_shipped_layer_keeps_exact_budgets_when_asked(tmp_path):
     from arr_coc.data import read_jsonl
     from arr_coc.paths import default_layer_path, default_model_path
     from arr_coc.qwen import ARRCOCQwen
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
 
     if default_model_path() is None or default_layer_path() is None:
         pytest.skip("the embedded model and its layer are not in this checkout")

@@ -336,7 +336,7 @@ def _cli(argv: list[str], capsys) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def clip_split(tmp_path_factory):
-    from arr_coc.cli import main
+    from arr_coc_shapes.cli import main
 
     folder = tmp_path_factory.mktemp("clips")
     assert main(["gen-data", "--video", "--out", str(folder), "--split", "test", "--n", "4", "--frames", "4",

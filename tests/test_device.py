@@ -37,7 +37,7 @@ def _layer_batch(vlm, n: int, canvas: str = "336x336"):
     from arr_coc.methods.arrcoc import layer_batch_of
     from arr_coc.pipeline import Pruning
     from arr_coc.pipeline.choose import context
-    from arr_coc.shapes import make_item
+    from arr_coc_shapes import make_item
 
     items = [make_item(5, "device", i, canvas=canvas) for i in range(n)]
     inputs = vlm.build_inputs([[it.image] for it in items], [it.record["question"] for it in items])

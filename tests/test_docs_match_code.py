@@ -32,7 +32,7 @@ def table_rows(text: str, header: str) -> dict[str, str]:
             inside = True
         elif inside and not line.startswith("|"):
             break
-        elif inside and (m := re.match(r"\| `([\w-]+)` \| ([^|]*) \|", line)):
+        elif inside and (m := re.match(r"\| `(\w[\w -]*)` \| ([^|]*) \|", line)):
             rows[m.group(1)] = m.group(2)
     return rows
 
@@ -70,10 +70,12 @@ def test_the_method_table_lists_every_registered_method():
 
 
 def test_the_command_table_lists_every_command():
+    """The library's commands by name, the test bed's as `arr_coc_shapes NAME`."""
     from arr_coc.cli import COMMANDS
+    from arr_coc_shapes.cli import COMMANDS as SHAPES_COMMANDS
 
     rows = table_rows(section("## Everything else in the library"), "| command | what it does |")
-    assert set(rows) == set(COMMANDS)
+    assert set(rows) == set(COMMANDS) | {f"arr_coc_shapes {name}" for name in SHAPES_COMMANDS}
     assert "no-such-command" not in rows                                      # negative control
 
 

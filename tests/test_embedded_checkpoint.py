@@ -8,7 +8,7 @@ import os
 import pytest
 
 from arr_coc.data import score
-from arr_coc.shapes import make_item
+from arr_coc_shapes import make_item
 from arr_coc.paths import EMBEDDED_MODEL as DEFAULT_CHECKPOINT
 
 N_ITEMS = 48
@@ -99,7 +99,7 @@ def test_the_app_compares_after_and_before_each_with_its_shipped_layer():
 def test_eval_of_the_shipped_model_on_20_items_includes_the_trained_layer(tmp_path):
     from arr_coc.__main__ import main
     from arr_coc.paths import default_layer_path
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
 
     split = str(write_split(tmp_path / "data", split="test", n=20, seed=11))
     out = tmp_path / "results.json"
@@ -119,7 +119,7 @@ def test_eval_of_the_shipped_model_on_20_items_includes_the_trained_layer(tmp_pa
 def test_eval_with_encode_before_uses_the_layer_trained_for_it(tmp_path):
     from arr_coc.__main__ import main
     from arr_coc.paths import SHIPPED_BEFORE_LAYER
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
 
     split = str(write_split(tmp_path / "data", split="test", n=8, seed=11))
     out = tmp_path / "results.json"
@@ -139,7 +139,7 @@ def test_eval_with_encode_before_uses_the_layer_trained_for_it(tmp_path):
 def test_the_shipped_layer_gives_count_questions_more_tokens_than_one_object_questions(tmp_path):
     from arr_coc.paths import default_layer_path
     from arr_coc.data import read_jsonl
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
     from arr_coc.qwen import ARRCOCQwen
 
     wrapper = ARRCOCQwen.from_pretrained(DEFAULT_CHECKPOINT, arr_coc=default_layer_path())

@@ -255,7 +255,7 @@ def test_eval_reports_vision_and_end_to_end_flops_per_mode(tmp_path):
 
     from arr_coc.cli import main
     from arr_coc.qwen.tiny import build_tiny_qwen
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
 
     model, processor = build_tiny_qwen("qwen2_vl", seed=0)
     model.save_pretrained(tmp_path / "m")

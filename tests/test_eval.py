@@ -29,7 +29,7 @@ EMBEDDED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 @pytest.fixture(scope="module")
 def split(tmp_path_factory):
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
 
     out = tmp_path_factory.mktemp("shapes")
     return str(write_split(out, split="test", n=20, seed=0))

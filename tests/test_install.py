@@ -1,7 +1,7 @@
 """The project installs as a library (issue 62, "Installable").
 
 - pyproject.toml declares every third-party package arr_coc/ imports (the library's dependencies, or an extra for an
-  optional part), and the app's imports in its extra;
+  optional part), the app's imports in its extra, the test bed's (arr_coc_shapes/) in `[train]`;
 - installing the project into the project's environment (.venv, with the extras video, app, train, eval) or into
   vLLM's (.venv-vllm) adds the project and nothing else, and changes nothing: a `pip install --dry-run` of the wheel
   WITH its dependencies reports the project alone; every declared range holds the version each environment runs;
@@ -172,10 +172,18 @@ def test_the_app_s_imports_are_the_library_s_and_its_extra():
     assert {m: d for m, d in dists.items() if d not in allowed} == {}
 
 
+def test_the_test_bed_s_imports_are_the_library_s_and_the_training_extra():
+    """arr_coc_shapes/ (the checkout's ShapesVQA test bed) runs in an environment with `[train]`."""
+    dists = distributions(third_party_imports(ROOT / "arr_coc_shapes"))
+    allowed = {canonicalize_name(r.name) for r in DEPENDENCIES + EXTRAS["train"]}
+    assert dists and {m: d for m, d in dists.items() if d not in allowed} == {}
+
+
 def test_the_checkout_has_no_top_level_package_but_the_project_s():
-    """PyPI's `microscope` is another project: every package at the top is named after this one."""
+    """PyPI's `microscope` is another project: every package at the top is named after this one (the library, the
+    app, the test bed)."""
     packages = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
-    assert packages == ["arr_coc", "arr_coc_microscope"]
+    assert packages == ["arr_coc", "arr_coc_microscope", "arr_coc_shapes"]
 
 
 def test_the_wheel_holds_the_library_alone(wheel):

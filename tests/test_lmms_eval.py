@@ -31,7 +31,7 @@ from arr_coc.paths import EMBEDDED_MODEL, SHIPPED_LAYER  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "lmms_task"
-TASK = "arr_coc_shapes"
+TASK = "shapesvqa"   # not a folder's name: lmms-eval reads --tasks as a folder of tasks when one exists there
 BUDGET = 0.1
 N_ITEMS = 10
 
@@ -43,7 +43,7 @@ N_ITEMS = 10
 def items(tmp_path_factory) -> Path:
     """10 ShapesVQA test items as the project's JSONL, image paths absolute (both harnesses read this file)."""
     from arr_coc.data import read_jsonl, write_jsonl
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
 
     out = tmp_path_factory.mktemp("shapes")
     split = write_split(out, split="test", n=N_ITEMS, seed=0)

@@ -295,7 +295,7 @@ def test_downscale_yields_about_the_budgeted_token_count(grid, budget):
     from PIL import Image
 
     from arr_coc.qwen.visuals import image_scale
-    from arr_coc.shapes.embedded import build_image_processor
+    from arr_coc_shapes.embedded import build_image_processor
 
     ip = build_image_processor()                                 # the embedded model's processor (28 px, min 4 tokens)
     scale = image_scale(ip)

@@ -58,7 +58,7 @@ def test_host_pictures_choose_the_same_cells_as_the_patches(tiny_vlm, make_image
 def test_the_question_changes_the_pure_choice_of_the_trained_layer():
     """The shipped before-mode layer reads the question from its embeddings: another question keeps other cells
     (and the same question the same ones: the negative control)."""
-    from arr_coc.shapes import make_item
+    from arr_coc_shapes import make_item
 
     vlm = ARRCOCQwen.from_pretrained("checkpoints/shapes-qwen2vl", arr_coc="checkpoints/arr-coc-shapes-before")
     item = make_item(0, "pure", 3)

@@ -50,7 +50,7 @@ def image_file(tmp_path_factory, make_image) -> str:
 
 @pytest.fixture(scope="module")
 def split(tmp_path_factory) -> str:
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
 
     return str(write_split(tmp_path_factory.mktemp("shapes"), split="test", n=4, seed=0))
 
@@ -264,6 +264,8 @@ def test_the_app_takes_the_same_options_and_loads_in_bfloat16(model_dirs):
 def test_train_vlm_keeps_its_cpu_float32_recipe(tmp_path):
     """It takes the options with the same names, but its recipe is CPU float32: anything else is refused
     before a step runs (nothing is written)."""
+    from arr_coc_shapes.cli import main
+
     with pytest.raises(SystemExit, match="train-vlm trains the embedded toy model on the CPU in float32"):
         main(["train-vlm", "--out", str(tmp_path / "m"), "--state", str(tmp_path / "s.pt"), "--dtype", "bfloat16"])
     with pytest.raises(SystemExit, match="device 'tpu' is not one of"):

@@ -161,7 +161,7 @@ def test_eval_counts_every_look_and_the_training_rows_predict_it_exactly(tmp_pat
     from arr_coc.data import read_jsonl
     from arr_coc.evaluation.loop import load_vlm
     from arr_coc.qwen.tiny import build_tiny_qwen
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
     from arr_coc.training.saccade import collect, frontier
 
     model, processor = build_tiny_qwen("qwen2_vl", seed=0)

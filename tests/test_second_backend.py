@@ -125,7 +125,7 @@ def folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def split(tmp_path_factory):
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
 
     return write_split(tmp_path_factory.mktemp("shapes"), split="test", n=6, seed=0)
 

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from arr_coc.cli import gen_data as cli
-from arr_coc.shapes.drawing import render_background, render_scene
-from arr_coc.shapes.video import (
+from arr_coc_shapes.cli import gen_data as cli
+from arr_coc_shapes.drawing import render_background, render_scene
+from arr_coc_shapes.video import (
     VIDEO_QUESTION_TYPES, ask_clip, load_clip_frames, make_clip_item, options, save_clip, video_words,
 )
-from arr_coc.shapes.video.clips import clip_suffix
-from arr_coc.shapes.video.spec import DEFAULT_LENGTHS, FRAME_MS, PAN_TYPES
+from arr_coc_shapes.video.clips import clip_suffix
+from arr_coc_shapes.video.spec import DEFAULT_LENGTHS, FRAME_MS, PAN_TYPES
 
 N_ITEMS = 240  # ~30 per question type; ~2 s to generate at 448 px
 RECORD_KEYS = ["id", "split", "video", "question", "answer", "answers", "qtype", "n_frames", "fps", "size",

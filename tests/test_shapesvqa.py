@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from arr_coc.cli import gen_data as cli
+from arr_coc_shapes.cli import gen_data as cli
 from arr_coc.data import JSONLFormatError, normalize_answer, read_jsonl, score
-from arr_coc.shapes import (
+from arr_coc_shapes import (
     COLOR_NAMES,
     HARD_KINDS,
     QUESTION_TYPES,
@@ -34,8 +34,8 @@ from arr_coc.shapes import (
     render_scene,
     write_split,
 )
-from arr_coc.shapes.layout import draw_canvas
-from arr_coc.shapes.vocabulary import LETTERED_SHAPES, MAX_SIDE, MIN_LETTER_SIDE, MIN_SIDE
+from arr_coc_shapes.layout import draw_canvas
+from arr_coc_shapes.vocabulary import LETTERED_SHAPES, MAX_SIDE, MIN_LETTER_SIDE, MIN_SIDE
 
 N_ITEMS = 300  # "a few hundred": every hard kind and every answer shows up
 COLORS_RE = "|".join(COLOR_NAMES)

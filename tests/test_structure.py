@@ -3,8 +3,10 @@
 - no import cycle of any kind: between files, counting imports at the top, inside functions and under
   `if TYPE_CHECKING:` (a type-only or lazy import that closes a circle still ties the two files together),
   between packages (a subpackage or a top-level module of `arr_coc` is one node; `arr_coc_microscope` is one), and
-  between a package and its own subpackages (`arr_coc.shapes` <-> `arr_coc.shapes.video`: each folder's own
+  between a package and its own subpackages (`arr_coc_shapes` <-> `arr_coc_shapes.video`: each folder's own
   modules are one node, each subfolder another);
+- the library apart from the workbench: nothing under `arr_coc/` (its command line included) imports the test bed
+  (`arr_coc_shapes`) or the app, which use the library;
 - the layering DESIGN.md states, read off the imports: the core knows nothing of the pipeline, a backend or the
   methods; the pipeline knows no backend and no method; the validator knows no pipeline; selectors know no backend;
   the app and the library never import the command line; Hugging Face model internals are reached from the Qwen
@@ -25,7 +27,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "arr_coc_microscope"   # the app's package (under the project's name: PyPI's `microscope` is another package)
-PACKAGES = ("arr_coc", APP)   # the library and the app package
+SHAPES = "arr_coc_shapes"    # the ShapesVQA test bed, in the checkout beside the library
+PACKAGES = ("arr_coc", SHAPES, APP)   # the library, the test bed and the app
 MAX_FUNCTION_LINES = 80
 
 # The core (`arr_coc/core/`: the layer and what it is made of) and the small owners beside it. They import
@@ -35,12 +38,12 @@ CORE_MODULES = ("config", "texture", "pixel_maps", "spectral", "kmeans", "compon
 CORE = {f"arr_coc.core.{m}" for m in CORE_MODULES} | {"arr_coc.core"} | {f"arr_coc.{m}" for m in (
     "viz", "saccade", "resolution", "budget", "stopwatch", "errors", "geometry", "cancel", "schedule", "lazy")}
 ABOVE_THE_CORE = ("arr_coc.pipeline", "arr_coc.qwen", "arr_coc.methods", "arr_coc.evaluation", "arr_coc.training",
-                  "arr_coc.harness", "arr_coc.cli", "arr_coc.shapes", "arr_coc.data", APP)
+                  "arr_coc.harness", "arr_coc.cli", "arr_coc_shapes", "arr_coc.data", APP)
 # Where a Hugging Face Qwen-VL model's internals may be reached: the backend, the embedded model's builder and
 # trainer (it makes a Qwen2-VL), and the bench, which builds random Qwen models at real widths.
 HF_INTERNALS = re.compile(r"\.model\.model\b|\.language_model\b|get_image_features|get_rope_index|"
                           r"mm_encoder_outputs|\.visual\.blocks|model\.generate\(")
-HF_ALLOWED = ("arr_coc/qwen/", "arr_coc/shapes/", "arr_coc/evaluation/bench")
+HF_ALLOWED = ("arr_coc/qwen/", "arr_coc_shapes/", "arr_coc/evaluation/bench")
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -89,10 +92,13 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def folder_of(module: str, root: Path = ROOT) -> str:
-    """The folder-level node: a module below a subpackage of `arr_coc` belongs to the folder that holds it (a
-    package's own modules are one node, each of its subpackages another); above that, `package_of`."""
+    """The folder-level node: a module below a subpackage (of `arr_coc`, or anywhere below a top-level package)
+    belongs to the folder that holds it (a package's own modules are one node, each of its subpackages another);
+    `arr_coc`'s own modules, `package_of`; `python -m X`'s entry (`X.__main__`), a node of its own."""
     parts = module.split(".")
-    if parts[0] != "arr_coc" or len(parts) <= 2:
+    if parts[-1] == "__main__":
+        return module
+    if len(parts) == 1 or parts[0] == "arr_coc" and len(parts) == 2:
         return package_of(module)
     return module if root.joinpath(*parts).is_dir() else ".".join(parts[:-1])
 
@@ -185,16 +191,16 @@ def test_the_folder_check_finds_a_circle_between_a_package_and_its_subpackage(tm
     """Negative control: the parent's own module imports the child inside a function, the child imports the
     parent's module: no file circle and no circle between top-level packages, yet parent <-> child."""
     _write(tmp_path, {
-        "arr_coc/__init__.py": "", "arr_coc/shapes/__init__.py": "",
-        "arr_coc/shapes/words.py": "WORDS = ()\n",
-        "arr_coc/shapes/tuning.py": "def run():\n    from .video.spec import video_words  # lazy\n    return video_words\n",
-        "arr_coc/shapes/video/__init__.py": "", "arr_coc/shapes/video/spec.py": "from ..words import WORDS\n",
-        "arr_coc/shapes/video/items.py": "from .spec import WORDS\n",
+        "arr_coc/__init__.py": "", "arr_coc_shapes/__init__.py": "",
+        "arr_coc_shapes/words.py": "WORDS = ()\n",
+        "arr_coc_shapes/tuning.py": "def run():\n    from .video.spec import video_words  # lazy\n    return video_words\n",
+        "arr_coc_shapes/video/__init__.py": "", "arr_coc_shapes/video/spec.py": "from ..words import WORDS\n",
+        "arr_coc_shapes/video/items.py": "from .spec import WORDS\n",
     })
-    graph = import_graph(tmp_path, ("arr_coc",))
+    graph = import_graph(tmp_path, ("arr_coc", SHAPES))
     assert find_cycles(graph) == [] and find_cycles(package_graph(graph)) == []
-    assert find_cycles(folder_graph(graph, tmp_path)) == [["arr_coc.shapes", "arr_coc.shapes.video"]]
-    del graph["arr_coc.shapes.tuning"]                                        # the parent no longer looks down
+    assert find_cycles(folder_graph(graph, tmp_path)) == [["arr_coc_shapes", "arr_coc_shapes.video"]]
+    del graph["arr_coc_shapes.tuning"]                                        # the parent no longer looks down
     assert find_cycles(folder_graph(graph, tmp_path)) == []
 
 
@@ -221,14 +227,12 @@ def test_no_import_cycles_between_packages():
 def test_no_import_cycles_between_a_package_and_its_subpackages():
     """Function-local imports count: `shapes/video_tuning.py` once closed shapes -> shapes.video -> shapes."""
     graph = folder_graph(import_graph())
-    assert {"arr_coc.shapes", "arr_coc.shapes.video", "arr_coc.data.convert"} <= set(graph)   # the walk sees folders
+    assert {"arr_coc_shapes", "arr_coc_shapes.video", "arr_coc.data.convert"} <= set(graph)   # the walk sees folders
     assert find_cycles(graph) == []
 
 
-def test_the_layers_import_only_downwards():
-    """DESIGN.md's layering, from the imports (type-only and function-local ones included)."""
-    graph = import_graph()
-
+def layering_violations(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """DESIGN.md's layering: module -> the imports it may not have (type-only and function-local ones included)."""
     def reaches(module: str, prefixes: tuple[str, ...]) -> list[str]:
         return sorted(d for d in graph[module] if d.startswith(prefixes))
 
@@ -246,9 +250,17 @@ def test_the_layers_import_only_downwards():
             bad[module] = reaches(module, ("arr_coc.qwen", "arr_coc.evaluation", "arr_coc.cli", APP))
         elif module.startswith(APP):                   # the app uses the library, not the command line
             bad[module] = reaches(module, ("arr_coc.cli",))
-        elif module.startswith("arr_coc") and not module.startswith(("arr_coc.cli", "arr_coc.__main__")):
-            bad[module] = reaches(module, ("arr_coc.cli", APP))     # the library never imports the app
-    assert {m: d for m, d in bad.items() if d} == {}
+        elif module.startswith(SHAPES):                # the test bed's commands serve through the library's main
+            bad[module] = [] if module.startswith(f"{SHAPES}.cli") else reaches(module, ("arr_coc.cli", APP))
+        elif module.startswith(("arr_coc.cli", "arr_coc.__main__")):
+            bad[module] = reaches(module, (APP, SHAPES))
+        elif module == "arr_coc" or module.startswith("arr_coc."):   # the library never imports the workbench
+            bad[module] = reaches(module, ("arr_coc.cli", APP, SHAPES))
+    return {m: d for m, d in bad.items() if d}
+
+
+def test_the_layers_import_only_downwards():
+    assert layering_violations(import_graph()) == {}
 
 
 def test_the_core_folder_holds_the_layer_and_what_only_it_uses():
@@ -269,6 +281,18 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
     assert [d for d in graph["arr_coc.core.texture"] if d.startswith(ABOVE_THE_CORE)] == ["arr_coc.pipeline.prompt"]
 
 
+def test_the_layer_check_sees_the_library_reach_into_the_workbench():
+    """Negative control: the bench drawing ShapesVQA scenes, the command line serving gen-data, the generator
+    importing the command line: each reported; the test bed's own commands serving through the library's main
+    are not."""
+    graph = {"arr_coc.evaluation.bench": {"arr_coc_shapes.items"}, "arr_coc.cli": {"arr_coc_shapes.cli"},
+             "arr_coc_shapes.items": {"arr_coc.cli.args"}, "arr_coc_shapes.cli": {"arr_coc.cli"},
+             "arr_coc_microscope.server": {"arr_coc_shapes.items"}}
+    assert layering_violations(graph) == {"arr_coc.evaluation.bench": ["arr_coc_shapes.items"],
+                                          "arr_coc.cli": ["arr_coc_shapes.cli"],
+                                          "arr_coc_shapes.items": ["arr_coc.cli.args"]}
+
+
 def test_model_internals_are_reached_from_the_backend_only():
     offenders = []
     for pkg in PACKAGES:
@@ -286,12 +310,14 @@ def test_no_function_is_longer_than_80_lines():
     assert long_functions(paths) == []
 
 
-@pytest.mark.parametrize("command", ["gen-data", "convert", "train-vlm", "eval", "train", "bench", "ask"])
-def test_command_help_loads_no_torch(command):
-    """`python -m arr_coc COMMAND --help` answers without importing torch (seconds, not a model load)."""
-    code = ("import sys, runpy; sys.argv = ['arr_coc', %r, '--help']\n"
-            "try:\n    runpy.run_module('arr_coc', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')") % command
+@pytest.mark.parametrize("package, command", [("arr_coc_shapes", "gen-data"), ("arr_coc", "convert"),
+                                              ("arr_coc_shapes", "train-vlm"), ("arr_coc", "eval"), ("arr_coc", "train"),
+                                              ("arr_coc", "bench"), ("arr_coc", "ask")])
+def test_command_help_loads_no_torch(package, command):
+    """`python -m PACKAGE COMMAND --help` answers without importing torch (seconds, not a model load)."""
+    code = ("import sys, runpy; sys.argv = [%r, %r, '--help']\n"
+            "try:\n    runpy.run_module(%r, run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')") % (package, command, package)
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "usage:" in out.stdout and out.stdout.strip().endswith("NO-TORCH"), out.stdout[-300:]

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from arr_coc.shapes import write_split
+from arr_coc_shapes import write_split
 from arr_coc.budget import resolve_count
 from arr_coc.core.layer import ARRCOCLayer
 from arr_coc.qwen import ARRCOCQwen

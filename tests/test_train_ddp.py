@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from arr_coc.cli import main as cli_main
 from arr_coc.paths import EMBEDDED_MODEL, SHIPPED_LAYER
-from arr_coc.shapes import write_split
+from arr_coc_shapes import write_split
 from arr_coc.distributed import LaunchError, Processes
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The embedded model (arr_coc.shapes.embedded) and its training (arr_coc.shapes.trainer and the modules it uses):
+"""The embedded model (arr_coc_shapes.embedded) and its training (arr_coc_shapes.trainer and the modules it uses):
 the tokenizer, the batch builder, the supervision, one two-step training run, and the train-vlm command."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from arr_coc.qwen.processing import render_prompt
-from arr_coc.shapes import COLOR_NAMES, QUESTION_TYPES, SHAPES, make_item
-from arr_coc.shapes.batching import Batcher, visual_tokens
-from arr_coc.shapes.embedded import build_embedded, build_word_tokenizer
-from arr_coc.shapes.supervision import answer_cells, choose_kept, training_item
-from arr_coc.shapes.vlm_config import VLMTrainConfig
+from arr_coc_shapes import COLOR_NAMES, QUESTION_TYPES, SHAPES, make_item
+from arr_coc_shapes.batching import Batcher, visual_tokens
+from arr_coc_shapes.embedded import build_embedded, build_word_tokenizer
+from arr_coc_shapes.supervision import answer_cells, choose_kept, training_item
+from arr_coc_shapes.vlm_config import VLMTrainConfig
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +121,8 @@ def test_geometry_gives_train_vlms_old_answer_and_centre_cells_on_generated_scen
     set (the attention loss sums in that order, so training stays bit-identical).
     """
     from arr_coc.geometry import box_cell_set, centre_cells
-    from arr_coc.shapes import HARD_KINDS, generate_scene, item_rng
-    from arr_coc.shapes.layout import draw_canvas
+    from arr_coc_shapes import HARD_KINDS, generate_scene, item_rng
+    from arr_coc_shapes.layout import draw_canvas
 
     checked = reordered = 0
     for i in range(2000):
@@ -150,7 +150,7 @@ def test_chat_prompt_has_qwen_layout(embedded):
 
 
 def test_recorded_attention_rows_equal_eager_attention_weights():
-    from arr_coc.shapes.attention import SUPERVISED_SDPA, AttentionRecorder
+    from arr_coc_shapes.attention import SUPERVISED_SDPA, AttentionRecorder
 
     model, processor = build_embedded(seed=3)
     model.eval()
@@ -178,7 +178,7 @@ def test_recorded_attention_rows_equal_eager_attention_weights():
 
 def test_count_supervision_marks_one_centre_cell_per_counted_object(embedded):
     from arr_coc.geometry import centre_cells
-    from arr_coc.shapes.losses import count_loss
+    from arr_coc_shapes.losses import count_loss
 
     model, processor = embedded
     batcher = Batcher(model, processor)
@@ -215,8 +215,8 @@ def test_count_supervision_marks_one_centre_cell_per_counted_object(embedded):
 def test_vision_tiles_are_aligned_with_their_labels():
     import numpy as np
 
-    from arr_coc.shapes import COLORS
-    from arr_coc.shapes.supervision import crops_for_vision
+    from arr_coc_shapes import COLORS
+    from arr_coc_shapes.supervision import crops_for_vision
 
     cfg = VLMTrainConfig()
     image, scene, _ = training_item(cfg, 3, letter_rate=0.9)
@@ -237,9 +237,9 @@ def test_vision_tiles_are_aligned_with_their_labels():
 def test_letter_tiles_hold_one_whole_lettered_object_each():
     import numpy as np
 
-    from arr_coc.shapes import LETTERS
-    from arr_coc.shapes.supervision import letter_tiles
-    from arr_coc.shapes.vlm_config import LETTER_TILE_CELLS
+    from arr_coc_shapes import LETTERS
+    from arr_coc_shapes.supervision import letter_tiles
+    from arr_coc_shapes.vlm_config import LETTER_TILE_CELLS
 
     cfg = VLMTrainConfig()
     image, scene, _ = training_item(cfg, 3, letter_rate=0.9)
@@ -253,8 +253,8 @@ def test_letter_tiles_hold_one_whole_lettered_object_each():
 
 
 def test_warm_start_from_a_checkpoint_folder_loads_every_weight(tmp_path, embedded):
-    from arr_coc.shapes.checkpoint import warm_start
-    from arr_coc.shapes.losses import DenseHead
+    from arr_coc_shapes.checkpoint import warm_start
+    from arr_coc_shapes.losses import DenseHead
 
     model, processor = embedded
     model.save_pretrained(tmp_path)
@@ -267,8 +267,8 @@ def test_warm_start_from_a_checkpoint_folder_loads_every_weight(tmp_path, embedd
 
 
 def test_count_heads_are_parsed_checked_against_the_lm_and_recorded_by_a_two_step_run(tmp_path):
-    from arr_coc.cli.train_vlm import parse_count_heads
-    from arr_coc.shapes.trainer import train
+    from arr_coc_shapes.cli.train_vlm import parse_count_heads
+    from arr_coc_shapes.trainer import train
 
     assert parse_count_heads("2.1:5, 2.2:1.5") == ((2, 1, 5.0), (2, 2, 1.5))
     with pytest.raises(SystemExit, match="LAYER.HEAD:SINK"):
@@ -289,7 +289,7 @@ def test_count_heads_are_parsed_checked_against_the_lm_and_recorded_by_a_two_ste
 def test_count_balance_weights_count_answers_to_a_uniform_prior_and_leaves_others_alone(embedded):
     from collections import Counter
 
-    from arr_coc.shapes.losses import count_answer_weights
+    from arr_coc_shapes.losses import count_answer_weights
 
     model, processor = embedded
     batcher = Batcher(model, processor)
@@ -310,7 +310,7 @@ def test_count_balance_weights_count_answers_to_a_uniform_prior_and_leaves_other
 @pytest.mark.parametrize("command", ["gen-data", "train-vlm"])
 def test_command_help_imports_no_torch(command):
     """The CLI imports only the chosen command's module, and these two read their defaults without torch."""
-    code = ("import contextlib, io, sys\nfrom arr_coc.cli import main\n"
+    code = ("import contextlib, io, sys\nfrom arr_coc_shapes.cli import main\n"
             f"with contextlib.redirect_stdout(io.StringIO()) as out:\n"
             f"    try:\n        main([{command!r}, '--help'])\n    except SystemExit:\n        pass\n"
             "assert '--out' in out.getvalue()\n"

@@ -276,7 +276,7 @@ def test_kept_cells_follow_the_target_through_a_pan(shipped):
     every group (the pan moves it across the grid), and carrying relevance over does not make the kept set change
     more from group to group than per-group selection does."""
     from arr_coc.evaluation.coherence import clip_coherence, named_object, summary, without_carry
-    from arr_coc.shapes.video import make_clip_item
+    from arr_coc_shapes.video import make_clip_item
 
     layer, embed = shipped
     config = TemporalConfig()
@@ -387,12 +387,13 @@ def test_eval_on_a_video_split_reports_every_method_with_its_whole_prefill_cost(
     """`eval --data <a gen-data --video split>` runs the video methods and counts the whole prefill: the tower on
     what was encoded + ARR-COC's own work + the LM prefill, as a share of the full model's."""
     from arr_coc.cli import main
+    from arr_coc_shapes.cli import main as shapes
 
     model, processor = tiny_vlm("qwen2_vl")
     folder = tmp_path / "model"
     model.save_pretrained(folder)
     processor.save_pretrained(str(folder))
-    assert main(["gen-data", "--video", "--out", str(tmp_path / "v"), "--split", "test", "--n", "3", "--frames", "4",
+    assert shapes(["gen-data", "--video", "--out", str(tmp_path / "v"), "--split", "test", "--n", "3", "--frames", "4",
                  "--canvas", "336x336"]) == 0
     out = tmp_path / "r.json"
     assert main(["eval", "--model", str(folder), "--data", str(tmp_path / "v" / "test.jsonl"), "--methods",

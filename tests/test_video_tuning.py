@@ -13,8 +13,8 @@ from arr_coc.paths import EMBEDDED_MODEL
 
 def test_extend_vocabulary_adds_the_video_words_and_keeps_every_old_id():
     from arr_coc.qwen.loading import load_vlm
-    from arr_coc.shapes.video import video_words
-    from arr_coc.shapes.video.tuning import extend_vocabulary
+    from arr_coc_shapes.video import video_words
+    from arr_coc_shapes.video.tuning import extend_vocabulary
 
     model, processor = load_vlm(EMBEDDED_MODEL, dtype="float32")
     tok = processor.tokenizer
@@ -36,7 +36,7 @@ def test_extend_vocabulary_adds_the_video_words_and_keeps_every_old_id():
 
 def test_a_short_video_fine_tune_writes_a_checkpoint_that_answers_video_words(tmp_path):
     from arr_coc.qwen.loading import load_vlm
-    from arr_coc.shapes.video.tuning import VIDEO_LOG, run
+    from arr_coc_shapes.video.tuning import VIDEO_LOG, run
 
     torch.manual_seed(0)
     got = run(EMBEDDED_MODEL, str(tmp_path / "v"), steps=2, seconds=None, clips=1, images=1, lr=1e-4, seed=0)
@@ -50,7 +50,7 @@ def test_a_short_video_fine_tune_writes_a_checkpoint_that_answers_video_words(tm
 
 
 def test_video_fine_tune_refuses_writing_over_its_start(tmp_path):
-    from arr_coc.cli import main
+    from arr_coc_shapes.cli import main
 
     with pytest.raises(SystemExit, match="other than --init"):
         main(["train-vlm", "--video", "--init", EMBEDDED_MODEL, "--out", EMBEDDED_MODEL, "--video-steps", "1"])

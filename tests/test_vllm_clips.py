@@ -36,8 +36,8 @@ pytestmark = pytest.mark.usefixtures("engine_threads")   # the module's HF refer
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory) -> list[dict]:
     """Generated test clips (336 px, 4, 6 or 8 frames: 2 to 4 frame groups), saved as .npy frames."""
-    from arr_coc.shapes.video import make_clip_item
-    from arr_coc.shapes.video.spec import options
+    from arr_coc_shapes.video import make_clip_item
+    from arr_coc_shapes.video.spec import options
 
     tmp = tmp_path_factory.mktemp("clips")
     out = []
@@ -52,7 +52,7 @@ def clips(tmp_path_factory) -> list[dict]:
 @pytest.fixture(scope="module")
 def picture(tmp_path_factory) -> str:
     tmp = tmp_path_factory.mktemp("picture")
-    subprocess.run([sys.executable, "-m", "arr_coc", "gen-data", "--out", str(tmp), "--split", "test", "--n", "1",
+    subprocess.run([sys.executable, "-m", "arr_coc_shapes", "gen-data", "--out", str(tmp), "--split", "test", "--n", "1",
                     "--seed", "0"], cwd=ROOT, check=True, capture_output=True)
     return str(tmp / json.loads((tmp / "test.jsonl").read_text().splitlines()[0])["image"])
 

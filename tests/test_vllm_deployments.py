@@ -37,7 +37,7 @@ def items(tmp_path_factory) -> list[dict]:
     from PIL import Image
 
     tmp = tmp_path_factory.mktemp("deploy")
-    subprocess.run([sys.executable, "-m", "arr_coc", "gen-data", "--out", str(tmp), "--split", "test", "--n",
+    subprocess.run([sys.executable, "-m", "arr_coc_shapes", "gen-data", "--out", str(tmp), "--split", "test", "--n",
                     str(N_ITEMS), "--seed", "0"], cwd=ROOT, check=True, capture_output=True)
     rng = random.Random(0)
     out = []

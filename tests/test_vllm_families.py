@@ -114,7 +114,7 @@ class Served:
 def items(tmp_path_factory) -> Path:
     """Generated items at random canvas sizes (336-896 px a side): grids of several shapes."""
     tmp = tmp_path_factory.mktemp("family-items")
-    subprocess.run([sys.executable, "-m", "arr_coc", "gen-data", "--out", str(tmp), "--split", "test", "--n",
+    subprocess.run([sys.executable, "-m", "arr_coc_shapes", "gen-data", "--out", str(tmp), "--split", "test", "--n",
                     str(max(N_ITEMS, N_BF16)), "--seed", "0", "--canvas", "random"], cwd=ROOT, check=True,
                    capture_output=True)
     return tmp / "test.jsonl"

@@ -372,7 +372,7 @@ def _vllm(items: Path, out: Path, *extra: str, n: int = N_ITEMS) -> dict:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm")
-    subprocess.run([sys.executable, "-m", "arr_coc", "gen-data", "--out", str(tmp), "--split", "test", "--n",
+    subprocess.run([sys.executable, "-m", "arr_coc_shapes", "gen-data", "--out", str(tmp), "--split", "test", "--n",
                     str(N_ITEMS), "--seed", "0"], cwd=ROOT, check=True, capture_output=True)
     items = tmp / "test.jsonl"
     plugin = _vllm(items, tmp / "plugin.json", "--budgets", ",".join(BUDGETS), "--layer", LAYER, "--pairs", "3")

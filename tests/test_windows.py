@@ -242,7 +242,7 @@ def test_ask_with_whole_windows_encodes_context_the_lm_does_not_read(qwen25_dir,
 
 
 def test_eval_with_whole_windows_counts_the_context_in_the_vision_flops(qwen25_dir, tmp_path):
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
 
     split = write_split(tmp_path / "d", split="test", n=3, seed=0)
     rows = {}
@@ -264,8 +264,8 @@ def test_bench_measures_cells_margin_and_whole_windows_side_by_side(tmp_path):
     from arr_coc.evaluation.bench_presets import PRESETS, build_model
     from arr_coc.evaluation.cost import vision_flops
     from arr_coc.qwen import ARRCOCQwen
+    from arr_coc.evaluation.scenes import bench_scene
     from arr_coc.runtime import Runtime
-    from arr_coc.shapes import make_item
 
     out = tmp_path / "b.json"
     assert main(["bench", "--preset", "tiny-qwen2.5", "--encode", "before", "--budgets", "0.25", "--margin", "1",
@@ -288,8 +288,8 @@ def test_bench_measures_cells_margin_and_whole_windows_side_by_side(tmp_path):
     # eval's vision cost counts the same tower calls, context included
     model, processor, _ = build_model(PRESETS["tiny-qwen2.5"], 2, 2, Runtime.resolve("cpu", "float32"))
     vlm = ARRCOCQwen(model, processor)
-    image, record, _ = make_item(0, "bench", 0, canvas="336x336", hard_rate=0.0)
-    inputs = vlm.build_inputs([[image]], [record["question"]])
+    image, question = bench_scene(0, 0, 336)           # the bench's own picture
+    inputs = vlm.build_inputs([[image]], [question])
     _, traces = vlm.prepare(inputs, budget=0.25, encode=EncodeConfig("before", windows=True)).outputs
     assert traces[0].encoded_cells[0].numel() == windows["encoded_tokens"]
     assert vision_flops(vlm.backend, _prompt(vlm, inputs), traces, 0.0, {}) == [windows["vision_flops"]]
@@ -297,7 +297,7 @@ def test_bench_measures_cells_margin_and_whole_windows_side_by_side(tmp_path):
 
 def test_ask_and_eval_refuse_whole_windows_on_a_tower_without_windows(tmp_path, capsys, make_image):
     from _app_server import save_tiny_model
-    from arr_coc.shapes import write_split
+    from arr_coc_shapes import write_split
 
     save_tiny_model(tmp_path / "m")
     image = tmp_path / "img.png"

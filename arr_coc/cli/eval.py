@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="Qwen2-VL / Qwen2.5-VL / Qwen3-VL folder or hub id (default: the embedded model under "
                              "checkpoints/; on a clip split, its video fine-tune)")
     parser.add_argument("--data", required=True,
-                        help="VQA JSONL (the ShapesVQA test split from `python -m arr_coc gen-data`), or a "
+                        help="VQA JSONL (the ShapesVQA test split from `python -m arr_coc_shapes gen-data`), or a "
                              "ShapesVQA-video split (`gen-data --video`)")
     parser.add_argument("--methods", default="all", help=METHODS_HELP)
     parser.add_argument("--budgets", default=DEFAULT_BUDGETS, type=budgets_arg,

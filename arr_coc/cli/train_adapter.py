@@ -1,11 +1,12 @@
 """`python -m arr_coc train-adapter`: LoRA adapters (peft) so the frozen VLM reads what ARR-COC keeps.
 
-    python -m arr_coc train-adapter --out runs/adapter                          # stage 2a: the shipped layer frozen
-    python -m arr_coc train-adapter --stage joint --init-adapter runs/adapter --out runs/joint   # 2b: + the layer
-    python -m arr_coc train-adapter --stage joint --init-adapter runs/joint --arr-coc runs/joint --hard ...  # 3
     python -m arr_coc train-adapter --model Qwen/Qwen2-VL-2B-Instruct --arr-coc LAYER --data gqa/train.jsonl ...
+    python -m arr_coc train-adapter --data data/shapes/train.jsonl --out runs/adapter   # the embedded model
+    python -m arr_coc_shapes train-adapter --out runs/adapter    # the embedded model, ShapesVQA drawn on the fly
+    python -m arr_coc_shapes train-adapter --stage joint --init-adapter runs/adapter --out runs/joint   # 2b
 
-Defaults: the embedded model and the shipped encode="before" layer. What each stage trains:
+Defaults: the embedded model and the shipped encode="before" layer; the data: --data's JSONL splits (the checkout's
+`python -m arr_coc_shapes train-adapter` draws ShapesVQA items instead, through this command's `run`). What each stage trains:
 arr_coc/training/adapter.py; the recipe and its costs: docs/TRAINING.md, "Adapters (stage 2 and 3)".
 """
 
@@ -14,8 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from .args import add_runtime, runtime
+
+if TYPE_CHECKING:
+    from arr_coc.training.adapter_items import ItemSource
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -72,16 +77,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--data", nargs="+", default=[], metavar="JSONL",
                         help="train on these JSONL splits (docs/DATA.md's format, e.g. GQA converted by `convert`), "
-                             "--val-items of them held out for validation (default: ShapesVQA items drawn on the fly)")
+                             "--val-items of them held out for validation (python -m arr_coc_shapes train-adapter: "
+                             "ShapesVQA items drawn on the fly instead)")
     parser.add_argument("--data-seed", type=int, default=d.data_seed,
-                        help="ShapesVQA seed of the training items; with --data, the seed of its shuffle")
+                        help="with --data, the seed of its shuffle and hold-out; of the items drawn on the fly otherwise")
     add_runtime(parser)  # the VLM's; the layer runs in float32 beside it
     parser.add_argument("--resume", action="store_true", help="continue from the state file in --out")
     parser.add_argument("--stop-after", type=int, default=None, help="stop at this step (continue later with --resume)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, items: ItemSource | None = None, prog: str = "python -m arr_coc train-adapter"
+        ) -> int:
+    """The command -> its exit status; without --data the items are drawn from `items` (none: refused)."""
     from arr_coc.encode import EncodeConfig
     from arr_coc.paths import LayerNotFound, check_layer_folder, resolve_layer
     from arr_coc.adapter_files import AdapterError, adapter_folder
@@ -102,18 +110,18 @@ def run(args: argparse.Namespace) -> int:
         layer = check_layer_folder(layer) if layer is not None else None
         if args.init_adapter:
             adapter_folder(args.init_adapter)
-        notes = check_run(cfg, args.resume)   # the data read and sized, --out writable, --resume's state
+        notes = check_run(cfg, args.resume, items)   # the data read and sized, --out writable, --resume's state
     except (ValueError, LayerNotFound, AdapterError) as exc:
-        print(f"python -m arr_coc train-adapter: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     for note in notes:
         print(f"train-adapter: note: {note}", file=sys.stderr)
     run_on = runtime(args)
     try:
         state = train_adapter(cfg, args.model, layer, init_adapter=args.init_adapter, resume=args.resume,
-                              progress=not args.quiet, runtime=run_on, stop_after=args.stop_after)
+                              progress=not args.quiet, runtime=run_on, stop_after=args.stop_after, items=items)
     except MissingCapability as exc:   # this model's backend cannot train adapters through it: before any work
-        print(f"python -m arr_coc train-adapter: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     print(f"train-adapter: {state['step']} steps; the pair is in {cfg.out} (the adapter in {cfg.out}/adapter)")
     return 0

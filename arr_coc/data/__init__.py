@@ -1,6 +1,6 @@
 """The project's VQA JSONL record format: reader, writer and scorers (format: docs/SHAPESVQA.md, "Files").
 
-ShapesVQA (`arr_coc.shapes`) writes it and real data sets are converted to it::
+ShapesVQA (`arr_coc_shapes`) writes it and real data sets are converted to it::
 
     from arr_coc.data import read_jsonl, score
     for rec in read_jsonl("data/shapes/test.jsonl"):

@@ -224,7 +224,7 @@ class _Rig:
     vlm: Any
     layer_note: str
     image: Any
-    record: dict[str, Any]
+    question: str
     inputs: Any
     sync: Callable[[], None]
     tower_type: str
@@ -241,18 +241,18 @@ def _build_rig(spec: Any, n_vision: int, n_lm: int, runtime: Any, seed: int, arr
     import torch
 
     from ..front import ARRCOC
-    from ..shapes import make_item
+    from .scenes import bench_scene
 
     torch.manual_seed(seed)
     backend, model, summary = build_backend(spec, n_vision, n_lm, runtime, seed)
     vlm = ARRCOC(backend, arr_coc=arr_coc, seed=seed, execution=read_fast_flag(fast, runtime.device),
                  name=str(getattr(model.config, "_name_or_path", "") or ""))
     layer_note = _layer(vlm, arr_coc, runtime.device)
-    image, record, _ = make_item(seed, "bench", 0, canvas=spec.canvas, hard_rate=0.0)
-    inputs = backend.build_inputs([[image]], [record["question"]])
+    image, question = bench_scene(seed, 0, spec.size)
+    inputs = backend.build_inputs([[image]], [question])
     sync = torch.cuda.synchronize if runtime.device.type == "cuda" else (lambda: None)
     tower_type = type(model.model.visual).__name__
-    return _Rig(model, summary, vlm, layer_note, image, record, inputs, sync, tower_type, n_vision, n_lm,
+    return _Rig(model, summary, vlm, layer_note, image, question, inputs, sync, tower_type, n_vision, n_lm,
                 runtime, method, budget_mode)
 
 
@@ -332,7 +332,7 @@ def _report(preset: str, spec: Any, shape: Any, rig: _Rig, rows: list[RowSpec], 
         "execution": rig.vlm.execution.label,
         "dtype": str(runtime.dtype).removeprefix("torch."), "method": rig.method, "arr_coc_layer": rig.layer_note,
         "budget_mode": rig.budget_mode, "model": rig.summary, "image": list(rig.image.size),
-        "question": rig.record["question"],
+        "question": rig.question,
         "visual_tokens_full": static[REFERENCE]["visual_tokens"], "repeats": repeats,
         "host": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                  "machine": platform.machine(), "load_average_start": list(load_start),

@@ -119,7 +119,7 @@ class Preset:
     shape: str                      # key of SHAPES: the widths and the full depth
     vision_layers: int              # blocks of the tower that run (default)
     lm_layers: int                  # LM layers that run (default)
-    canvas: str                     # the ShapesVQA scene's size
+    size: int                       # the bench scene's side, px (`scenes.bench_scene`: square)
     max_pixels: int                 # the image processor's limit
     repeats: int                    # timed repetitions (default)
     also: tuple[str, ...] = ()      # other shapes whose full-depth FLOP shares are printed (same tower)
@@ -128,14 +128,14 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    "qwen2-vl-2b": Preset("Qwen2-VL-2B", 2, 2, "896x896", 896 * 896, 3, also=("Qwen2-VL-7B",),
+    "qwen2-vl-2b": Preset("Qwen2-VL-2B", 2, 2, 896, 896 * 896, 3, also=("Qwen2-VL-7B",),
                           note="Qwen2-VL-2B widths, random weights"),
-    "qwen2.5-vl-3b": Preset("Qwen2.5-VL-3B", 2, 2, "896x896", 896 * 896, 3, also=("Qwen2.5-VL-7B",),
+    "qwen2.5-vl-3b": Preset("Qwen2.5-VL-3B", 2, 2, 896, 896 * 896, 3, also=("Qwen2.5-VL-7B",),
                             note="Qwen2.5-VL-3B widths, random weights"),
     # Seconds, for tests: the tiny test models on a 336 x 336 image (144 merged tokens).
-    "tiny": Preset("tiny-qwen2-vl", 2, 2, "336x336", 448 * 448, 2, tiny=True,
+    "tiny": Preset("tiny-qwen2-vl", 2, 2, 336, 448 * 448, 2, tiny=True,
                    note="tiny random Qwen2-VL (hidden 64) for tests; numbers mean nothing"),
-    "tiny-qwen2.5": Preset("tiny-qwen2.5-vl", 2, 2, "336x336", 448 * 448, 2, tiny=True,
+    "tiny-qwen2.5": Preset("tiny-qwen2.5-vl", 2, 2, 336, 448 * 448, 2, tiny=True,
                            note="tiny random Qwen2.5-VL (hidden 64) for tests; numbers mean nothing"),
 }
 

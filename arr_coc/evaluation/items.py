@@ -101,7 +101,7 @@ def read_video_records(path: str | os.PathLike, n: int | None = None) -> list[di
             rec = json.loads(line)
             if "video" not in rec or "boxes_over_time" not in rec:
                 raise ValueError(f"{path} is not a ShapesVQA-video split (records need 'video' and "
-                                 "'boxes_over_time'); write one with: python -m arr_coc gen-data --video ...")
+                                 "'boxes_over_time'); write one with: python -m arr_coc_shapes gen-data --video ...")
             rec["clip_path"] = os.path.join(folder, rec["video"])
             out.append(rec)
             if n is not None and len(out) >= n:

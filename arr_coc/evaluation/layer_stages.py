@@ -38,14 +38,15 @@ KNOWING = {"scorers.information": "knowing: information", "scorers.perspectival"
 
 
 def layer_inputs(layer: Any, size: int, batch: int, budget: Any, seed: int = 0) -> tuple[Any, Any]:
-    """(LayerBatch, Plan): `batch` ShapesVQA scenes of size x size px on the layer's device, one cell per 28 px."""
-    from ..shapes import make_item
+    """(LayerBatch, Plan): `batch` bench scenes (`scenes.bench_scene`) of size x size px on the layer's device, one
+    cell per 28 px."""
+    from .scenes import bench_scene
 
-    items = [make_item(seed, "bench", i, canvas=f"{size}x{size}", hard_rate=0.0) for i in range(batch)]
+    images = [bench_scene(seed, i, size)[0] for i in range(batch)]
     width = layer.config.knowing.query_dim
     query = [torch.randn(16, width, generator=torch.Generator().manual_seed(seed * 1000 + i)) for i in range(batch)]
     cells = size // 28
-    work = layer.batch([it.image for it in items], [(cells, cells)] * batch, query)
+    work = layer.batch(images, [(cells, cells)] * batch, query)
     return work, layer.allocator.plan(work.grid, budget)
 
 

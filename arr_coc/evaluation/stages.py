@@ -36,10 +36,10 @@ SHOWN = OWN + ("vision", "gist")
 
 
 def _inputs(vlm: Any, size: int, batch: int, seed: int) -> dict[str, Any]:
-    from ..shapes import make_item
+    from .scenes import bench_scene
 
-    items = [make_item(seed, "bench", i, canvas=f"{size}x{size}", hard_rate=0.0) for i in range(batch)]
-    return vlm.backend.build_inputs([[it.image] for it in items], [it.record["question"] for it in items])
+    scenes = [bench_scene(seed, i, size) for i in range(batch)]
+    return vlm.backend.build_inputs([[image] for image, _ in scenes], [question for _, question in scenes])
 
 
 def _pruning(budget: Any, method: str, encode: Any, budget_mode: Any = None) -> Any:

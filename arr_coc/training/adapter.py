@@ -1,10 +1,11 @@
 """Train LoRA adapters (peft) so the frozen VLM reads what ARR-COC keeps: the design's stages 2 and 3.
 
-    python -m arr_coc train-adapter --out runs/adapter                     # stage "frozen": the layer fixed
-    python -m arr_coc train-adapter --stage joint --init-adapter runs/adapter/adapter --out runs/joint
+    python -m arr_coc train-adapter --data data/gqa/train.jsonl --out runs/adapter   # stage "frozen": the layer fixed
+    python -m arr_coc_shapes train-adapter --stage joint --init-adapter runs/adapter/adapter --out runs/joint
 
-Every step draws ShapesVQA items on the fly (`shapes.make_item`), or reads JSONL records (`--data`, docs/DATA.md;
-`adapter_items.py`), in a DataLoader whose workers draw them, a budget per
+Every step reads JSONL records (`--data`, docs/DATA.md) or draws a test bed's items on the fly (an `ItemSource`:
+the checkout's ShapesVQA, `python -m arr_coc_shapes train-adapter`; `adapter_items.py`), in a DataLoader whose
+workers draw them, a budget per
 item uniform in [2%, 10%], and prunes them **through the pipeline itself** (`pipeline.look.prepare`: the shipped
 layer chooses, encode="before" by default). Then, with gradients:
 
@@ -17,8 +18,7 @@ layer chooses, encode="before" by default). Then, with gradients:
   in the prompt, weighted in attention by sigmoid((z - t) / T) of the layer's relevance, so the answer's loss
   reaches the layer's scorers and both adapters; + the budget penalty.
 - --hard (stage 3): question types that lose most when pruned (`--hard-types`, default count,letter) are drawn
-  `--hard-weight` times as often, and the generator's hard scenes (small, faint, crowded) as often again (its rate
-  0.3 x the weight, at most the generator's 0.42).
+  `--hard-weight` times as often (and ShapesVQA's hard scenes as often again: arr_coc_shapes/adapter_items.py).
 
 The VLM's own weights never move (tested bit for bit). AdamW, warm-up + cosine, gradient clipping, seeded, resumable
 (`--resume`: the state file in --out), a tqdm bar, a JSON log, a loss plot and a model card. --out receives the pair:
@@ -42,7 +42,7 @@ import torch
 
 from ..paths import shown_path
 from ..schedule import lr_at
-from .adapter_items import JsonlItems, ShapesItems
+from .adapter_items import ItemSource, JsonlItems
 
 if TYPE_CHECKING:
     from ..front import ARRCOC
@@ -53,7 +53,8 @@ logger = logging.getLogger(__name__)
 STAGES = ("frozen", "joint")
 STATE_FILE = "train_state_adapter.pt"
 LOG_FILE, PLOT_FILE = "training_log_adapter.json", "training_loss.png"
-MAX_HARD_RATE = 0.42                   # the generator's ceiling (shapes.layout.draw_hard: letters absorb low contrast)
+NO_ITEMS = ("no --data: give JSONL splits to train on (docs/DATA.md; `python -m arr_coc convert` writes them), or "
+            "draw ShapesVQA items on the fly with `python -m arr_coc_shapes train-adapter` (the checkout's test bed)")
 
 
 @dataclass
@@ -78,9 +79,9 @@ class AdapterTrainConfig:
     mask_temperature: tuple[float, float] = (0.5, 0.1)   # joint: the relaxation's T, start -> end
     budget_weight: float = 1.0             # joint: (soft kept share - budget share)^2
     seed: int = 0
-    data_seed: int = 21                    # ShapesVQA seed of the items (the test split, VLM and layer use others);
+    data_seed: int = 21                    # the item source's seed (ShapesVQA's test split, VLM and layer use others);
                                            # with `data`, the seed of its shuffle and of its validation hold-out
-    data: tuple[str, ...] = ()             # JSONL splits (docs/DATA.md) to train on; () = ShapesVQA drawn on the fly
+    data: tuple[str, ...] = ()             # JSONL splits (docs/DATA.md) to train on; (): an ItemSource draws them
     hard: bool = False                     # stage 3: oversample the hard question types and scenes
     hard_types: tuple[str, ...] = ("count", "letter")
     hard_weight: float = 2.0
@@ -89,8 +90,6 @@ class AdapterTrainConfig:
     eval_every: int = 50
 
     def __post_init__(self) -> None:
-        from ..shapes.vocabulary import QUESTION_TYPES
-
         if self.stage not in STAGES:
             raise ValueError(f"stage {self.stage!r}: choose frozen or joint")
         if self.encode not in ("before", "after"):
@@ -100,9 +99,6 @@ class AdapterTrainConfig:
             raise ValueError(f"budgets {self.budgets}: need shares 0 < LOW <= HIGH < 1, e.g. 0.02,0.10")
         self.budgets, self.targets, self.hard_types = (low, high), tuple(self.targets), tuple(self.hard_types)
         self.data = tuple(self.data)
-        unknown = [] if self.data else [t for t in self.hard_types if t not in QUESTION_TYPES]
-        if unknown:
-            raise ValueError(f"hard types {unknown}: choose from {', '.join(QUESTION_TYPES)}")
         if self.steps < 1:
             raise ValueError(f"--steps {self.steps}: train at least one step (0 would write an untrained adapter)")
         if self.rank < 1 or self.alpha <= 0:
@@ -116,13 +112,18 @@ class AdapterTrainConfig:
             raise ValueError(f"--hard-weight {self.hard_weight:g}: must be >= 1")
 
 
-def check_run(cfg: AdapterTrainConfig, resume: bool = False) -> list[str]:
-    """What a run is refused for before any model loads (ValueError, one line naming the cause): a JSONL split
-    that does not read or is too small to hold out --val-items and train on the rest, an --out that cannot be
-    written. -> notes to print (--resume with no saved state: it starts fresh)."""
+def check_run(cfg: AdapterTrainConfig, resume: bool = False, items: ItemSource | None = None) -> list[str]:
+    """What a run is refused for before any model loads (ValueError, one line naming the cause): no data (neither
+    --data nor an item source), what the source cannot draw, a JSONL split that does not read or is too small to
+    hold out --val-items and train on the rest, an --out that cannot be written. -> notes to print (--resume with
+    no saved state: it starts fresh)."""
     from ..data import read_jsonl
 
-    if cfg.data:
+    if not cfg.data:
+        if items is None:
+            raise ValueError(NO_ITEMS)
+        items.check(cfg)
+    else:
         n = sum(len(read_jsonl(p)) for p in cfg.data)        # a malformed line: JSONLFormatError, its own words
         if n == 0:
             raise ValueError(f"--data {', '.join(cfg.data)}: no records (an empty split); give a JSONL split with "
@@ -170,12 +171,13 @@ class _Run:
 
 def train_adapter(cfg: AdapterTrainConfig, model_path: str, layer: str | None, init_adapter: str | None = None,
                   resume: bool = False, progress: bool = True, runtime: Runtime | None = None,
-                  vlm: ARRCOC | None = None, stop_after: int | None = None) -> dict:
-    """Run (or resume) one train-adapter stage (module docstring) -> its state (step, log)."""
+                  vlm: ARRCOC | None = None, stop_after: int | None = None, items: ItemSource | None = None) -> dict:
+    """Run (or resume) one train-adapter stage (module docstring) -> its state (step, log). Without cfg.data the
+    items are drawn from `items`."""
     from tqdm import tqdm
 
     torch.manual_seed(cfg.seed)
-    run = _start(cfg, model_path, layer, init_adapter, resume, runtime, vlm)
+    run = _start(cfg, model_path, layer, init_adapter, resume, runtime, vlm, items)
     bar = tqdm(total=cfg.steps, initial=run.state["step"], desc=f"train-adapter {cfg.stage}", disable=not progress,
                dynamic_ncols=True)
     batches = iter(run.loader)
@@ -198,7 +200,7 @@ def train_adapter(cfg: AdapterTrainConfig, model_path: str, layer: str | None, i
 
 
 def _start(cfg: AdapterTrainConfig, model_path: str, layer: str | None, init_adapter: str | None, resume: bool,
-           runtime: Runtime | None, vlm: ARRCOC | None) -> _Run:
+           runtime: Runtime | None, vlm: ARRCOC | None, items: ItemSource | None) -> _Run:
     """The VLM (frozen) with a trainable adapter, the layer, the optimiser, the data; a saved state when resuming."""
     from ..front import ARRCOC
     from ..pipeline.backend import Adapts, TrainsAdapters, TrainsThrough, require
@@ -231,31 +233,29 @@ def _start(cfg: AdapterTrainConfig, model_path: str, layer: str | None, init_ada
         _resume(run)
     elif resume:
         logger.warning("--resume: no saved state in %s; starting fresh", shown_path(os.path.join(cfg.out, STATE_FILE)))
-    data, val = training_items(cfg)
+    data, val = training_items(cfg, items)
     run.loader = data_loader(cfg, run.state["step"], data)
     run.val = val
     run.t_start = time.perf_counter()
     return run
 
 
-def type_weights(cfg: AdapterTrainConfig) -> tuple[dict[str, float], float | None]:
-    """Stage 3 (--hard): (question type -> weight, the generator's hard-scene rate); ({}, None) otherwise."""
-    from ..shapes.vocabulary import DEFAULT_HARD_RATE
-
-    if not cfg.hard:
-        return {}, None
-    return {t: cfg.hard_weight for t in cfg.hard_types}, min(MAX_HARD_RATE, DEFAULT_HARD_RATE * cfg.hard_weight)
+def type_weights(cfg: AdapterTrainConfig) -> dict[str, float]:
+    """Stage 3 (--hard): question type -> weight; {} otherwise."""
+    return {t: cfg.hard_weight for t in cfg.hard_types} if cfg.hard else {}
 
 
-def training_items(cfg: AdapterTrainConfig) -> tuple[torch.utils.data.Dataset, list]:
-    """(the training items, the fixed validation items): ShapesVQA drawn on the fly, or cfg.data's records with
-    cfg.val_items of them held out."""
-    weights, rate = type_weights(cfg)
+def training_items(cfg: AdapterTrainConfig, items: ItemSource | None = None
+                   ) -> tuple[torch.utils.data.Dataset, list]:
+    """(the training items, the fixed validation items): cfg.data's records with cfg.val_items of them held out,
+    or drawn from `items` on the fly."""
+    weights = type_weights(cfg)
     n = max(1, cfg.steps) * cfg.batch_size
     if cfg.data:
         return JsonlItems.split(cfg.data, n, cfg.val_items, cfg.data_seed, weights)
-    val = ShapesItems(cfg.data_seed + 1, "adapter-val", cfg.val_items)
-    return ShapesItems(cfg.data_seed, "adapter", n, weights, rate), [val[i] for i in range(cfg.val_items)]
+    if items is None:
+        raise ValueError(NO_ITEMS)
+    return items.draw(cfg, n, weights)
 
 
 def data_loader(cfg: AdapterTrainConfig, start_step: int, data: torch.utils.data.Dataset) -> Any:
@@ -447,5 +447,5 @@ def plot_losses(log: Sequence[dict], path: str, title: str = "") -> None:
     plt.close(fig)
 
 
-__all__ = ["AdapterTrainConfig", "ShapesItems", "adapter_loss", "data_loader", "plot_losses", "relaxed_loss", "save",
+__all__ = ["AdapterTrainConfig", "ItemSource", "adapter_loss", "data_loader", "plot_losses", "relaxed_loss", "save",
            "train_adapter", "type_weights", "validate"]

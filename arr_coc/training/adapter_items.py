@@ -1,6 +1,7 @@
 """What train-adapter learns from: (image, question, answer, type) items, deterministic in their index.
 
-- `ShapesItems`: ShapesVQA items drawn on the fly (the embedded model's default);
+- an `ItemSource`: items drawn on the fly by a test bed (the checkout's ShapesVQA: `arr_coc_shapes.adapter_items`,
+  `python -m arr_coc_shapes train-adapter`, the embedded model's adapters);
 - `JsonlItems`: the records of JSONL splits in docs/DATA.md's format (GQA, TextVQA, VQAv2, ... converted by
   `python -m arr_coc convert`), for a real checkpoint: shuffled once by a seed, some held out for validation.
 
@@ -11,7 +12,7 @@ with probability 1 - weight / max weight, and the next draw is taken.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -20,34 +21,21 @@ Item = tuple[Any, str, str, str]          # (RGB image, question, the answer to 
 ATTEMPTS = 64                             # draws per index before a rejected type is taken anyway
 
 
-def _accept(weights: dict[str, float], kind: str, seed: int, index: int, attempt: int) -> bool:
+def accept(weights: dict[str, float], kind: str, seed: int, index: int, attempt: int) -> bool:
     top = max(weights.values(), default=1.0)
     keep = weights.get(kind, 1.0) / top
     return keep >= 1 or np.random.default_rng((seed, index, attempt)).random() < keep
 
 
-class ShapesItems(torch.utils.data.Dataset):
-    """ShapesVQA items generated on the fly: index -> Item, deterministic in the index. With `weights` (type ->
-    weight >= 1) a type is drawn in proportion to its weight, and with `hard_rate` the generator's hard scenes come
-    that often."""
+class ItemSource(Protocol):
+    """Items drawn on the fly, what train-adapter learns from without --data: a test bed's generator (the
+    checkout's ShapesVQA, `arr_coc_shapes.adapter_items.ShapesSource`). Given to `train_adapter(items=...)`."""
 
-    def __init__(self, seed: int, split: str, n: int, weights: dict[str, float] | None = None,
-                 hard_rate: float | None = None):
-        self.seed, self.split, self.n, self.weights, self.hard_rate = seed, split, n, weights or {}, hard_rate
+    def check(self, cfg: Any) -> None:
+        """Refuse what the source cannot draw (ValueError, one line), before any model loads."""
 
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> Item:
-        from ..shapes import make_item
-        from ..shapes.vocabulary import DEFAULT_HARD_RATE
-
-        rate = DEFAULT_HARD_RATE if self.hard_rate is None else self.hard_rate
-        for attempt in range(ATTEMPTS):
-            image, record, _ = make_item(self.seed, self.split, index * ATTEMPTS + attempt, hard_rate=rate)
-            if _accept(self.weights, record["type"], self.seed, index, attempt):
-                break
-        return image, record["question"], record["answers"][0], record["type"]
+    def draw(self, cfg: Any, n: int, weights: dict[str, float]) -> tuple[torch.utils.data.Dataset, list[Item]]:
+        """(n training items, cfg.val_items fixed validation items), deterministic in cfg.data_seed."""
 
 
 def answer_to_learn(answers: Sequence[str]) -> str:
@@ -107,9 +95,9 @@ class JsonlItems(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> Item:
         for attempt in range(ATTEMPTS):
             record = self._record(index, attempt)
-            if _accept(self.weights, record.type or "other", self.seed, index, attempt):
+            if accept(self.weights, record.type or "other", self.seed, index, attempt):
                 break
         return self._item(record)
 
 
-__all__ = ["Item", "JsonlItems", "ShapesItems", "answer_to_learn"]
+__all__ = ["ATTEMPTS", "Item", "ItemSource", "JsonlItems", "accept", "answer_to_learn"]

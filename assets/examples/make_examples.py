@@ -1,6 +1,6 @@
 """Regenerate the microscope's example scenes: `python assets/examples/make_examples.py`.
 
-ShapesVQA items (arr_coc.shapes.make_item, seed 7, split "demo" — neither the
+ShapesVQA items (arr_coc_shapes.make_item, seed 7, split "demo" — neither the
 embedded model's training split nor its validation split) are picked as the
 first item of each kind below, written as PNGs, and listed with their question
 and ground-truth answer in examples.json together with the photographs
@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the checkout's root: arr_coc_shapes/ (not installed)
+
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED, SPLIT = 7, "demo"
-# (kind, canvas): a kind is a question type or a hard-case kind (arr_coc.shapes.HARD_KINDS)
+# (kind, canvas): a kind is a question type or a hard-case kind (arr_coc_shapes.HARD_KINDS)
 WANTED = [("color", (448, 448)), ("letter", (448, 448)), ("count", "random"),
           ("low_contrast", (448, 448)), ("void", (448, 448)), ("border", "random")]
 NOTES = {
@@ -33,7 +37,7 @@ PHOTOS = [
 
 
 def main(max_index: int = 400) -> None:
-    from arr_coc.shapes import make_item
+    from arr_coc_shapes import make_item
 
     entries, todo = [], list(WANTED)
     for index in range(max_index):

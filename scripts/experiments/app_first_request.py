@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))   # the app's package sits in the checkout beside 
 
 
 def main() -> None:
-    from arr_coc.shapes import make_item
+    from arr_coc_shapes import make_item
     from arr_coc_microscope.handler import ask
     from arr_coc_microscope.server import add_layers, load, parse_args, shipped_before_layer, warm_up
 

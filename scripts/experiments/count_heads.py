@@ -19,12 +19,15 @@ from collections import Counter, defaultdict
 import numpy as np
 import torch
 
-from arr_coc.shapes import make_item
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the checkout's root: arr_coc_shapes/ (not installed)
+from arr_coc_shapes import make_item
 from arr_coc.paths import EMBEDDED_MODEL as DEFAULT_CHECKPOINT
 from arr_coc.qwen.processing import load_processor
-from arr_coc.shapes.attention import SUPERVISED_SDPA, AttentionRecorder
-from arr_coc.shapes.batching import Batcher, visual_tokens
-from arr_coc.shapes.vlm_config import VLMTrainConfig
+from arr_coc_shapes.attention import SUPERVISED_SDPA, AttentionRecorder
+from arr_coc_shapes.batching import Batcher, visual_tokens
+from arr_coc_shapes.vlm_config import VLMTrainConfig
 
 
 def count_items(n: int, seed: int = VLMTrainConfig.val_seed) -> list:

@@ -13,6 +13,10 @@ import argparse
 import json
 import statistics
 import time
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the checkout's root: arr_coc_shapes/ (not installed)
+
 
 
 def main() -> None:
@@ -20,7 +24,7 @@ def main() -> None:
     from arr_coc.paths import default_layer_path, default_model_path
     from arr_coc.pipeline.request import Pruning
     from arr_coc import ARRCOC
-    from arr_coc.shapes import make_item
+    from arr_coc_shapes import make_item
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--items", type=int, default=12)

@@ -16,6 +16,10 @@ import statistics
 import time
 
 import torch
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the checkout's root: arr_coc_shapes/ (not installed)
+
 
 
 def kernels_of_compiled(layer, batch, plan) -> dict[str, int]:
@@ -41,7 +45,7 @@ def main() -> None:
     from arr_coc.execution import Execution
     from arr_coc.core.layer import ARRCOCLayer
     from arr_coc.paths import default_layer_path
-    from arr_coc.shapes import make_item
+    from arr_coc_shapes import make_item
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=896)

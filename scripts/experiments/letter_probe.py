@@ -19,12 +19,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from arr_coc.shapes import LETTERS
-from arr_coc.shapes.embedded import DEFAULT_CHECKPOINT, build_embedded
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the checkout's root: arr_coc_shapes/ (not installed)
+from arr_coc_shapes import LETTERS
+from arr_coc_shapes.embedded import DEFAULT_CHECKPOINT, build_embedded
 from arr_coc import ARRCOC
-from arr_coc.shapes.batching import visual_tokens
-from arr_coc.shapes.supervision import letter_tiles, training_item
-from arr_coc.shapes.vlm_config import LETTER_TILE_CELLS, VLMTrainConfig
+from arr_coc_shapes.batching import visual_tokens
+from arr_coc_shapes.supervision import letter_tiles, training_item
+from arr_coc_shapes.vlm_config import LETTER_TILE_CELLS, VLMTrainConfig
 
 
 def tiles(cfg, first: int, n: int, rng) -> tuple[list, int]:

@@ -16,9 +16,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from arr_coc.shapes import COLOR_NAMES, LETTERS, SHAPES, cell_labels, make_item
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the checkout's root: arr_coc_shapes/ (not installed)
+from arr_coc_shapes import COLOR_NAMES, LETTERS, SHAPES, cell_labels, make_item
 from arr_coc import ARRCOC
-from arr_coc.shapes.batching import visual_tokens
+from arr_coc_shapes.batching import visual_tokens
 
 
 def main(path: str, n_scenes: int = 40) -> None:

@@ -21,7 +21,9 @@ t1 = time.perf_counter()
 import transformers.core_model_loading
 from transformers import Qwen2VLForConditionalGeneration
 t2 = time.perf_counter()
-from arr_coc.shapes import make_item
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the checkout's root: arr_coc_shapes/ (not installed)
+from arr_coc_shapes import make_item
 from arr_coc import ARRCOC
 t3 = time.perf_counter()
 wrapper = ARRCOC.from_pretrained(sys.argv[1])

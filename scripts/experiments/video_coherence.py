@@ -22,11 +22,14 @@ import json
 import torch
 from tqdm.auto import tqdm
 
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the checkout's root: arr_coc_shapes/ (not installed)
 from arr_coc.core.config import TemporalConfig
 from arr_coc.evaluation.coherence import clip_coherence, named_object, summary, without_carry
 from arr_coc.core.layer import ARRCOCLayer
 from arr_coc.paths import SHIPPED_BEFORE_LAYER, default_model_path
-from arr_coc.shapes.video import make_clip_item
+from arr_coc_shapes.video import make_clip_item
 
 
 def main() -> None:

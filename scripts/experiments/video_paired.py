@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 def main(argv: list[str] | None = None) -> int:
     from arr_coc.evaluation.report import paired_stats
-    from arr_coc.shapes.video.spec import VIDEO_TEMPLATES
+    from arr_coc_shapes.video.spec import VIDEO_TEMPLATES
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("report")

@@ -31,11 +31,11 @@ Visual-token dropout throughout stages 2-3 (keep the answer's cells plus a rando
 share of the rest, at their ORIGINAL M-RoPE positions, as ARR-COC prunes) makes the
 model tolerate missing visual tokens, like large VLMs do.
 
-    python -m arr_coc train-vlm --out checkpoints/shapes-qwen2vl [--resume] [--steps 600,2400,600]
+    python -m arr_coc_shapes train-vlm --out checkpoints/shapes-qwen2vl [--resume] [--steps 600,2400,600]
 
 The recipe is `vlm_config`; what it trains on, `supervision`; the LM batch, `batching`; the
 attention recorder, `attention`; the losses, `losses`; checkpoints, `checkpoint`; the command
-line, `arr_coc.cli.train_vlm`.
+line, `arr_coc_shapes.cli.train_vlm`.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..schedule import lr_at
+from arr_coc.schedule import lr_at
 from .attention import SUPERVISED_SDPA, AttentionRecorder
 from .batching import Batcher, visual_tokens
 from .checkpoint import save, warm_start

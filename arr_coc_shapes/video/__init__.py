@@ -2,7 +2,7 @@
 with questions that need time (what moves, which way, what appears last, a colour or a pair at the
 start or the end) and relevance targets over time (per frame, the boxes the answer needs).
 
-    from arr_coc.shapes.video import make_clip_item, write_video_split, load_clip_frames
+    from arr_coc_shapes.video import make_clip_item, write_video_split, load_clip_frames
     frames, record, track = make_clip_item(seed=0, split="test", index=7)   # uint8 [N, H, W, 3]
     write_video_split("data/shapes_video", split="test", n=2000, seed=0)    # clips/ + test.jsonl
 

@@ -4,7 +4,7 @@ Nothing can be downloaded here, so the project ships its own model of the real
 `Qwen2VLForConditionalGeneration` architecture at toy width, with a word-level
 tokenizer over the benchmark's vocabulary, Qwen's chat template and a PIL image
 processor config. It loads through the same `ARRCOC.from_pretrained` path as
-a real checkpoint. Training lives in `arr_coc.shapes.trainer`. The family's pieces (its tokenizer's special
+a real checkpoint. Training lives in `arr_coc_shapes.trainer`. The family's pieces (its tokenizer's special
 tokens, processor, model class) are its backend's, asked for by model type (`FromScratch`, `kit`).
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..paths import EMBEDDED_MODEL
-from ..pipeline.registry import FromScratch, scratch_kit
+from arr_coc.paths import EMBEDDED_MODEL
+from arr_coc.pipeline.registry import FromScratch, scratch_kit
 from .vocabulary import CELL_PX, COLOR_NAMES, LETTERS, SHAPES, TEMPLATES
 
 DEFAULT_CHECKPOINT = EMBEDDED_MODEL   # checkpoints/shapes-qwen2vl (arr_coc.paths owns the location)

@@ -1,13 +1,13 @@
 """The embedded model's training recipe: `VLMTrainConfig` (the shipped recipe's defaults) and the stages.
 
-Dataclasses only (no torch), so `python -m arr_coc train-vlm --help` reads the defaults cheaply.
+Dataclasses only (no torch), so `python -m arr_coc_shapes train-vlm --help` reads the defaults cheaply.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..paths import EMBEDDED_MODEL
+from arr_coc.paths import EMBEDDED_MODEL
 
 STAGES = ("vision", "language", "joint")
 LR_FLOOR = 0.1   # each stage's cosine decays to a tenth of its peak learning rate

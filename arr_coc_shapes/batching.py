@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..geometry import centre_cells
+from arr_coc.geometry import centre_cells
 from .attention import supervised_rows
 from .embedded import kit
 from .supervision import answer_cells

@@ -1,10 +1,10 @@
-"""``python -m arr_coc train-vlm``: train the embedded Qwen2-VL-architecture model on ShapesVQA.
+"""``python -m arr_coc_shapes train-vlm``: train the embedded Qwen2-VL-architecture model on ShapesVQA.
 
-    python -m arr_coc train-vlm --out checkpoints/shapes-qwen2vl [--resume] [--steps 1100,0,2000] \
+    python -m arr_coc_shapes train-vlm --out checkpoints/shapes-qwen2vl [--resume] [--steps 1100,0,2000] \
         [--init STATE_OR_FOLDER] [--letter-tiles N] [--count-heads 2.1:5] [--count-balance CAP]
 
-The recipe and the training loop are `arr_coc.shapes.trainer` (defaults: `arr_coc.shapes.vlm_config`).
-``arr_coc.cli`` wires this in by calling ``add_arguments`` on the subcommand's parser and ``run``
+The recipe and the training loop are `arr_coc_shapes.trainer` (defaults: `arr_coc_shapes.vlm_config`).
+``arr_coc_shapes.cli`` wires this in by calling ``add_arguments`` on the subcommand's parser and ``run``
 with the parsed args; torch is imported only inside ``run``.
 """
 
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 
-from .args import add_runtime, runtime
+from arr_coc.cli.args import add_runtime, runtime
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the train-vlm options to ``parser`` (a subcommand parser); the defaults are the shipped recipe's."""
-    from arr_coc.shapes.vlm_config import VLMTrainConfig
+    from arr_coc_shapes.vlm_config import VLMTrainConfig
 
     d = VLMTrainConfig()
     parser.add_argument("--out", default=d.out, help="checkpoint folder (default: %(default)s)")
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reweight count answers to a uniform 0-9 prior, each weight at most CAP (0 = off; default: %(default)s)")
     parser.add_argument("--vision-crop", type=int, default=d.vision_crop, help="vision-stage crop in cells (0 = whole images)")
     video = parser.add_argument_group("--video: fine-tune a trained embedded model on ShapesVQA-video clips "
-                                      "(arr_coc/shapes/video/tuning.py; any device)")
+                                      "(arr_coc_shapes/video/tuning.py; any device)")
     video.add_argument("--video", action="store_true",
                        help="grow the vocabulary by the video questions' words, then train on clips + images from "
                             "--init (default checkpoints/shapes-qwen2vl) into --out")
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     video.add_argument("--video-lr", type=float, default=2e-4, help="--video: peak learning rate (default 2e-4)")
     add_runtime(parser)
     # The recipe trains a toy-width model on the CPU in float32 with its own supervised-attention kernel
-    # (arr_coc.shapes.trainer): those are its defaults, and anything else is refused before training starts.
+    # (arr_coc_shapes.trainer): those are its defaults, and anything else is refused before training starts.
     parser.set_defaults(device="cpu", dtype="float32")
 
 
@@ -61,7 +61,7 @@ def check_runtime(args: argparse.Namespace) -> None:
     run = runtime(args)  # wrong names: arr_coc.runtime's message
     if run.device.type != "cpu" or run.dtype != torch.float32 or run.attn_implementation not in (None, "sdpa"):
         raise SystemExit(f"error: train-vlm trains the embedded toy model on the CPU in float32 with its own "
-                         f"supervised attention (arr_coc/shapes/trainer.py), not on {run.describe()}; leave out "
+                         f"supervised attention (arr_coc_shapes/trainer.py), not on {run.describe()}; leave out "
                          "--device, --dtype and --attn-implementation")
 
 
@@ -84,12 +84,12 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from arr_coc.shapes.trainer import train
-    from arr_coc.shapes.vlm_config import VLMTrainConfig
+    from arr_coc_shapes.trainer import train
+    from arr_coc_shapes.vlm_config import VLMTrainConfig
 
     if args.video:
         from arr_coc.paths import EMBEDDED_MODEL
-        from arr_coc.shapes.video.tuning import run as tune
+        from arr_coc_shapes.video.tuning import run as tune
 
         init = args.init or EMBEDDED_MODEL
         if os.path.abspath(init) == os.path.abspath(args.out):

@@ -1,7 +1,7 @@
 """ShapesVQA-video's vocabulary and constants (spec: docs/SHAPESVQA.md, "ShapesVQA-video"): question
 types and templates, directions, clip lengths, frame rate, event rates and the generation presets.
 
-Standard library only (like ``arr_coc.shapes.vocabulary``), so the command line reads the defaults
+Standard library only (like ``arr_coc_shapes.vocabulary``), so the command line reads the defaults
 without loading numpy or PIL.
 """
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..geometry import box_cells, centre_cells
+from arr_coc.geometry import box_cells, centre_cells
 from .cells import cell_labels
 from .items import make_item
 from .questions import questions_for_scene

@@ -1,12 +1,16 @@
 """ShapesVQA, the project's test bed: a procedural, seeded VQA set (spec: docs/SHAPESVQA.md), and
 the embedded Qwen2-VL-architecture model trained on it.
 
+It lives in the checkout beside the library (`arr_coc/`), not in the wheel: it uses the library, and
+nothing in the library imports it (tests/test_structure.py). Its commands: `python -m arr_coc_shapes
+gen-data | train-vlm | train-adapter` (`cli/`), run from the checkout's root.
+
 Each item is a cluttered canvas of 8-24 small coloured shapes and one templated question whose
 answer depends on one small region (or, for "count", on every instance of a shape). A token
 budget that cannot cover every object therefore rewards an allocator that finds the region the
 question is about, which is the whole point of ARR-COC's participatory ("query-aware") knowing.
 
-    from arr_coc.shapes import make_item, write_split
+    from arr_coc_shapes import make_item, write_split
     image, record, scene = make_item(seed=0, split="train", index=7)   # in memory
     write_split("data/shapes", split="test", n=2000, seed=0)            # to disk (JSONL: arr_coc.data)
 
@@ -38,7 +42,7 @@ Modules, by responsibility:
     cells        cell_labels on the merged-token grid; boxes -> cells (arr_coc.geometry, 28 px default)
     items        make_item / make_record / generate_split: one item in memory
     files        write_split: PNGs + JSONL on disk
-    video        ShapesVQA-video, a package: clips with questions that need time (arr_coc.shapes.video)
+    video        ShapesVQA-video, a package: clips with questions that need time (arr_coc_shapes.video)
 
 and the embedded model (torch; import these modules by name, nothing here imports them):
 
@@ -49,7 +53,8 @@ and the embedded model (torch; import these modules by name, nothing here import
     attention    AttentionRecorder: attention rows recorded during an sdpa forward
     losses       DenseHead and the dense, attention and count losses
     checkpoint   save, warm_start
-    trainer      train: the three-stage loop (command line: arr_coc.cli.train_vlm)
+    trainer      train: the three-stage loop (command line: arr_coc_shapes.cli.train_vlm)
+    adapter_items  ShapesVQA items drawn on the fly for train-adapter (`ShapesSource`, an `ItemSource`)
 
 Every name below is imported on first use (the command line reads the defaults without loading
 the generator); none of them imports torch.

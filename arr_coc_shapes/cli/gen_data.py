@@ -1,14 +1,14 @@
-"""``python -m arr_coc gen-data``: write a ShapesVQA split (or, with --video, a ShapesVQA-video split) to disk.
+"""``python -m arr_coc_shapes gen-data``: write a ShapesVQA split (or, with --video, a ShapesVQA-video split) to disk.
 
-    python -m arr_coc gen-data --out DIR --split test --n 2000 --seed 0 \
+    python -m arr_coc_shapes gen-data --out DIR --split test --n 2000 --seed 0 \
         [--canvas 448x448 | --canvas random] [--workers N]
-    python -m arr_coc gen-data --video --out DIR --split test --n 2000 --seed 0 \
+    python -m arr_coc_shapes gen-data --video --out DIR --split test --n 2000 --seed 0 \
         [--preset standard | holdout] [--frames 4,6,8] [--pan-rate P] [--cut-rate P]
 
 writes DIR/images/<split>-NNNNNN.png and DIR/<split>.jsonl (format: see
 arr_coc/data/jsonl.py), or with --video DIR/clips/<split>-NNNNNN.gif (.png: APNG)
 and DIR/<split>.jsonl (format: docs/SHAPESVQA.md, "ShapesVQA-video"). The output
-depends only on the options, never on --workers. ``arr_coc.cli`` wires this in by calling
+depends only on the options, never on --workers. ``arr_coc_shapes.cli`` wires this in by calling
 ``add_arguments`` on the subcommand's parser and ``run`` with the parsed args.
 """
 
@@ -20,7 +20,7 @@ import time
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the gen-data options to ``parser`` (a subcommand parser)."""
-    from arr_coc.shapes.vocabulary import DEFAULT_HARD_RATE
+    from arr_coc_shapes.vocabulary import DEFAULT_HARD_RATE
 
     parser.add_argument("--out", required=True, help="output folder (created if missing)")
     parser.add_argument("--split", default="test", help="split name; prefixes ids and file names (default: test)")
@@ -59,8 +59,8 @@ def _run_video(args: argparse.Namespace) -> int:
     """The --video branch: a ShapesVQA-video split."""
     import sys
 
-    from arr_coc.shapes.video.files import write_video_split
-    from arr_coc.shapes.video.spec import options, parse_lengths
+    from arr_coc_shapes.video.files import write_video_split
+    from arr_coc_shapes.video.spec import options, parse_lengths
 
     try:
         if args.hard_rate is not None:
@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
     """
     import sys
 
-    from arr_coc.shapes.files import write_split
-    from arr_coc.shapes.vocabulary import DEFAULT_HARD_RATE
+    from arr_coc_shapes.files import write_split
+    from arr_coc_shapes.vocabulary import DEFAULT_HARD_RATE
 
     if getattr(args, "video", False):
         return _run_video(args)

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import geometry
+from arr_coc import geometry
 from .drawing import object_index_map
 from .scene import Scene
 from .vocabulary import CELL_PX, COLOR_NAMES, LETTERS, SHAPES, Size

@@ -1,4 +1,4 @@
-"""Fine-tuning the embedded VLM on ShapesVQA-video (issue 37): `python -m arr_coc train-vlm --video`.
+"""Fine-tuning the embedded VLM on ShapesVQA-video (issue 37): `python -m arr_coc_shapes train-vlm --video`.
 
 The embedded model was trained on images only, and its word-level tokenizer lacks 18 of the video
 questions' words ("which", "way", "left", "start", ...): every direction answer was out of its vocabulary.
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ...pipeline.registry import FromScratch, model_type_of, scratch_kit
+from arr_coc.pipeline.registry import FromScratch, model_type_of, scratch_kit
 from ..embedded import kit
 
 VIDEO_LOG = "training_log_video.json"
@@ -89,7 +89,7 @@ def _batch(family: FromScratch, processor: Any, visuals: list[Any], questions: l
 
 
 def _clip_batch(seed: int, start: int, n: int):
-    from ...video import load_clip
+    from arr_coc.video import load_clip
     from .items import make_clip_item
 
     visuals, questions, answers = [], [], []

@@ -28,7 +28,7 @@ def write_video_split(out_dir: str | Path, split: str = "test", n: int = 2000, s
     Output depends only on the arguments (not on ``workers``): clips are seeded independently and
     records are written in index order.
     """
-    from ...data.jsonl import write_jsonl
+    from arr_coc.data.jsonl import write_jsonl
 
     check_split(split, n, workers, canvas)
     opts = (opts or VideoOptions()).checked()

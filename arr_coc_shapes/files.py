@@ -64,7 +64,7 @@ def write_split(
     seeded independently and records are written in index order. Returns the
     JSONL path.
     """
-    from ..data.jsonl import write_jsonl
+    from arr_coc.data.jsonl import write_jsonl
 
     check_split(split, n, workers, canvas)  # fail before spawning anything
     draw_hard(np.random.Generator(np.random.PCG64(0)), "color", hard_rate)  # validates hard_rate
