@@ -193,7 +193,8 @@ def test_the_folder_check_finds_a_circle_between_a_package_and_its_subpackage(tm
     _write(tmp_path, {
         "arr_coc/__init__.py": "", "arr_coc_shapes/__init__.py": "",
         "arr_coc_shapes/words.py": "WORDS = ()\n",
-        "arr_coc_shapes/tuning.py": "def run():\n    from .video.spec import video_words  # lazy\n    return video_words\n",
+        "arr_coc_shapes/tuning.py": "def run():\n    from .video.spec import video_words  # lazy\n"
+                                    "    return video_words\n",
         "arr_coc_shapes/video/__init__.py": "", "arr_coc_shapes/video/spec.py": "from ..words import WORDS\n",
         "arr_coc_shapes/video/items.py": "from .spec import WORDS\n",
     })
@@ -310,9 +311,9 @@ def test_no_function_is_longer_than_80_lines():
     assert long_functions(paths) == []
 
 
-@pytest.mark.parametrize("package, command", [("arr_coc_shapes", "gen-data"), ("arr_coc", "convert"),
-                                              ("arr_coc_shapes", "train-vlm"), ("arr_coc", "eval"), ("arr_coc", "train"),
-                                              ("arr_coc", "bench"), ("arr_coc", "ask")])
+@pytest.mark.parametrize("package, command", [(SHAPES, "gen-data"), ("arr_coc", "convert"), (SHAPES, "train-vlm"),
+                                              ("arr_coc", "eval"), ("arr_coc", "train"), ("arr_coc", "bench"),
+                                              ("arr_coc", "ask")])
 def test_command_help_loads_no_torch(package, command):
     """`python -m PACKAGE COMMAND --help` answers without importing torch (seconds, not a model load)."""
     code = ("import sys, runpy; sys.argv = [%r, %r, '--help']\n"

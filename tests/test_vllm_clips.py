@@ -52,8 +52,8 @@ def clips(tmp_path_factory) -> list[dict]:
 @pytest.fixture(scope="module")
 def picture(tmp_path_factory) -> str:
     tmp = tmp_path_factory.mktemp("picture")
-    subprocess.run([sys.executable, "-m", "arr_coc_shapes", "gen-data", "--out", str(tmp), "--split", "test", "--n", "1",
-                    "--seed", "0"], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "arr_coc_shapes", "gen-data", "--out", str(tmp), "--split", "test",
+                    "--n", "1", "--seed", "0"], cwd=ROOT, check=True, capture_output=True)
     return str(tmp / json.loads((tmp / "test.jsonl").read_text().splitlines()[0])["image"])
 
 

@@ -133,7 +133,8 @@ def _ints(text: str, name: str) -> list[int]:
 def _sizes(args: argparse.Namespace) -> tuple[list[int], list[int]]:
     sizes, batches = _ints(args.sizes, "--sizes"), _ints(args.batches, "--batches")
     if any(s % 28 or not 336 <= s <= 896 for s in sizes):
-        raise ValueError(f"--sizes {args.sizes}: each side a multiple of 28 in [336, 896] (bench scenes: arr_coc/evaluation/scenes.py)")
+        raise ValueError(f"--sizes {args.sizes}: each side a multiple of 28 in [336, 896] (the bench's pictures: "
+                         "arr_coc/evaluation/scenes.py)")
     return sizes, batches
 
 

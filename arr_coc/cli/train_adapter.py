@@ -6,7 +6,8 @@
     python -m arr_coc_shapes train-adapter --stage joint --init-adapter runs/adapter --out runs/joint   # 2b
 
 Defaults: the embedded model and the shipped encode="before" layer; the data: --data's JSONL splits (the checkout's
-`python -m arr_coc_shapes train-adapter` draws ShapesVQA items instead, through this command's `run`). What each stage trains:
+`python -m arr_coc_shapes train-adapter` draws ShapesVQA items instead, through this command's `run`). What each
+stage trains:
 arr_coc/training/adapter.py; the recipe and its costs: docs/TRAINING.md, "Adapters (stage 2 and 3)".
 """
 
@@ -80,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--val-items of them held out for validation (python -m arr_coc_shapes train-adapter: "
                              "ShapesVQA items drawn on the fly instead)")
     parser.add_argument("--data-seed", type=int, default=d.data_seed,
-                        help="with --data, the seed of its shuffle and hold-out; of the items drawn on the fly otherwise")
+                        help="with --data, the seed of its shuffle and hold-out; otherwise of the items drawn on "
+                             "the fly")
     add_runtime(parser)  # the VLM's; the layer runs in float32 beside it
     parser.add_argument("--resume", action="store_true", help="continue from the state file in --out")
     parser.add_argument("--stop-after", type=int, default=None, help="stop at this step (continue later with --resume)")

@@ -151,7 +151,8 @@ def iter_jsonl(path: str | Path, check_images: bool = True) -> Iterator[VQARecor
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; generate one with `python -m arr_coc_shapes gen-data --out DIR`")
+        raise FileNotFoundError(f"{path} does not exist; generate one with `python -m arr_coc_shapes gen-data "
+                                "--out DIR` (the checkout's ShapesVQA) or `python -m arr_coc convert` (docs/DATA.md)")
     base_dir = path.resolve().parent
     seen: dict[str, int] = {}
     with path.open("r", encoding="utf-8") as handle:

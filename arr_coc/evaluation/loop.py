@@ -110,8 +110,8 @@ def load_vlm(model: str, device: str = "cpu", seed: int = 0, attempts: int = 3, 
     hub_id = re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", model) is not None   # org/name, e.g. Qwen/Qwen2.5-VL-7B-Instruct
     if (os.path.sep in model or model.startswith(".")) and not hub_id:
         if not os.path.isdir(model):
-            raise SystemExit(f"eval: no model folder at {model}; train the embedded model with "
-                             "`python -m arr_coc_shapes train-vlm --out checkpoints/shapes-qwen2vl` or pass --model PATH")
+            raise SystemExit(f"eval: no model folder at {model}; train the embedded model with `python -m "
+                             "arr_coc_shapes train-vlm --out checkpoints/shapes-qwen2vl` or pass --model PATH")
     for attempt in range(attempts):
         try:
             vlm = ARRCOC.from_pretrained(model, arr_coc=arr_coc, device=run.device, dtype=run.dtype,
