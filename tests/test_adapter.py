@@ -326,6 +326,7 @@ def test_train_adapter_runs_on_a_jsonl_split_and_refuses_a_missing_one(tmp_path,
                  "--rank", "2", "--out", str(out), "--quiet"]) == 0
     card = (out / "adapter" / "README.md").read_text()
     assert "train.jsonl" in card and "ShapesVQA items" not in card
+    assert "from arr_coc import ARRCOC\n" in card and "ARRCOC.from_pretrained(" in card
     log = json.loads((out / "adapter" / "training_log_adapter.json").read_text())
     assert log["config"]["data"] == [str(split)]
     assert main(["train-adapter", "--data", str(tmp_path / "nothing.jsonl"), "--out", str(out)]) == 2

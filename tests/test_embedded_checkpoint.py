@@ -229,3 +229,21 @@ def test_the_shipped_before_layer_spends_its_budget_where_the_question_needs_it(
                 assert shown == "-" if extent is None else abs(float(shown) - extent[0]) <= 0.051, (shown, extent)
     assert tokens["extent", "count"] >= 2 * tokens["extent", "color"], tokens
     assert tokens["extent", "count"] >= 1.5 * tokens["run 3", "count"], tokens
+
+
+def test_every_shipped_card_s_snippet_uses_the_front_door():
+    """The model cards' snippets (both layers, the adapter) import what `arr_coc` exports and load through
+    `ARRCOC.from_pretrained`, not the Qwen alias an older card showed."""
+    import glob
+    import re
+
+    import arr_coc
+
+    cards = sorted(glob.glob("checkpoints/arr-coc-*/README.md") + glob.glob("checkpoints/arr-coc-*/adapter/README.md"))
+    assert len(cards) == 3, cards
+    for card in cards:
+        code = "\n".join(re.findall(r"```python\n(.*?)```", open(card).read(), re.S))
+        compile(code, card, "exec")
+        imported = re.findall(r"from arr_coc import (\w+)", code)
+        assert imported == ["ARRCOC"] and "ARRCOC.from_pretrained(" in code, (card, code)
+        assert all(name in arr_coc.__all__ for name in imported)

@@ -58,7 +58,8 @@ def model_card(layer: SavedLayer, card: LayerCard) -> str:
         "---", "",
         "# ARR-COC layer", "",
         "A query-aware visual-token allocator for a frozen Qwen-VL (the ARR-COC-VIS project: load this folder or "
-        "repository with `ARRCOCLayer.from_pretrained`, or pass it as `arr_coc=` to `ARRCOC.from_pretrained`): it scores every merged visual token from a texture array of the "
+        "repository with `ARRCOCLayer.from_pretrained`, or pass it as `arr_coc=` to `ARRCOC.from_pretrained`): "
+        "it scores every merged visual token from a texture array of the "
         "image and the question, and keeps a budget of them at their original M-RoPE positions.", "",
         "```python", "from arr_coc import ARRCOC",
         f'vlm = ARRCOC.from_pretrained("{card.vlm}", arr_coc="<this repository or folder>")',

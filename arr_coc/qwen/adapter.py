@@ -277,8 +277,8 @@ def adapter_card(adapter: Adapter, card: AdapterCard) -> str:
              "# ARR-COC adapter", "",
              "LoRA adapters (peft) that teach a frozen Qwen-VL to read the visual tokens an ARR-COC layer keeps. They "
              "are active only when tokens are pruned: with every token kept the model is the stock one.", "",
-             "```python", "from arr_coc import ARRCOCQwen",
-             f'vlm = ARRCOCQwen.from_pretrained("{card.vlm}", arr_coc="{card.layer or "<the layer>"}", '
+             "```python", "from arr_coc import ARRCOC",
+             f'vlm = ARRCOC.from_pretrained("{card.vlm}", arr_coc="{card.layer or "<the layer>"}", '
              'adapter="<this folder or repository>")',
              f'answer, trace = vlm.generate(image, "What color is the star?", budget=0.05, encode="{card.encode}")',
              "```", "", "| | |", "|---|---|",
