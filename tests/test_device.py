@@ -46,10 +46,17 @@ def _layer_batch(vlm, n: int, canvas: str = "336x336"):
     return layer_batch_of(ctx, vlm.arr_coc_layer)
 
 
-def _count(layer, batch) -> OpCounter:
-    layer.decide(batch, 0.1)                       # warm: constants are built and uploaded once per device
-    with OpCounter() as ops:
-        layer.decide(batch, 0.1)
+def _count(layer, batch, device_path: bool = True) -> OpCounter:
+    """The ops of one `decide`. device_path: as a GPU runs it (the object group's components over every mask
+    pixel, fixed shapes); False: as the CPU runs it (over the mask's pixels alone, reading their count back)."""
+    from unittest import mock
+
+    from arr_coc.core import components
+
+    with mock.patch.object(components, "over_mask_pixels", lambda device: not device_path):
+        layer.decide(batch, 0.1)                   # warm: constants are built and uploaded once per device
+        with OpCounter() as ops:
+            layer.decide(batch, 0.1)
     return ops
 
 
@@ -62,6 +69,9 @@ def test_one_forward_is_batched_and_reads_nothing_back(before_vlm):
     assert eight.uploads <= 4                            # one per kind of host fact, not per image
     assert eight.total <= 1.25 * one.total, (one.summary(), eight.summary())   # batched, not looped
     assert eight.kernels <= 1.25 * one.kernels
+    on_cpu = _count(layer, _layer_batch(before_vlm, 8), device_path=False)
+    # On the CPU the components read the mask's size back (free there), and nothing else does.
+    assert [(name, site.split(":")[0]) for name, site in on_cpu.sync_sites] == [("aten.nonzero", "components.py")]
 
 
 def test_the_counter_catches_a_host_read_and_a_loop_over_images(before_vlm, monkeypatch):

@@ -92,3 +92,44 @@ def test_pixel_maps_pool_once_to_the_cell_means_before():
     for group, means in want.items():
         assert torch.equal(got[group], means), group
     assert pixel_cell_means(("rgb", "position"), PixelSources(luma, None, None), pool) == {}
+
+
+def _masks():
+    """Seeded masks [B, H, W] and their cell grids: blobs and speckle from empty to full, batches of 1-3 images."""
+    g = torch.Generator().manual_seed(64)
+    for b, h, w in [(1, 64, 64), (3, 48, 80), (2, 96, 56)]:
+        for share in (0.0, 0.05, 0.3, 0.5, 0.7, 1.0):
+            noise = torch.rand(b, 1, h // 4, w // 4, generator=g)
+            blobs = F.interpolate(noise, size=(h, w), mode="bilinear")[:, 0] < share
+            yield blobs, (h // 8, w // 8)
+            yield torch.rand(b, h, w, generator=g) < share, (h // 8, w // 8)
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["cpu_pixels", "every_pixel"])
+def test_object_components_over_the_mask_s_pixels_equal_the_grid_before(full, monkeypatch):
+    """The components run over the mask's pixels alone on the CPU (every pixel elsewhere): labels, convergence
+    flags, the channels and the `ok` flag are the grid version's, bit for bit, on either path, at the fixed steps,
+    to convergence, and with too few steps and too small a cap (the flags then say so)."""
+    from arr_coc.core import components
+
+    import _components_before as before
+
+    if full:  # the path a GPU or the compiler takes, run here on the CPU
+        monkeypatch.setattr(components, "_pixels", lambda mask: torch.arange(mask.numel()))
+    flags = set()
+    for mask, grid in _masks():
+        for steps, cap in [(components.STEPS, components.CAP), (None, None), (1, 3)]:
+            want, got = before.object_channels(mask, grid, steps, cap), components.object_channels(mask, grid, steps, cap)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (mask.shape, steps, cap)
+            want, got = before.label_components(mask, steps), components.label_components(mask, steps)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (mask.shape, steps)
+            flags.update(got[1].tolist())
+    assert flags == {True, False}  # both outcomes of the convergence flag were compared
+
+
+def test_object_components_run_over_the_foreground_pixels_only_on_the_cpu():
+    from arr_coc.core.components import _pixels
+
+    mask = torch.zeros(2, 16, 16, dtype=torch.bool)
+    mask[0, 3:5, 3:6] = mask[1, 0, 0] = True
+    assert _pixels(mask).tolist() == [51, 52, 53, 67, 68, 69, 256]
