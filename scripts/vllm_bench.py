@@ -550,6 +550,9 @@ def main() -> None:
             raise SystemExit(f"no {py}: the run needs the project's .venv and .venv-vllm (make vllm-env)")
     runner = Runner(args.work.resolve(), args.vllm_cores)
     runner.work.mkdir(parents=True, exist_ok=True)
+    for path in (args.out, args.md):   # made now: a missing folder must not lose a finished run at its end
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
     load_start, t_start = os.getloadavg(), time.perf_counter()
     results = [run_setup(s, args, runner) for s in setups(args, runner)]
     report = {"command": shlex.join([sys.executable, *sys.argv]), "worker_commands": runner.commands,
