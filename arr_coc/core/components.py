@@ -61,11 +61,8 @@ def _spread(label: torch.Tensor, runs: torch.Tensor, big: int) -> torch.Tensor:
 
 
 def _pixels(mask: torch.Tensor) -> torch.Tensor:
-    """long [P]: the flat batch indices (b * N + y * W + x), ascending, that the components are computed over. On
-    the CPU, eager: the mask's pixels alone (reading their count back costs nothing there, and a foreground is a
-    few percent of the pixels: 3.8% on a bench scene at 896 px). Elsewhere, or while compiling: every pixel,
-    so that the shapes are fixed by the batch and nothing is read back. Both give the same labels and channels,
-    bit for bit: every sum below counts whole pixels."""
+    """long [P]: the flat batch indices (b * N + y * W + x), ascending, that the components are computed over:
+    the mask's pixels alone where `over_mask_pixels`, else every pixel (see the module's docstring)."""
     flat = mask.reshape(-1)
     if over_mask_pixels(flat.device):
         return flat.nonzero()[:, 0]
@@ -90,21 +87,21 @@ def _per_image_any(flag: torch.Tensor, image: torch.Tensor, b: int) -> torch.Ten
     return torch.zeros(b, dtype=torch.long, device=flag.device).index_add_(0, image, flag.long()) > 0
 
 
-def _labels(mask: torch.Tensor, pix: torch.Tensor, at: torch.Tensor | None,
+def _labels(mask: torch.Tensor, pix: torch.Tensor, image: torch.Tensor, at: torch.Tensor | None,
             steps: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(label long [P]: for each of pix's pixels in the mask, the smallest flat batch index of its component, B * N
-    outside; converged bool [B]). at: `_positions(pix)`. See `label_components`."""
+    outside; converged bool [B]). image [P]: each pixel's image; at: `_positions(pix)`, given only when pix holds
+    the mask's pixels alone (all inside). See `label_components`."""
     b, h, w = mask.shape
     big = b * h * w                                                    # larger than every flat batch index
     inside = mask.reshape(-1).index_select(0, pix)                     # [P]
     label = torch.where(inside, pix, big)
     rows, cols = _run_ids(mask, 2).index_select(0, pix), _run_ids(mask, 1).index_select(0, pix)
-    image = pix.div(h * w, rounding_mode="floor")
     changed = torch.ones(b, dtype=torch.bool, device=mask.device)
     step = 0
     while steps is None or step < steps:
         new = _spread(_spread(label, rows, big), cols, big)
-        jump = new.clamp(max=big - 1) if at is None else at.index_select(0, torch.where(inside, new, pix))
+        jump = new.clamp(max=big - 1) if at is None else at.index_select(0, new)
         new = torch.where(inside, torch.minimum(new, new.index_select(0, jump)), big)
         step += 1
         if steps is None or step == steps:   # whether the last step changed anything: the convergence flag
@@ -125,10 +122,11 @@ def label_components(mask: torch.Tensor, steps: int | None = STEPS) -> tuple[tor
     b, h, w = mask.shape
     n = h * w
     pix = _pixels(mask)
-    label, converged = _labels(mask, pix, _positions(pix, b * n), steps)
-    local = torch.where(label < b * n, label - pix.div(n, rounding_mode="floor") * n, -1)
-    return torch.full((b * n,), -1, dtype=torch.long, device=mask.device).index_copy_(0, pix, local).reshape(b, n), \
-        converged
+    image = pix.div(n, rounding_mode="floor")
+    label, converged = _labels(mask, pix, image, _positions(pix, b * n), steps)
+    local = torch.where(label < b * n, label - image * n, -1)
+    labels = torch.full((b * n,), -1, dtype=torch.long, device=mask.device).index_copy_(0, pix, local)
+    return labels.reshape(b, n), converged
 
 
 def object_channels(mask: torch.Tensor, grid_hw: tuple[int, int], steps: int | None = STEPS,
@@ -154,9 +152,9 @@ def object_channels(mask: torch.Tensor, grid_hw: tuple[int, int], steps: int | N
     dev = mask.device
     pix = _pixels(mask)                                                 # [P] the pixels computed over
     at = _positions(pix, b * n)
-    label, converged = _labels(mask, pix, at, steps)                    # [P] global root pixel, b * n outside
+    image = pix.div(n, rounding_mode="floor")                           # [P] each pixel's image
+    label, converged = _labels(mask, pix, image, at, steps)             # [P] global root pixel, b * n outside
     inside = label < b * n
-    image = pix.div(n, rounding_mode="floor")                           # [P]
     root = torch.where(inside, label, pix)
     area = torch.zeros(b * n, device=dev).index_add_(0, root, inside.float())
     kept = (label == pix) & (area.index_select(0, pix) >= MIN_AREA)    # [P]: the roots of components that count
