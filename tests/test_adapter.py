@@ -76,6 +76,42 @@ def test_a_batch_of_both_runs_the_adapter_for_the_pruned_row_only(make_image):
         assert torch.equal(mine.sequences[0], theirs.sequences[0]) and mine.sequences.shape == theirs.sequences.shape
 
 
+def _switch_state(adapter) -> tuple:
+    """What peft's switch and the adapter's own decide: every tuner layer's flag and active adapters, every
+    parameter's requires_grad."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    model = adapter.model
+    return ([(n, m.disable_adapters, tuple(m.active_adapters)) for n, m in model.named_modules()
+             if isinstance(m, BaseTunerLayer)], [(n, p.requires_grad) for n, p in model.named_parameters()])
+
+
+@pytest.mark.parametrize("trainable", [False, True])
+def test_the_adapter_s_switch_leaves_what_peft_s_switch_leaves(trainable, make_image):
+    from arr_coc.qwen.adapter import _fast_switch
+
+    fast, _ = _adapted("qwen2_vl")
+    slow, _ = _adapted("qwen2_vl")
+    slow.adapter._tuners = None                       # peft's own switch, walking the model
+    lora = [m for m in fast.adapter.model.modules() if type(m).__name__ == "Linear" and hasattr(m, "lora_A")]
+    assert fast.adapter._tuners == lora and len(lora) == 16     # the tiny model's 2 blocks x 4 + 2 layers x 4, found once
+    inputs = _inputs(fast, make_image)
+    for a in (fast.adapter, slow.adapter):
+        a.trainable = trainable
+    for on in (True, False, True):
+        with fast.adapter.active(on), slow.adapter.active(on):
+            assert _switch_state(fast.adapter) == _switch_state(slow.adapter)
+            assert all(m.disable_adapters is not on for m in fast.adapter._tuners)
+    assert _switch_state(fast.adapter) == _switch_state(slow.adapter)          # off again, as built
+    got, want = (forward_pruned(v, budget=0.25, encode="before", **inputs) for v in (fast, slow))
+    assert torch.equal(got.logits, want.logits) and [t.adapter for t in got.traces] == ["adapter", "adapter"]
+    # the guard: a tuner layer without peft's flag sends the adapter to peft's switch
+    flag = fast.adapter._tuners[0].__dict__.pop("_disable_adapters")
+    assert _fast_switch(fast.adapter.model) is None
+    fast.adapter._tuners[0].__dict__["_disable_adapters"] = flag
+    assert _fast_switch(fast.adapter.model) == fast.adapter._tuners
+
+
 def _hub_cache(tmp_path: Path, folder: Path, repo: str) -> Path:
     cache = tmp_path / "hub"
     root = cache / f"models--{repo.replace('/', '--')}"

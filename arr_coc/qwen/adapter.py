@@ -9,10 +9,17 @@ The VLM was trained on whole images; an adapter teaches it to read what ARR-COC 
     lm_mlp       every language-model layer's MLP: gate_proj, up_proj, down_proj (not a default)
 
 peft injects the LoRA layers into the model in place (the backend keeps calling the model it had) and its layers
-start **disabled**: `Adapter.active(True)` enables them for one call with peft's own switch
-(`enable_adapter_layers` / `disable_adapter_layers`, what `PeftModel.disable_adapter()` toggles), and they are
-disabled again after it. A disabled LoRA layer runs its base layer alone, so a request that keeps every token is the
-stock model bit for bit. Where the switch is decided: `arr_coc.pipeline.look` (docs/DESIGN.md, "Adapters").
+start **disabled**: `Adapter.active(True)` enables them for one call, and they are disabled again after it. A disabled
+LoRA layer runs its base layer alone, so a request that keeps every token is the stock model bit for bit. Where the
+switch is decided: `arr_coc.pipeline.look` (docs/DESIGN.md, "Adapters").
+
+The switch flips the flag peft's own switch flips (`enable_adapter_layers` / `disable_adapter_layers`, what
+`PeftModel.disable_adapter()` toggles) on the tuner layers found once at construction. peft's switch walks every
+module of the model and resets every LoRA weight's requires_grad on each call (1.8 ms per on + off on the embedded
+model, more with a real one's hundreds of layers; a pruned request switches twice), and its requires_grad is
+reset to the adapter's own setting right after anyway. A peft whose tuner layers do not keep that flag, or an adapter
+with other peft wrappers, gets peft's switch (`_fast_switch`); tests/test_adapter.py holds the two switches to the
+same state and the same logits.
 
 A saved adapter is a folder (or a hub repository, or the `adapter/` folder beside a saved layer):
 
@@ -80,6 +87,7 @@ class Adapter:
         self.card = card or AdapterCard()
         self.trainable = trainable           # whether its LoRA weights take gradients (train-adapter)
         self._lora = [p for n, p in self.model.named_parameters() if ".lora_" in n]   # peft injected them already
+        self._tuners = _fast_switch(self.model)   # the layers peft's switch flips, or None: peft's switch
         self._on = True
         self._switch(False)
         self.dropout(False)                  # peft's new modules start in training mode: answers must not be random
@@ -99,13 +107,19 @@ class Adapter:
         return int(self.peft_model.peft_config[NAME].r)
 
     def _switch(self, on: bool) -> None:
-        """peft's switch; it also sets the LoRA weights' requires_grad, which is the adapter's own business."""
-        if on != self._on:
+        """The tuner layers' flag (module docstring), else peft's switch, which also sets the LoRA weights'
+        requires_grad: that is the adapter's own business, set back to `trainable`."""
+        if on == self._on:
+            return
+        if self._tuners is not None:
+            for layer in self._tuners:
+                layer._disable_adapters = not on
+        else:
             (self.peft_model.base_model.enable_adapter_layers if on else
              self.peft_model.base_model.disable_adapter_layers)()
-            self._on = on
-            for p in self.parameters():
-                p.requires_grad_(self.trainable)
+        self._on = on
+        for p in self.parameters():
+            p.requires_grad_(self.trainable)
 
     @contextmanager
     def active(self, on: bool = True) -> Iterator[None]:
@@ -152,6 +166,18 @@ class Adapter:
                        "card": asdict(card or self.card)}, f, indent=1)
         with open(os.path.join(folder, CARD_FILE), "w") as f:
             f.write(adapter_card(self, card or self.card))
+
+
+def _fast_switch(model: PreTrainedModel) -> list[Any] | None:
+    """The modules peft's switch visits (`BaseTuner._enable_adapter_layers`: its tuner layers and auxiliary
+    wrappers), when all of them are tuner layers holding peft's `_disable_adapters` flag; else None."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import AuxiliaryTrainingWrapper
+
+    visited = [m for m in model.modules() if isinstance(m, (BaseTunerLayer, AuxiliaryTrainingWrapper))]
+    if all(isinstance(m, BaseTunerLayer) and isinstance(m.__dict__.get("_disable_adapters"), bool) for m in visited):
+        return visited
+    return None
 
 
 def attach_adapter(model: PreTrainedModel, rank: int = 16, alpha: float = 32.0,
