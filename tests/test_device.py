@@ -48,12 +48,14 @@ def _layer_batch(vlm, n: int, canvas: str = "336x336"):
 
 def _count(layer, batch, device_path: bool = True) -> OpCounter:
     """The ops of one `decide`. device_path: as a GPU runs it (the object group's components over every mask
-    pixel, fixed shapes); False: as the CPU runs it (over the mask's pixels alone, reading their count back)."""
+    pixel, fixed shapes; the Sobel one convolution); False: as the CPU runs it (over the mask's pixels alone,
+    reading their count back; the Sobel as shifted adds)."""
     from unittest import mock
 
-    from arr_coc.core import components
+    from arr_coc.core import components, texture
 
-    with mock.patch.object(components, "over_mask_pixels", lambda device: not device_path):
+    with mock.patch.object(components, "over_mask_pixels", lambda device: not device_path), \
+            mock.patch.object(texture, "shifted_sobel", lambda device: not device_path):
         layer.decide(batch, 0.1)                   # warm: constants are built and uploaded once per device
         with OpCounter() as ops:
             layer.decide(batch, 0.1)

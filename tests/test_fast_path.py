@@ -182,17 +182,22 @@ def _sobel_per_map(x):
                                torch.stack([kx, kx.T]).unsqueeze(1)) for i in range(x.shape[1])], dim=1)
 
 
-def test_both_maps_gradients_are_one_grouped_convolution():
+def test_both_maps_gradients_are_shifted_adds_on_the_cpu_and_one_grouped_convolution_elsewhere(monkeypatch):
+    from arr_coc.core import texture
     from arr_coc.evaluation.opcount import OpCounter
-    from arr_coc.core.texture import sobel_bank
 
     x = torch.rand(2, 2, 40, 56, generator=torch.Generator().manual_seed(0))
-    with OpCounter() as ops:
-        out = sobel_bank(x)                                                 # [2, 4, 40, 56]
-    assert ops.ops.get("aten.convolution", 0) == 1
     alone = _sobel_per_map(x)                                               # each map alone, as before
+    with OpCounter() as ops:
+        out = texture.sobel_bank(x)                                         # [2, 4, 40, 56]: the CPU's shifted adds
+    assert ops.ops.get("aten.convolution", 0) == 0
     torch.testing.assert_close(out, alone, atol=SOBEL_ATOL, rtol=0)         # other kernels: float32 rounding only
     assert (out[:, 0:2] - out[:, 2:4]).abs().max() > 100 * SOBEL_ATOL       # negative control: per map
+    monkeypatch.setattr(texture, "shifted_sobel", lambda device: False)    # as a GPU or the compiler runs it
+    with OpCounter() as ops:
+        grouped = texture.sobel_bank(x)
+    assert ops.ops.get("aten.convolution", 0) == 1
+    torch.testing.assert_close(grouped, out, atol=SOBEL_ATOL, rtol=0)
 
 
 def test_the_luminance_blur_on_the_cpu_is_the_convolutions_sums():
