@@ -243,11 +243,14 @@ def _sobel_taps(padded: torch.Tensor) -> torch.Tensor:
     f, n, hp, wp = padded.shape
     h, w = hp - 2, wp - 2
     out = padded.new_empty(f, n, 2, h, w)
+    st = padded.stride()           # the 8 shifted windows, one view op each (slicing makes two)
+    shifted = {(i, j): padded.as_strided((f, n, h, w), st, padded.storage_offset() + i * st[2] + j * st[3])
+               for i, j, _ in SOBEL_TAPS[0] + SOBEL_TAPS[1]}
     for d, ((i, j, first), *rest) in enumerate(SOBEL_TAPS):
         plane = out[:, :, d]
-        torch.mul(padded[..., i: i + h, j: j + w], first, out=plane)
+        torch.mul(shifted[i, j], first, out=plane)
         for i, j, weight in rest:
-            plane.add_(padded[..., i: i + h, j: j + w], alpha=weight)
+            plane.add_(shifted[i, j], alpha=weight)
     return out
 
 
