@@ -258,10 +258,12 @@ def sobel_bank(x: torch.Tensor) -> torch.Tensor:
     """[F, n, H, W] maps -> [F, 2n, H, W]: each map's Sobel d/dx, d/dy (replicate padding). On the CPU, eager,
     shifted adds (`_sobel_taps`); elsewhere every map in ONE grouped convolution (one kernel launch, not two)."""
     f, n, h, w = x.shape
+    # built on both paths: the compiled pass traces after an eager warm-up and must find it (one built in a trace
+    # is a recompile)
+    weight = constant(f"sobel{n}", lambda: _sobel_kernels().repeat(n, 1, 1, 1), x)      # [2n, 1, 3, 3]
     padded = F.pad(x, (1, 1, 1, 1), mode="replicate")
     if shifted_sobel(x.device):
         return _sobel_taps(padded).view(f, 2 * n, h, w)
-    weight = constant(f"sobel{n}", lambda: _sobel_kernels().repeat(n, 1, 1, 1), x)      # [2n, 1, 3, 3]
     return F.conv2d(padded, weight, groups=n)
 
 
