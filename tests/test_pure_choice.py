@@ -55,6 +55,31 @@ def test_host_pictures_choose_the_same_cells_as_the_patches(tiny_vlm, make_image
     assert torch.equal(host.kept[0], kept)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_cpu_pools_the_patches_channels_last_within_rounding_of_each_plane_alone(tiny_vlm, make_image, family,
+                                                                                    monkeypatch):
+    """On the CPU the patches are pooled to the texture's pixels as one channels-last picture (`qwen/pixels.py`):
+    other sums than the per-plane pooling an accelerator runs, the same pixels within float32 rounding (values in
+    [0, 1], windows of at most 3 x 3) and the same cells kept."""
+    from arr_coc.qwen import pixels
+
+    vlm = ARRCOCQwen(*tiny_vlm(family))
+    images = [make_image(140, 112, seed=5), make_image(84, 196, seed=6)]
+    inputs = vlm.build_inputs([[im] for im in images], [QUESTION] * 2)
+    patches = pixels.PatchImages.of(inputs["pixel_values"], inputs["image_grid_thw"], vlm.processor)
+    px = vlm.layer.config.texture.work_px
+
+    def run():
+        return patches.work(px).pixels, [vlm.choose(im, QUESTION, 0.2, encode="before").kept[0] for im in images]
+
+    last, kept_last = run()
+    monkeypatch.setattr(pixels, "pool_planes_last", lambda device: False)       # each plane alone, as a GPU does
+    planes, kept_planes = run()
+    torch.testing.assert_close(last, planes, atol=9 * 2.0 ** -24, rtol=0)
+    assert all(torch.equal(a, b) for a, b in zip(kept_last, kept_planes))
+    assert (last - patches.subset([1, 0]).work(px).pixels).abs().max() > 0.1    # negative control: other pictures
+
+
 def test_the_question_changes_the_pure_choice_of_the_trained_layer():
     """The shipped before-mode layer reads the question from its embeddings: another question keeps other cells
     (and the same question the same ones: the negative control)."""

@@ -89,7 +89,7 @@ class PatchImages:
         patches = self.pixel_values.detach().float().reshape(-1, c, tp, p, p)[:, :, 0]    # [P, C, p, p]: copy t = 0
         q = px // m
         # On the CPU each patch's resampling runs as one picture of P * C channels, channels last (`_planes_last`)
-        last = px % m == 0 and q != p and patches.device.type == "cpu"
+        last = px % m == 0 and q != p and pool_planes_last(patches.device)
         planes = _planes_last(patches.shape) if last else None      # [1, P * C, p, p], channels last
         out = None if planes is None else planes.view(patches.shape)   # the same memory as [P, C, p, p]
         if getattr(ip, "do_normalize", True):
@@ -123,6 +123,11 @@ class PatchImages:
             pixels = cells.reshape(b, hm, wm, c, px, px).permute(0, 3, 1, 4, 2, 5)
         pixels = pixels.reshape(b, c, hm * px, wm * px)                             # [B, C, H * px, W * px]
         return WorkImages(fill_edges(pixels, grid, px), grid, px)
+
+
+def pool_planes_last(device: torch.device) -> bool:
+    """Whether `PatchImages.work` pools the patches as one channels-last picture (`_planes_last`): on the CPU."""
+    return device.type == "cpu"
 
 
 def _planes_last(shape: torch.Size) -> torch.Tensor:
