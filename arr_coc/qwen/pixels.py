@@ -90,7 +90,7 @@ class PatchImages:
         q = px // m
         # On the CPU each patch's resampling runs as one picture of P * C channels, channels last (`_planes_last`)
         last = px % m == 0 and q != p and pool_planes_last(patches.device)
-        planes = _planes_last(patches.shape) if last else None      # [1, P * C, p, p], channels last
+        planes = _planes_last(patches) if last else None            # [1, P * C, p, p], channels last
         out = None if planes is None else planes.view(patches.shape)   # the same memory as [P, C, p, p]
         if getattr(ip, "do_normalize", True):
             std = constant(f"std{tuple(ip.image_std)}", lambda: torch.tensor(ip.image_std).view(1, -1, 1, 1), patches)
@@ -130,14 +130,14 @@ def pool_planes_last(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
-def _planes_last(shape: torch.Size) -> torch.Tensor:
+def _planes_last(patches: torch.Tensor) -> torch.Tensor:
     """For patches [P, C, p, p]: an empty picture [1, P * C, p, p], channels last (memory [p, p, P * C]), whose view
     as [P, C, p, p] the patches are written into. The CPU's adaptive average pooling of a channels-last picture
     runs vectorised over its P * C planes (0.15 against 2.5 ms for 1,520 patches 14 -> 8 px; the NCHW kernel
     loops over every output of every plane). The sums may round differently from the NCHW kernel's (within
     float32 rounding; docs/RESULTS.md, the kept cells)."""
-    n, c, h, w = shape
-    return torch.empty(1, n * c, h, w, memory_format=torch.channels_last)
+    n, c, h, w = patches.shape
+    return torch.empty(1, n * c, h, w, dtype=patches.dtype, device=patches.device, memory_format=torch.channels_last)
 
 
 __all__ = ["PatchImages"]
