@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import torch
 
+from .grid import eager_cpu
+
 THUMB = 5  # thumbnail bins per side of an object's bounding box
 # Channel names, in order: fill, aspect, size, then the thumbnail row by row.
 OBJECT_CHANNELS = ("obj_fill", "obj_aspect", "obj_size") + tuple(f"obj_t{y}{x}" for y in range(THUMB) for x in range(THUMB))
@@ -71,7 +73,7 @@ def _pixels(mask: torch.Tensor) -> torch.Tensor:
 
 def over_mask_pixels(device: torch.device) -> bool:
     """Whether the components run over the mask's pixels alone (reading their count back): on the CPU, eager."""
-    return device.type == "cpu" and not torch.compiler.is_compiling()
+    return eager_cpu(device)
 
 
 def _positions(pix: torch.Tensor, total: int) -> torch.Tensor | None:

@@ -188,6 +188,12 @@ def masked_median(x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
     return ordered.gather(-1, middle).squeeze(-1)
 
 
+def eager_cpu(device: torch.device) -> bool:
+    """Whether work on `device` runs on the CPU outside the compiler: where a kernel launch costs nothing and reading
+    a count back no sync, so a CPU-only kernel path pays (`components.over_mask_pixels`, `texture.shifted_sobel`)."""
+    return device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 _CONSTANTS: dict[tuple, torch.Tensor] = {}
 
 
@@ -200,4 +206,4 @@ def constant(key: str, builder: Callable[[], torch.Tensor], like: torch.Tensor) 
     return _CONSTANTS[slot]
 
 
-__all__ = ["GridBatch", "constant", "fill_edges", "masked_median", "upload"]
+__all__ = ["GridBatch", "constant", "eager_cpu", "fill_edges", "masked_median", "upload"]

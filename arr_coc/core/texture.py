@@ -53,7 +53,7 @@ from PIL import Image
 
 from .components import CAP, OBJECT_CHANNELS, PX_PER_CELL, STEPS, object_channels
 from .config import TextureConfig
-from .grid import GridBatch, constant, fill_edges, masked_median
+from .grid import GridBatch, constant, eager_cpu, fill_edges, masked_median
 from .kmeans import kmeans
 from .pixel_maps import PixelSources, needs, pixel_cell_means, pixel_groups
 from .spectral import gauss_taps, gaussian_blur, spectral_saliency, squash
@@ -232,7 +232,7 @@ SOBEL_TAPS = (((0, 0, -0.125), (0, 2, 0.125), (1, 0, -0.25), (1, 2, 0.25), (2, 0
 
 def shifted_sobel(device: torch.device) -> bool:
     """Whether `sobel_bank` runs as shifted adds: on the CPU, eager (a GPU and the compiler keep the convolution)."""
-    return device.type == "cpu" and not torch.compiler.is_compiling()
+    return eager_cpu(device)
 
 
 def _sobel_taps(padded: torch.Tensor) -> torch.Tensor:
