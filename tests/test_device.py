@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -47,15 +48,15 @@ def _layer_batch(vlm, n: int, canvas: str = "336x336"):
 
 
 def _count(layer, batch, device_path: bool = True) -> OpCounter:
-    """The ops of one `decide`. device_path: as a GPU runs it (the object group's components over every mask
-    pixel, fixed shapes; the Sobel one convolution); False: as the CPU runs it (over the mask's pixels alone,
-    reading their count back; the Sobel as shifted adds)."""
-    from unittest import mock
+    """The ops of one `decide`. device_path: as a GPU runs it (`as_on_a_gpu`: the object group's components over
+    every mask pixel, fixed shapes; the Sobel one convolution; k-means every step); False: as the CPU runs it (over
+    the mask's pixels alone, reading their count back; the Sobel as shifted adds; k-means stopping at a fixed
+    point, reading back whether it is one)."""
+    import contextlib
 
-    from arr_coc.core import components, texture
+    from arr_coc.core.grid import as_on_a_gpu
 
-    with mock.patch.object(components, "over_mask_pixels", lambda device: not device_path), \
-            mock.patch.object(texture, "shifted_sobel", lambda device: not device_path):
+    with as_on_a_gpu() if device_path else contextlib.nullcontext():
         layer.decide(batch, 0.1)                   # warm: constants are built and uploaded once per device
         with OpCounter() as ops:
             layer.decide(batch, 0.1)
@@ -72,8 +73,12 @@ def test_one_forward_is_batched_and_reads_nothing_back(before_vlm):
     assert eight.total <= 1.25 * one.total, (one.summary(), eight.summary())   # batched, not looped
     assert eight.kernels <= 1.25 * one.kernels
     on_cpu = _count(layer, _layer_batch(before_vlm, 8), device_path=False)
-    # On the CPU the components read the mask's size back (free there), and nothing else does.
-    assert [(name, site.split(":")[0]) for name, site in on_cpu.sync_sites] == [("aten.nonzero", "components.py")]
+    # On the CPU the components read the mask's size back and k-means whether a step repeated the one before (free
+    # there: no device to wait for), and nothing else reads anything.
+    sites = Counter((name, site.split(":")[0]) for name, site in on_cpu.sync_sites)
+    assert set(sites) <= {("aten.nonzero", "components.py"), ("aten.equal", "kmeans.py")}, sites
+    assert sites[("aten.nonzero", "components.py")] == 1
+    assert 1 <= sites[("aten.equal", "kmeans.py")] < layer.config.texture.kmeans_iters
 
 
 def test_the_counter_catches_a_host_read_and_a_loop_over_images(before_vlm, monkeypatch):

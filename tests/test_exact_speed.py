@@ -133,3 +133,47 @@ def test_object_components_run_over_the_foreground_pixels_only_on_the_cpu():
     mask = torch.zeros(2, 16, 16, dtype=torch.bool)
     mask[0, 3:5, 3:6] = mask[1, 0, 0] = True
     assert _pixels(mask).tolist() == [51, 52, 53, 67, 68, 69, 256]
+
+
+def _points():
+    """Seeded k-means inputs: uniform, five tight clusters, coarse levels with ties; with and without padding."""
+    g = torch.Generator().manual_seed(64)
+    for trial in range(60):
+        b, n = 1 + trial % 3, 3 + (37 * trial) % 290
+        kind = trial % 3
+        if kind == 0:
+            x = torch.rand(b, n, 3, generator=g)
+        elif kind == 1:
+            centres = torch.rand(b, 5, 3, generator=g)
+            x = centres[:, torch.randint(0, 5, (n,), generator=g)] + 0.01 * torch.randn(b, n, 3, generator=g)
+        else:
+            x = torch.randint(0, 4, (b, n, 3), generator=g).float() / 3
+        if trial % 2:
+            n_valid = torch.randint(1, n + 1, (b,), generator=g)
+            yield x, torch.arange(n)[None] < n_valid[:, None], n_valid
+        else:
+            yield x, None, None
+
+
+def test_kmeans_stopping_at_a_fixed_point_returns_every_step_s_result():
+    """On the CPU k-means stops when a step assigns every point as the step before did; the labels and centroids are
+    those of all `iters` steps (as a GPU runs them), bit for bit. It does stop early (fewer ops), and the comparison
+    can fail: one step instead of eight gives other clusters."""
+    from arr_coc.core.grid import as_on_a_gpu
+    from arr_coc.core.kmeans import kmeans
+    from arr_coc.evaluation.opcount import OpCounter
+
+    saved, differ = [], 0
+    for x, valid, n_valid in _points():
+        for iters in (1, 3, 8):
+            with OpCounter(record_stacks=False) as here:
+                labels, centroids = kmeans(x, 6, iters, valid, n_valid)
+            with as_on_a_gpu(), OpCounter(record_stacks=False) as gpu:
+                want_labels, want_centroids = kmeans(x, 6, iters, valid, n_valid)
+            assert torch.equal(labels, want_labels) and torch.equal(centroids, want_centroids), (x.shape, iters)
+            if iters == 8:
+                saved.append(gpu.total - here.total)
+                differ += not torch.equal(kmeans(x, 6, 1, valid, n_valid)[1], centroids)
+    assert sum(s > 0 for s in saved) > len(saved) // 2     # most stop before the eighth step
+    assert differ > len(saved) // 2                         # negative control: the steps matter
+

@@ -18,9 +18,10 @@ a frame's border exactly what it would read on the frame alone; `masked_median` 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from ..lazy import cached
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -188,10 +189,33 @@ def masked_median(x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
     return ordered.gather(-1, middle).squeeze(-1)
 
 
+_AS_ON_A_GPU: list[bool] = [False]   # set by `as_on_a_gpu`
+
+
+def on_cpu(device: torch.device) -> bool:
+    """Whether work on `device` runs on the CPU, eager or compiled, where the CPU's own kernels pay (the blur's
+    shifted adds: `spectral.gaussian_blur`; the patches pooled channels last: `qwen.pixels.pool_planes_last`).
+    False inside `as_on_a_gpu`."""
+    return device.type == "cpu" and not _AS_ON_A_GPU[0]
+
+
 def eager_cpu(device: torch.device) -> bool:
     """Whether work on `device` runs on the CPU outside the compiler: where a kernel launch costs nothing and reading
-    a count back no sync, so a CPU-only kernel path pays (`components.over_mask_pixels`, `texture.shifted_sobel`)."""
-    return device.type == "cpu" and not torch.compiler.is_compiling()
+    a count back no sync, so a CPU-only kernel path pays (`components.over_mask_pixels`, `texture.shifted_sobel`,
+    `kmeans.stops_at_a_fixed_point`, `texture.pool_to`'s 2 x 2 windows). False inside `as_on_a_gpu`."""
+    return on_cpu(device) and not torch.compiler.is_compiling()
+
+
+@contextlib.contextmanager
+def as_on_a_gpu() -> Iterator[None]:
+    """Inside: the CPU runs every CPU-only path as a GPU runs it (the ops a GPU launches, nothing read back), for
+    counting a GPU's ops on the CPU and for holding the two paths against each other in tests. Process-wide (not
+    per thread): for a bench or a test, not around a server's requests."""
+    before, _AS_ON_A_GPU[0] = _AS_ON_A_GPU[0], True
+    try:
+        yield
+    finally:
+        _AS_ON_A_GPU[0] = before
 
 
 _CONSTANTS: dict[tuple, torch.Tensor] = {}
@@ -206,4 +230,4 @@ def constant(key: str, builder: Callable[[], torch.Tensor], like: torch.Tensor) 
     return _CONSTANTS[slot]
 
 
-__all__ = ["GridBatch", "constant", "eager_cpu", "fill_edges", "masked_median", "upload"]
+__all__ = ["GridBatch", "as_on_a_gpu", "constant", "eager_cpu", "fill_edges", "masked_median", "on_cpu", "upload"]

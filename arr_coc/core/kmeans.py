@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .grid import masked_median
+from .grid import eager_cpu, masked_median
 
 
 def _distance(x: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
@@ -19,7 +19,9 @@ def kmeans(x: torch.Tensor, k: int, iters: int, valid: torch.Tensor | None = Non
     Initialised by farthest-point sampling from the median point (no randomness), so the same image
     always yields the same clusters; a frame with fewer valid points than k (n_valid [B]) uses only its
     first n_valid centroids, the rest never win a point. Padded points are never chosen and never
-    counted, so a frame clusters exactly as it would alone. A fixed `iters` steps, no convergence test.
+    counted, so a frame clusters exactly as it would alone. At most `iters` steps: a GPU runs them all without
+    looking; the CPU stops at the first step that assigns every point as the step before did (the same result,
+    `stops_at_a_fixed_point`).
     """
     b, n, d = x.shape
     k = min(k, n)
@@ -44,14 +46,28 @@ def kmeans(x: torch.Tensor, k: int, iters: int, valid: torch.Tensor | None = Non
         labels = (dist if unused is None else dist.masked_fill(unused, float("inf"))).argmin(-1)
         return labels if valid is None else labels.masked_fill(~valid, k)                # padding: no cluster
 
+    settle = stops_at_a_fixed_point(x.device)
+    labels = None
     for _ in range(iters):
-        onehot = (assign(centroids)[..., None] == slots).to(x.dtype)                     # [B, N, K]
+        new = assign(centroids)
+        if settle and labels is not None and torch.equal(new, labels):
+            break   # a fixed point: each further step would give these labels and centroids again, bit for bit
+        labels = new
+        onehot = (labels[..., None] == slots).to(x.dtype)                                # [B, N, K]
         totals = onehot.transpose(1, 2) @ with_ones                                       # [B, K, D + 1]
         counts = totals[..., d:]                                                          # [B, K, 1]
         # An emptied cluster keeps its old centroid.
         centroids = torch.where(counts > 0, totals[..., :d] / counts.clamp_min(1), centroids)
-    labels = assign(centroids)
+    else:
+        labels = assign(centroids)
     return (labels if valid is None else labels.clamp(max=k - 1)), centroids
 
 
-__all__ = ["kmeans"]
+def stops_at_a_fixed_point(device: torch.device) -> bool:
+    """Whether k-means stops when an assignment repeats the one before (reading back whether it does): on the CPU,
+    eager. The centroids are the means of the same points then, so every further step repeats the step before bit
+    for bit, and stopping returns what the fixed `iters` steps return; a GPU runs them all without looking."""
+    return eager_cpu(device)
+
+
+__all__ = ["kmeans", "stops_at_a_fixed_point"]

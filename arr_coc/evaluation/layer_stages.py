@@ -20,8 +20,9 @@ budget and the extent head read them, nothing else differs). Its sub-stages, as 
 Times are medians over --repeats passes after one warm-up pass, ms per batch (on a GPU the device is synchronised
 at each lap); --cpu-time times them with this process's CPU clock instead of the wall clock, which other jobs on a
 shared machine disturb less (their cache and memory traffic still shows). Aten ops are counted on one more pass by
-an `OpCounter` (a `TorchDispatchMode`): deterministic, the same on any machine and load, and on a GPU one kernel
-launch each (views aside).
+an `OpCounter` (a `TorchDispatchMode`) as a GPU runs it (`arr_coc.core.grid.as_on_a_gpu`: the CPU's own paths
+off): deterministic, the same on any machine and load, and on a GPU one kernel launch each (views aside). The ops
+of the pass as it runs here (on the CPU, with the CPU's own paths) are given below the table.
 """
 
 from __future__ import annotations
@@ -63,15 +64,19 @@ def _timed(layer: Any, batch: Any, plan: Any, timer: Callable[[], float]) -> tup
 
 
 def _counted(layer: Any, batch: Any, plan: Any) -> dict[str, Any]:
-    """Aten ops (and kernels, syncs) per sub-stage of one pass, and in all."""
+    """Aten ops (and kernels, syncs) per sub-stage of one pass as a GPU runs it, and in all; and the ops of the pass
+    as it runs here (on the CPU, its CPU-only paths: `arr_coc.core.grid.eager_cpu`)."""
+    from ..core.grid import as_on_a_gpu
     from ..stopwatch import Stopwatch
     from .opcount import OpCounter
 
-    with OpCounter(record_stacks=False) as ops:
+    with as_on_a_gpu(), OpCounter(record_stacks=False) as ops:
         clock = Stopwatch(counter=ops).start()
         layer.device_pass(batch, plan, clock=clock)
+    with OpCounter(record_stacks=False) as here:
+        layer.device_pass(batch, plan)
     return {"ops": dict(clock.ops), "kernels": dict(clock.kernels), "total_ops": ops.total,
-            "total_kernels": ops.kernels, "syncs": ops.syncs}
+            "total_kernels": ops.kernels, "syncs": ops.syncs, "ops_here": here.total, "syncs_here": here.syncs}
 
 
 @torch.no_grad()
@@ -119,12 +124,17 @@ def markdown_layer_stages(report: dict[str, Any]) -> str:
     head = " | ".join(f"{r['size']} px x {r['batch']}: ms | ops" for r in rows)
     lines = [f"bench --layer: {report['note']}; {report['device']}, {report['host']['torch_threads']} torch "
              f"thread(s), medians of {report['repeats']} passes, ms per batch ({report.get('clock', 'wall')} clock); "
-             "aten ops per forward (`OpCounter`).\n", f"| stage | {head} |", "|---|" + "---|---|" * len(rows)]
+             "aten ops per forward as a GPU runs it (`OpCounter`).\n", f"| stage | {head} |",
+             "|---|" + "---|---|" * len(rows)]
     for s in stages:
         cells = " | ".join(f"{r['ms'].get(s, 0.0):.2f} | {r['ops'].get(s, 0)}" for r in rows)
         lines.append(f"| {_label(s)} | {cells} |")
     total = " | ".join(f"**{r['pass_ms']:.2f}** | **{r['total_ops']}**" for r in rows)
     lines.append(f"| **the layer's pass** | {total} |")
+    here = ", ".join(f"{r['size']} px x {r['batch']}: {r['ops_here']} ops, {r['syncs_here']} syncs" for r in rows
+                     if "ops_here" in r)
+    if here and report["device"] == "cpu":
+        lines.append(f"\nAs the pass runs here (the CPU's own paths: `arr_coc.core.grid.eager_cpu`): {here}.")
     return "\n".join(lines) + "\n"
 
 

@@ -14,8 +14,9 @@ and 8), on the chosen device and dtype:
   resolution), texture, scorers, allocator (extent head + budgets + top-k), read (the one transfer of the
   decision to the host, and turning it into indices), packing (chosen cells -> patch rows, the prompt's
   rewrite, the features' gather); vision (the tower on what it encodes) and gist apart; then the prefill;
-- one more pass, not timed, under an `OpCounter`: aten ops (and of them the kernels: views excluded),
-  host-synchronising ops and uploads per stage. The layer's are the stages question to read.
+- one more pass, not timed, under an `OpCounter` and as a GPU runs it (`arr_coc.core.grid.as_on_a_gpu`): aten
+  ops (and of them the kernels: views excluded), host-synchronising ops and uploads per stage. The layer's are
+  the stages question to read.
 
 ARR-COC's own work is question + unpatchify + texture + scorers + allocator + read + packing; "per image" divides
 a batch's time by its size. The tower and the LM run the preset's layers (the label says how many of how many);
@@ -63,10 +64,12 @@ def _timed_pass(vlm: Any, inputs: dict[str, Any], budget: Any, method: str, enco
 def _counted_pass(vlm: Any, inputs: dict[str, Any], budget: Any, method: str, encode: Any,
                   budget_mode: Any = None) -> dict[str, dict[str, int]]:
     """Aten ops, synchronising ops and uploads per stage of one request (no timing, no extra synchronisation)."""
+    from ..core.grid import as_on_a_gpu
     from ..stopwatch import Stopwatch
     from .opcount import OpCounter
 
-    with OpCounter(record_stacks=False) as ops:     # compiled stages run eagerly under it (`Execution.compile`)
+    # Counted as a GPU runs it (the CPU's own paths off: `as_on_a_gpu`); compiled stages run eagerly under it.
+    with as_on_a_gpu(), OpCounter(record_stacks=False) as ops:
         clock = Stopwatch(counter=ops).start()
         vlm.answer(inputs, _pruning(budget, method, encode, budget_mode), clock=clock, max_new_tokens=1)
     return {field: clock.folded(field) for field in ("ops", "kernels", "syncs", "uploads")}
