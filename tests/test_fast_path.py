@@ -216,12 +216,32 @@ def test_the_luminance_blur_on_the_cpu_is_the_convolutions_sums():
     assert (gaussian_blur(x, BLUR_SIGMA, cpu_taps=moved) - conv).abs().max() > 2 * BLUR_ATOL
 
 
+def test_the_spectral_residual_s_phase_is_one_real_exp_within_rounding_of_two_complex_ones():
+    """exp(residual + i * phase) as `torch.polar(exp(residual), phase)` (what `spectral_residual` computes) equals
+    exp(residual + 0i) * exp(i * phase) (what it computed) within 2 ulps, on the spectra of texture thumbnails; a
+    phase moved by 1e-4 is not."""
+    from conftest import shapes_image
+
+    for seed in range(3):
+        luma = torch.from_numpy(np.asarray(shapes_image(224, 280, seed), dtype=np.float32) / 255).mean(-1)
+        thumb = torch.nn.functional.interpolate(luma[None, None], size=(51, 64), mode="area")   # [1, 1, 51, 64]
+        spectrum = torch.fft.fft2(thumb[:, 0])
+        residual = torch.randn(spectrum.shape, generator=torch.Generator().manual_seed(seed))
+        before = torch.exp(torch.complex(residual, torch.zeros_like(residual))) * torch.exp(1j * spectrum.angle())
+        now = torch.polar(torch.exp(residual), spectrum.angle())
+        torch.testing.assert_close(torch.view_as_real(now), torch.view_as_real(before), atol=0,
+                                   rtol=2 * 2.0 ** -23)
+    moved = torch.polar(torch.exp(residual), spectrum.angle() + 1e-4)     # negative control: a phase moved by 1e-4
+    assert not torch.allclose(torch.view_as_real(moved), torch.view_as_real(before), atol=0, rtol=2 * 2.0 ** -23)
+
+
 def test_the_texture_s_two_kernel_paths_keep_the_same_cells(monkeypatch):
     """The decisions are exact: a layer keeps the same cells with the texture's CPU kernels (the grouped Sobel,
-    the blur's shifted multiply-adds) and with the convolutions they replaced, at several budgets; relevance
-    within float32 rounding."""
+    the blur's shifted multiply-adds, k-means stopping at a fixed point) and with the paths a GPU runs and the
+    convolutions they replaced, at several budgets; relevance within float32 rounding."""
     import arr_coc.core.texture as texture
     from arr_coc.core.config import ARRCOCConfig
+    from arr_coc.core.grid import as_on_a_gpu
     from arr_coc.core.layer import ARRCOCLayer
     from conftest import shapes_image
 
@@ -241,7 +261,8 @@ def test_the_texture_s_two_kernel_paths_keep_the_same_cells(monkeypatch):
     fast = run()
     monkeypatch.setattr(texture, "BLUR_TAPS", None)           # the blur as two convolutions
     monkeypatch.setattr(texture, "sobel_bank", _sobel_per_map)  # the gradients as one convolution per map
-    plain = run()
+    with as_on_a_gpu():
+        plain = run()
     for a, b in zip(fast, plain):
         assert [k.tolist() for k in a.kept_indices] == [k.tolist() for k in b.kept_indices]
         torch.testing.assert_close(a.relevance, b.relevance, atol=1e-6, rtol=0)
