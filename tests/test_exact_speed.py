@@ -177,3 +177,27 @@ def test_kmeans_stopping_at_a_fixed_point_returns_every_step_s_result():
     assert sum(s > 0 for s in saved) > len(saved) // 2     # most stop before the eighth step
     assert differ > len(saved) // 2                         # negative control: the steps matter
 
+
+def test_two_by_two_pooling_on_the_cpu_is_avg_pool_bit_for_bit():
+    """`pool_to` halves a map on the CPU with three strided adds (the object group's mask share): avg_pool2d's sums
+    in its order, bit for bit, on odd-sized batches; a GPU keeps avg_pool2d. Negative control: the adds paired
+    otherwise ((a + b) + (c + d)) differ somewhere."""
+    import torch.nn.functional as F
+
+    from arr_coc.core.grid import as_on_a_gpu
+    from arr_coc.core.texture import pool_to
+    from arr_coc.evaluation.opcount import OpCounter
+
+    g = torch.Generator().manual_seed(22)
+    for shape in [(1, 1, 512, 512), (3, 1, 96, 224), (2, 4, 34, 18)]:
+        x = torch.rand(shape, generator=g)
+        half = (shape[-2] // 2, shape[-1] // 2)
+        with OpCounter() as ops:
+            here = pool_to(x, half)
+        assert "aten.avg_pool2d" not in ops.ops
+        assert torch.equal(here, F.avg_pool2d(x, 2)), shape
+        with as_on_a_gpu(), OpCounter() as ops:
+            assert torch.equal(pool_to(x, half), here)
+        assert ops.ops["aten.avg_pool2d"] == 1
+    paired = (x[..., 0::2, 0::2] + x[..., 0::2, 1::2]) + (x[..., 1::2, 0::2] + x[..., 1::2, 1::2])
+    assert not torch.equal(paired / 4, here)
