@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .grid import GridBatch, constant, upload
+from .grid import GridBatch, constant, on_cpu, upload
 
 
 def squash(x: torch.Tensor, scale: float) -> torch.Tensor:
@@ -52,13 +52,15 @@ def gaussian_blur(x: torch.Tensor, sigma: float, cpu_taps: tuple[float, ...] | N
     times faster; a thumbnail of any width keeps the convolution, which `_taps` matches only within 1 ulp there)."""
     radius = max(1, int(math.ceil(3 * sigma)))
     h, w = x.shape[-2:]
-    if cpu_taps is not None and x.device.type == "cpu":
+    # built on both paths, as the Sobel's weight: a pass counted or traced as a GPU runs it after the CPU's passes
+    # finds it built (one built there is an upload counted, or a recompile)
+    k = constant(f"gauss{sigma}", lambda: _gauss_kernel(sigma), x)
+    if cpu_taps is not None and on_cpu(x.device):
         if len(cpu_taps) != 2 * radius + 1:
             raise ValueError(f"cpu_taps: {len(cpu_taps)} weights for sigma {sigma} (radius {radius}); "
                              "pass gauss_taps(sigma)")
         x = _taps(F.pad(x, (radius, radius, 0, 0), mode="replicate"), cpu_taps, w, -1)
         return _taps(F.pad(x, (0, 0, radius, radius), mode="replicate"), cpu_taps, h, -2)
-    k = constant(f"gauss{sigma}", lambda: _gauss_kernel(sigma), x)
     x = F.conv2d(F.pad(x, (radius, radius, 0, 0), mode="replicate"), k.view(1, 1, 1, -1))
     return F.conv2d(F.pad(x, (0, 0, radius, radius), mode="replicate"), k.view(1, 1, -1, 1))
 

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..core.grid import GridBatch, constant, fill_edges
+from ..core.grid import GridBatch, constant, fill_edges, on_cpu
 from ..core.texture import WorkImages, work_images
 from .processing import image_processor_of, unpatchify_images
 
@@ -127,7 +127,7 @@ class PatchImages:
 
 def pool_planes_last(device: torch.device) -> bool:
     """Whether `PatchImages.work` pools the patches as one channels-last picture (`_planes_last`): on the CPU."""
-    return device.type == "cpu"
+    return on_cpu(device)
 
 
 def _planes_last(patches: torch.Tensor) -> torch.Tensor:
