@@ -80,6 +80,30 @@ def test_the_cpu_pools_the_patches_channels_last_within_rounding_of_each_plane_a
     assert (last - patches.subset([1, 0]).work(px).pixels).abs().max() > 0.1    # negative control: other pictures
 
 
+def test_the_pure_choice_reads_the_patches_without_rebuilding_the_pictures(tiny_vlm, make_image, monkeypatch):
+    """A serving engine hands `choose` the processor's patches (`PatchImages`), as vLLM's model does: ARR-COC before
+    the tower reads them at the texture's pixels and never rebuilds the host pictures (Python 3.11's protocol check
+    used to, for every request: `is_unit_pixels`); each image's rows are chosen alone, as views, the same cells as
+    the pipeline's. Negative control: asking for the pictures rebuilds them, once."""
+    from arr_coc.qwen import pixels
+
+    vlm = ARRCOCQwen(*tiny_vlm("qwen2_vl"))
+    images = [make_image(140, 112, seed=5), make_image(84, 196, seed=6)]
+    inputs = vlm.build_inputs([[im] for im in images], [QUESTION] * 2)
+    rebuilt = []
+    monkeypatch.setattr(pixels, "unpatchify_images", lambda *a: rebuilt.append(a) or unpatchify_images(*a))
+    patches = pixels.PatchImages.of(inputs["pixel_values"], inputs["image_grid_thw"], vlm.processor)
+    ids = vlm.backend.question_tokens(vlm.backend.read_prompt(inputs, encode_all=False))
+    grid_hw = [(h // 2, w // 2) for _, h, w in patches.grid_thw]
+    chosen = choose(patches, grid_hw, ids, vlm.backend.embed_tokens, layer=vlm.layer, budget=0.2)
+    assert rebuilt == []
+    assert [k.tolist() for k in chosen.kept] == [vlm.choose(im, QUESTION, 0.2, encode="before").kept[0].tolist()
+                                                 for im in images]
+    one, rows = patches.subset([1]).pixel_values, patches.pixel_values
+    assert one.data_ptr() == rows[len(rows) - len(one):].data_ptr()              # the second image's rows, not a copy
+    assert len(patches.images) == 2 and len(rebuilt) == 1
+
+
 def test_the_question_changes_the_pure_choice_of_the_trained_layer():
     """The shipped before-mode layer reads the question from its embeddings: another question keeps other cells
     (and the same question the same ones: the negative control)."""

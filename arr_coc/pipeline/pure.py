@@ -25,7 +25,7 @@ import torch
 from ..budget import Budget, BudgetMode, BudgetSpec
 from ..core.grid import GridBatch
 from ..core.texture import WorkImages, work_images
-from .backend import UnitPixels
+from .backend import UnitPixels, is_unit_pixels
 from .choose import (every_token_units, keep_every_token, padded_questions, run_selector, unit_counts,
                      validate_kept)
 from .prompt import clip_members
@@ -102,7 +102,7 @@ def choose(pictures: Sequence[torch.Tensor] | UnitPixels, grid_hw: Sequence[tupl
     layer_fn = _layer_of(layer, pruning.selector, embed, ids)
     budgets = _unit_budgets(pruning, n, layer_fn)
     mode = pruning.unit_mode(layer_fn)
-    pixels = pictures if isinstance(pictures, UnitPixels) else HostPixels(list(pictures))
+    pixels = pictures if is_unit_pixels(pictures) else HostPixels(list(pictures))
     device = _device_of(embed, layer_fn, pruning.selector)
     query, mask, lengths = padded_questions(ids, pad_token_id, embed, device)
     clip_of = list(clips) if clips is not None else [-1] * n

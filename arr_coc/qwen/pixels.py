@@ -70,8 +70,9 @@ class PatchImages:
     def subset(self, which: Sequence[int]) -> PatchImages:
         rows = [sum(t * h * w for t, h, w in self.grid_thw[:i]) for i in range(len(self.grid_thw) + 1)]
         pieces = [self.pixel_values[rows[i]:rows[i + 1]] for i in which]
-        out = PatchImages(torch.cat(pieces) if pieces else self.pixel_values[:0], [self.grid_thw[i] for i in which],
-                          self.image_processor)
+        # one unit's rows are a view of the batch's (torch.cat would copy them: 2.6 ms for a 448 px picture)
+        kept = pieces[0] if len(pieces) == 1 else torch.cat(pieces) if pieces else self.pixel_values[:0]
+        out = PatchImages(kept, [self.grid_thw[i] for i in which], self.image_processor)
         if "images" in self.__dict__:
             out.__dict__["images"] = [self.images[i] for i in which]
         return out
