@@ -14,9 +14,9 @@ A fixed number of ops on the VLM's device for the whole batch. Each cell's area 
 arithmetic as resampling the whole image (a cell's output pixels read only its own input pixels when the
 cell's size is a whole multiple of px's ratio: 28 -> 16 and 32 -> 16 are), so the texture equals the one
 computed from the rebuilt image (`unpatchify_images`, still there for what needs a picture on the host): bit for
-bit on an accelerator; on the CPU the patches are pooled as one channels-last picture (`_planes_last`, 2.5 -> 0.15
-ms for a 532 x 560 image), whose sums round differently in 5% of the pixels (by at most 6e-8), with the same
-kept cells (tests/test_pure_choice.py; docs/RESULTS.md on 7,700 decisions).
+bit on an accelerator; on the CPU the patches are pooled as one channels-last picture (`_pooled_planes_last`,
+2.5 -> 0.15 ms for a 532 x 560 image), whose sums round differently in 5% of the pixels (by at most 6e-8), with
+the same kept cells (tests/test_pure_choice.py; docs/RESULTS.md on 7,700 decisions).
 """
 
 from __future__ import annotations
@@ -89,17 +89,13 @@ class PatchImages:
         c = self.pixel_values.shape[-1] // (tp * p * p)
         patches = self.pixel_values.detach().float().reshape(-1, c, tp, p, p)[:, :, 0]    # [P, C, p, p]: copy t = 0
         q = px // m
-        # On the CPU each patch's resampling runs as one picture of P * C channels, channels last (`_planes_last`)
-        last = px % m == 0 and q != p and pool_planes_last(patches.device)
-        planes = _planes_last(patches) if last else None            # [1, P * C, p, p], channels last
-        out = None if planes is None else planes.view(patches.shape)   # the same memory as [P, C, p, p]
         if getattr(ip, "do_normalize", True):
             std = constant(f"std{tuple(ip.image_std)}", lambda: torch.tensor(ip.image_std).view(1, -1, 1, 1), patches)
             mean = constant(f"mean{tuple(ip.image_mean)}", lambda: torch.tensor(ip.image_mean).view(1, -1, 1, 1),
                             patches)
-            patches = torch.mul(patches, std, out=out).add_(mean) if last else patches * std + mean
+            patches = torch.mul(patches, std).add_(mean)
         else:
-            patches = out.copy_(patches) if last else patches.clone()
+            patches = patches.clone()
         if not getattr(ip, "do_rescale", True):
             patches = patches.div_(255.0)       # in place: `patches` is this call's own tensor on every path
         patches = torch.nan_to_num_(patches, nan=0.0, posinf=1.0, neginf=0.0).clamp_(0.0, 1.0)
@@ -108,8 +104,8 @@ class PatchImages:
         if px % m == 0:
             # A cell's px x px output pixels read only their own patch's input pixels when px splits evenly over
             # the merge x merge patches: resample each patch to px / merge (the same windows, the same sums).
-            if last:
-                patches = F.adaptive_avg_pool2d(planes, (q, q)).view(-1, c, q, q)   # [P, C, q, q] (strided)
+            if q != p and pool_planes_last(patches.device):
+                patches = _pooled_planes_last(patches, q)                         # [P, C, q, q]
             elif q != p:
                 patches = F.adaptive_avg_pool2d(patches, (q, q))                  # [P, C, q, q]
             cells = patches.reshape(-1, m * m * c * q * q)                          # [N, (mh, mw, C, q, q)]
@@ -127,18 +123,22 @@ class PatchImages:
 
 
 def pool_planes_last(device: torch.device) -> bool:
-    """Whether `PatchImages.work` pools the patches as one channels-last picture (`_planes_last`): on the CPU."""
+    """Whether `PatchImages.work` pools the patches as one channels-last picture (`_pooled_planes_last`): on the CPU."""
     return on_cpu(device)
 
 
-def _planes_last(patches: torch.Tensor) -> torch.Tensor:
-    """For patches [P, C, p, p]: an empty picture [1, P * C, p, p], channels last (memory [p, p, P * C]), whose view
-    as [P, C, p, p] the patches are written into. The CPU's adaptive average pooling of a channels-last picture
-    runs vectorised over its P * C planes (0.15 against 2.5 ms for 1,520 patches 14 -> 8 px; the NCHW kernel
-    loops over every output of every plane). The sums may round differently from the NCHW kernel's (within
-    float32 rounding; docs/RESULTS.md, the kept cells)."""
-    n, c, h, w = patches.shape
-    return torch.empty(1, n * c, h, w, dtype=patches.dtype, device=patches.device, memory_format=torch.channels_last)
+def _pooled_planes_last(patches: torch.Tensor, q: int) -> torch.Tensor:
+    """patches [P, C, p, p] -> [P, C, q, q], area-pooled as one picture of P * C planes, channels last (memory
+    [p, p, P * C]): the CPU's adaptive average pooling of such a picture runs vectorised over its planes (0.15
+    against 2.5 ms for 1,520 patches 14 -> 8 px; the NCHW kernel loops over every output of every plane). Its sums
+    may round differently from the NCHW kernel's (within float32 rounding; docs/RESULTS.md, the kept cells). The
+    patches move in and out as two 2D transposes (blocked copies), where writing the normalisation into the planes
+    and reading the pooled planes back element by element scattered every access."""
+    n, c, p, _ = patches.shape
+    planes = torch.empty(1, n * c, p, p, dtype=patches.dtype, device=patches.device, memory_format=torch.channels_last)
+    planes.permute(0, 2, 3, 1).view(p * p, n * c).copy_(patches.reshape(n * c, p * p).t())
+    pooled = F.adaptive_avg_pool2d(planes, (q, q))                        # [1, P * C, q, q], channels last
+    return pooled.permute(0, 2, 3, 1).reshape(q * q, n * c).t().contiguous().view(n, c, q, q)
 
 
 __all__ = ["PatchImages"]
