@@ -5,6 +5,10 @@ r"""Which cells the shipped ARR-COC layers keep on a split, and where two versio
     # compare: every item whose kept cells differ, with the old relevance gap at the budget's boundary
     python scripts/kept_cells.py compare runs/kept_old.json runs/kept_new.json
 
+Each dump imports the checkout it sits in (this file's parent folder, ahead of an installed or editable copy) and
+records which code that was (folder, commit, uncommitted changes); `compare` says so when both dumps ran the same
+code, which compares a version with itself.
+
 The dump runs `ARRCOC.prepare` on the embedded model in batches of --batch items, with the shipped layer of
 each encode mode ("after": checkpoints/arr-coc-shapes reading the encoded tokens; "before":
 checkpoints/arr-coc-shapes-before, no gist) at the README's budgets in the layer's default budget mode, and
@@ -17,8 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))          # this checkout's arr_coc, not the one pip installed (editable or not)
 
 BUDGETS = {"after": (0.05, 0.1), "before": (0.03, 0.05, 0.08, 0.24, 0.5)}
 LAYERS = {"after": "checkpoints/arr-coc-shapes", "before": "checkpoints/arr-coc-shapes-before"}
@@ -36,6 +45,18 @@ def _gap(relevance, kept) -> float | None:
     return float(flat[mask].min() - flat[~mask].max())
 
 
+def _code() -> dict:
+    """Which code a dump ran: the imported package's folder, its checkout's commit and whether it had changes."""
+    import arr_coc
+
+    folder = Path(arr_coc.__file__).resolve().parent
+
+    def git(*cmd: str) -> str:
+        done = subprocess.run(["git", "-C", str(folder), *cmd], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+    return {"package": str(folder), "commit": git("rev-parse", "HEAD"), "changed": bool(git("status", "--porcelain"))}
+
+
 def dump(args: argparse.Namespace) -> None:
     import torch
     from PIL import Image
@@ -45,7 +66,7 @@ def dump(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     records = read_jsonl(args.data)[: args.limit]
-    out: dict = {"data": args.data, "rows": {}}
+    out: dict = {"data": args.data, "code": _code(), "rows": {}}
     t0 = time.perf_counter()
     for mode in args.modes.split(","):
         vlm = ARRCOC.from_pretrained("checkpoints/shapes-qwen2vl", arr_coc=LAYERS[mode])
@@ -66,13 +87,23 @@ def dump(args: argparse.Namespace) -> None:
 
 
 def compare(args: argparse.Namespace) -> int:
-    old, new = (json.load(open(p))["rows"] for p in (args.old, args.new))
+    dumps = [json.load(open(p)) for p in (args.old, args.new)]
+    for path, d in zip((args.old, args.new), dumps):
+        print(f"{path}: {d.get('code', 'code not recorded')}")
+    codes = [d.get("code") for d in dumps]
+    if codes[0] is not None and codes[0] == codes[1] and not codes[0]["changed"]:
+        print("both dumps ran the same code: this compares a version with itself")
+    old, new = (d["rows"] for d in dumps)
     differing = 0
     for row in old:
         items = old[row]
         diff = [i for i in items if items[i]["kept"] != new[row][i]["kept"]]
         differing += len(diff)
-        print(f"{row}: {len(items) - len(diff)} of {len(items)} items keep the same cells")
+        gaps = [abs(items[i]["gap"] - new[row][i]["gap"]) for i in items
+                if items[i]["gap"] is not None and new[row][i]["gap"] is not None]
+        print(f"{row}: {len(items) - len(diff)} of {len(items)} items keep the same cells; "
+              f"{sum(g == 0 for g in gaps)} of {len(gaps)} boundary gaps identical, the largest moved by "
+              f"{max(gaps, default=0.0):.2g}")
         for i in diff:
             a, b = set(items[i]["kept"]), set(new[row][i]["kept"])
             print(f"  {i}: {len(a)} -> {len(b)} kept, {len(a - b)} out / {len(b - a)} in; old gap {items[i]['gap']}, "
