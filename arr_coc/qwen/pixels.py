@@ -104,10 +104,9 @@ class PatchImages:
         if px % m == 0:
             # A cell's px x px output pixels read only their own patch's input pixels when px splits evenly over
             # the merge x merge patches: resample each patch to px / merge (the same windows, the same sums).
-            if q != p and pool_planes_last(patches.device):
-                patches = _pooled_planes_last(patches, q)                         # [P, C, q, q]
-            elif q != p:
-                patches = F.adaptive_avg_pool2d(patches, (q, q))                  # [P, C, q, q]
+            if q != p:                                                              # [P, C, q, q]
+                patches = (_pooled_planes_last(patches, q) if pool_planes_last(patches.device)
+                           else F.adaptive_avg_pool2d(patches, (q, q)))
             cells = patches.reshape(-1, m * m * c * q * q)                          # [N, (mh, mw, C, q, q)]
             if grid.cell_rows is not None:
                 cells = cells.index_select(0, grid.cell_rows)                       # on the padded grid
