@@ -127,6 +127,33 @@ def test_object_components_over_the_mask_s_pixels_equal_the_grid_before(full, mo
     assert flags == {True, False}  # both outcomes of the convergence flag were compared
 
 
+def test_settled_object_channels_are_the_fixed_steps_or_the_layer_s_redo_bit_for_bit():
+    """On the CPU the object group steps to convergence in its one pass (`settle`) instead of STEPS steps and a redo
+    of the whole pass: its channels are the fixed steps' where their `ok` held for the batch, else the redo's
+    (steps None, cap None), bit for bit, and `ok` says nothing is left to redo."""
+    from arr_coc.core import components
+
+    import _components_before as before
+
+    outcomes = set()
+    winding = torch.rand(1, 48, 64, generator=torch.Generator().manual_seed(0)) < 0.55   # near percolation
+    masks = list(_masks()) + [(winding, (6, 8))]
+    for mask, grid in masks:
+        for steps, cap in [(components.STEPS, components.CAP), (1, 3)]:
+            fixed = before.object_channels(mask, grid, steps, cap)
+            redone = bool(not fixed[1].all())
+            want = before.object_channels(mask, grid, None, None) if redone else fixed
+            got = components.object_channels(mask, grid, steps, cap, settle=True)
+            assert torch.equal(got[0], want[0]), (mask.shape, steps, cap, redone)
+            assert got[1].all()
+            outcomes.add(redone)
+    assert outcomes == {True, False}  # both the fixed steps' channels and the redo's were compared
+    # Negative control: a batch whose fixed steps did not converge is not what they gave.
+    fixed = before.object_channels(winding, (6, 8))
+    assert not fixed[1].all()
+    assert not torch.equal(components.object_channels(winding, (6, 8), settle=True)[0], fixed[0])
+
+
 def test_object_components_run_over_the_foreground_pixels_only_on_the_cpu():
     from arr_coc.core.components import _pixels
 
@@ -201,3 +228,33 @@ def test_two_by_two_pooling_on_the_cpu_is_avg_pool_bit_for_bit():
         assert ops.ops["aten.avg_pool2d"] == 1
     paired = (x[..., 0::2, 0::2] + x[..., 0::2, 1::2]) + (x[..., 1::2, 0::2] + x[..., 1::2, 1::2])
     assert not torch.equal(paired / 4, here)
+
+
+def test_a_photo_whose_labels_need_more_steps_costs_one_pass_on_the_cpu(monkeypatch):
+    """A photo's foreground often needs more label steps than STEPS (the rocket's: 7). On the CPU the object group
+    steps to convergence inside the layer's one pass: the texture is built once, where the fixed steps and the
+    layer's redo built it twice, and the kept cells and the relevance are theirs, bit for bit. Negative control:
+    with the settling off (what a GPU runs) the same request builds the texture twice."""
+    from PIL import Image
+
+    from arr_coc import ARRCOCQwen
+    from arr_coc.core import layer as layer_module
+    from arr_coc.core import texture
+
+    vlm = ARRCOCQwen.from_pretrained("checkpoints/shapes-qwen2vl", arr_coc="checkpoints/arr-coc-shapes-before")
+    photo = Image.open("assets/examples/photo_rocket.jpg").convert("RGB")
+    built = []
+    real = layer_module.texture_array
+    monkeypatch.setattr(layer_module, "texture_array", lambda *a, **k: built.append(a[2:3] or k) or real(*a, **k))
+
+    def choose():
+        built.clear()
+        return vlm.choose(photo, "What is in the picture?", 0.1, encode="before")
+
+    once = choose()
+    assert len(built) == 1
+    monkeypatch.setattr(texture, "settles_at_once", lambda device: False)
+    twice = choose()
+    assert len(built) == 2 and built[-1] == (True,)        # the fixed steps had not converged: the pass was redone
+    assert torch.equal(once.kept[0], twice.kept[0])
+    assert torch.equal(once.output.relevance, twice.output.relevance)

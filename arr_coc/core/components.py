@@ -22,7 +22,9 @@ back to the host (queued work). Both give the same labels and channels bit for b
   STEPS steps run; on the ShapesVQA test split and its hold-out of every canvas size (900 scenes) the
   labels stop changing after 2 or 3 steps (the 4-neighbour spreading this replaced needed up to 25).
   Whether the last step still changed something is returned as a flag, read with the layer's result:
-  a mask that needs more steps (a long winding object) is redone to convergence then (`ARRCOCLayer`).
+  a mask that needs more steps (a long winding object, a photo's foreground: 7 or 8) is redone to convergence
+  then (`ARRCOCLayer`). On the eager CPU, where the flag costs nothing to read, the layer's pass steps on to
+  convergence at once instead (`settles_at_once`): the same channels, one pass instead of two.
 - descriptions (`object_channels`): the components of each image are numbered in the order of their first
   pixel (at most CAP per image: tables of a size fixed by the batch), described by scatter reductions
   (area, bounding box, a 5 x 5 silhouette histogram), and a cell's value is a [cells, components] table of
@@ -71,6 +73,13 @@ def _pixels(mask: torch.Tensor) -> torch.Tensor:
     return torch.arange(flat.numel(), device=flat.device)
 
 
+def settles_at_once(device: torch.device) -> bool:
+    """Whether the layer's object group steps its labels to convergence in its one pass (`object_channels`'s settle)
+    instead of STEPS steps and a redo of the whole pass by the layer when they had not converged (a photo's mask
+    often needs 7 or 8): on the CPU, eager, where the flag read after each step costs nothing."""
+    return eager_cpu(device)
+
+
 def over_mask_pixels(device: torch.device) -> bool:
     """Whether the components run over the mask's pixels alone (reading their count back): on the CPU, eager."""
     return eager_cpu(device)
@@ -90,10 +99,10 @@ def _per_image_any(flag: torch.Tensor, image: torch.Tensor, b: int) -> torch.Ten
 
 
 def _labels(mask: torch.Tensor, pix: torch.Tensor, image: torch.Tensor, at: torch.Tensor | None,
-            steps: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+            steps: int | None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(label long [P]: for each of pix's pixels in the mask, the smallest flat batch index of its component, B * N
-    outside; converged bool [B]). image [P]: each pixel's image; at: `_positions(pix)`, given only when pix holds
-    the mask's pixels alone (all inside). See `label_components`."""
+    outside; converged bool [B]; the steps run). image [P]: each pixel's image; at: `_positions(pix)`, given only
+    when pix holds the mask's pixels alone (all inside). See `label_components`."""
     b, h, w = mask.shape
     big = b * h * w                                                    # larger than every flat batch index
     inside = mask.reshape(-1).index_select(0, pix)                     # [P]
@@ -111,7 +120,7 @@ def _labels(mask: torch.Tensor, pix: torch.Tensor, image: torch.Tensor, at: torc
         label = new
         if steps is None and not bool(changed.any()):
             break
-    return label, ~changed
+    return label, ~changed, step
 
 
 def label_components(mask: torch.Tensor, steps: int | None = STEPS) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,14 +134,14 @@ def label_components(mask: torch.Tensor, steps: int | None = STEPS) -> tuple[tor
     n = h * w
     pix = _pixels(mask)
     image = pix.div(n, rounding_mode="floor")
-    label, converged = _labels(mask, pix, image, _positions(pix, b * n), steps)
+    label, converged, _ = _labels(mask, pix, image, _positions(pix, b * n), steps)
     local = torch.where(label < b * n, label - image * n, -1)
     labels = torch.full((b * n,), -1, dtype=torch.long, device=mask.device).index_copy_(0, pix, local)
     return labels.reshape(b, n), converged
 
 
 def object_channels(mask: torch.Tensor, grid_hw: tuple[int, int], steps: int | None = STEPS,
-                    cap: int | None = CAP) -> tuple[torch.Tensor, torch.Tensor]:
+                    cap: int | None = CAP, *, settle: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Each cell's mean, over its foreground pixels, of the description of the component they belong to.
 
     mask: [B, H, W] bool foreground, H = h * PX_PER_CELL, W = w * PX_PER_CELL (padding: False). Returns
@@ -147,6 +156,12 @@ def object_channels(mask: torch.Tensor, grid_hw: tuple[int, int], steps: int | N
     The components of an image are numbered 0 .. cap - 1 in the order of their first pixel, so every table
     has a size fixed by the batch; an image with more (never on ShapesVQA, which has at most 24) says so in
     `ok`, and steps=None / cap=None (reading sizes back) computes it exactly.
+
+    settle: what the layer ends with, in one go (where reading back costs nothing: `settles_at_once`). The labels
+    step until nothing changes, and the tables have `cap` columns where `steps` fixed steps would have converged
+    with at most `cap` components in every image, else as many as the most numerous image's: the channels of the
+    fixed steps where their `ok` holds, else those of the layer's redo (steps None, cap None), bit for bit; `ok`
+    is then all True.
     """
     b, hh, ww = mask.shape
     h, w = grid_hw
@@ -155,12 +170,15 @@ def object_channels(mask: torch.Tensor, grid_hw: tuple[int, int], steps: int | N
     pix = _pixels(mask)                                                 # [P] the pixels computed over
     at = _positions(pix, b * n)
     image = pix.div(n, rounding_mode="floor")                           # [P] each pixel's image
-    label, converged = _labels(mask, pix, image, at, steps)             # [P] global root pixel, b * n outside
+    label, converged, taken = _labels(mask, pix, image, at, None if settle else steps)   # [P] root pixel, b * n outside
     inside = label < b * n
     root = torch.where(inside, label, pix)
     area = torch.zeros(b * n, device=dev).index_add_(0, root, inside.float())
     kept = (label == pix) & (area.index_select(0, pix) >= MIN_AREA)    # [P]: the roots of components that count
     many = torch.zeros(b, dtype=torch.long, device=dev).index_add_(0, image, kept.long())
+    if settle:   # the fixed steps' tables where those steps converged (the loop stopped by then), else the redo's
+        fixed = steps is not None and cap is not None and taken <= steps and int(many.max()) <= cap
+        cap = cap if fixed else None
     if cap is None:
         cap = max(1, int(many.max()))
     earlier = (many.cumsum(0) - many).index_select(0, image)            # kept roots of the images before each pixel's

@@ -13,7 +13,8 @@ over the whole batch at once, in two steps:
 - `read(decision)` reads the decision back in ONE transfer and turns it into per-image indices (the grid of
   a low-structure image is drawn there, on the host). A non-finite score keeps that image's tokens; a
   fixed-step part that had not converged (a long winding object's components) is redone to convergence,
-  so the decisions never depend on the step count.
+  so the decisions never depend on the step count (on the eager CPU, where reading back costs nothing, that
+  part settles inside the one pass instead: `components.settles_at_once`).
 
 `forward` does both from Python lists.
 """

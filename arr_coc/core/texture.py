@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .components import CAP, OBJECT_CHANNELS, PX_PER_CELL, STEPS, object_channels
+from .components import CAP, OBJECT_CHANNELS, PX_PER_CELL, STEPS, object_channels, settles_at_once
 from .config import TextureConfig
 from .grid import GridBatch, constant, eager_cpu, fill_edges, masked_median
 from .kmeans import kmeans
@@ -363,7 +363,10 @@ def _object(ctx: _Context) -> torch.Tensor:
     mask = share[:, 0] > 0.5
     if ctx.valid is not None:  # a frame's padding is background, whatever its repeated edge holds
         mask = mask & ctx.grid.frame_valid.repeat_interleave(PX_PER_CELL, 1).repeat_interleave(PX_PER_CELL, 2)
-    out, ctx.converged = object_channels(mask, ctx.grid_hw, *((None, None) if ctx.converge else (STEPS, CAP)))
+    if ctx.converge:
+        out, ctx.converged = object_channels(mask, ctx.grid_hw, None, None)
+    else:   # fixed steps with a flag the layer reads (and redoes the pass on), or on the CPU settled at once
+        out, ctx.converged = object_channels(mask, ctx.grid_hw, STEPS, CAP, settle=settles_at_once(mask.device))
     return out
 
 
