@@ -73,11 +73,16 @@ def test_one_forward_is_batched_and_reads_nothing_back(before_vlm):
     assert eight.total <= 1.25 * one.total, (one.summary(), eight.summary())   # batched, not looped
     assert eight.kernels <= 1.25 * one.kernels
     on_cpu = _count(layer, _layer_batch(before_vlm, 8), device_path=False)
-    # On the CPU the components read the mask's size back and k-means whether a step repeated the one before (free
-    # there: no device to wait for), and nothing else reads anything.
+    # On the CPU the components read the mask's size back and whether their labels settled, and k-means whether a
+    # step repeated the one before (free there: no device to wait for), and nothing else reads anything.
     sites = Counter((name, site.split(":")[0]) for name, site in on_cpu.sync_sites)
-    assert set(sites) <= {("aten.nonzero", "components.py"), ("aten.equal", "kmeans.py")}, sites
+    allowed = {("aten.nonzero", "components.py"), ("aten._local_scalar_dense", "components.py"), ("aten.equal", "kmeans.py")}
+    assert set(sites) <= allowed, sites
     assert sites[("aten.nonzero", "components.py")] == 1
+    # the labels' flag once a step until they settle (these scenes: within STEPS), and the components' count once
+    from arr_coc.core.components import STEPS
+
+    assert 2 <= sites[("aten._local_scalar_dense", "components.py")] <= STEPS + 1
     assert 1 <= sites[("aten.equal", "kmeans.py")] < layer.config.texture.kmeans_iters
 
 
