@@ -205,6 +205,61 @@ def test_kmeans_stopping_at_a_fixed_point_returns_every_step_s_result():
     assert differ > len(saved) // 2                         # negative control: the steps matter
 
 
+def test_kmeans_distances_are_cdist_bit_for_bit_with_the_points_half_built_once():
+    """k-means' distances (`_distances_to`) build the points' half of cdist's matrix-product route once per call and
+    only the centroids' half at each step: torch.cdist's numbers bit for bit, on both of cdist's routes (at most 25
+    points and centroids: the direct one; above: the product), on transposed (non-contiguous) points as the texture
+    passes them, batched. Negative control: the distance written directly, sqrt(sum((x - c)^2)), differs."""
+    from arr_coc.core.kmeans import MM_ABOVE, _distances_to
+
+    g = torch.Generator().manual_seed(65)
+    direct_differs = 0
+    for b, n, k in ((1, 4, 6), (2, 25, 6), (1, 26, 6), (3, 256, 6), (1, 1000, 6), (2, 20, 30), (1, 300, 2)):
+        x = torch.rand(b, 3, n, generator=g).transpose(1, 2)          # [B, N, 3], strided as the cells' colours
+        distances = _distances_to(x, k)
+        for _ in range(3):
+            c = torch.rand(b, k, 3, generator=g)
+            got = distances(c)
+            assert torch.equal(got, torch.cdist(x, c)), (b, n, k)
+            if n > MM_ABOVE:
+                direct_differs += not torch.equal(got, ((x[:, :, None] - c[:, None]) ** 2).sum(-1).sqrt())
+    assert direct_differs > 0
+
+
+def test_kmeans_gives_the_same_clusters_as_with_cdist_and_matmul():
+    """The whole k-means, its distances built once (above) and its sums as one bmm, against k-means as it was
+    (torch.cdist at every step, the sums by `@`), on the seeded inputs: labels and centroids bit for bit, at 1 and
+    8 steps, as the CPU runs it and as a GPU does."""
+    import arr_coc.core.kmeans as km
+    from arr_coc.core.grid import as_on_a_gpu
+
+    def cdist_every_step(x, k):
+        return lambda centroids: torch.cdist(x, centroids)
+
+    class MatmulTorch:      # torch as kmeans.py sees it, its bmm the `@` it was
+        bmm = staticmethod(lambda a, b: a @ b)
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    for x, valid, n_valid in _points():
+        for iters in (1, 8):
+            for gpu in (False, True):
+                with as_on_a_gpu() if gpu else _nothing():
+                    got = km.kmeans(x, 6, iters, valid, n_valid)
+                    with pytest.MonkeyPatch.context() as mp:
+                        mp.setattr(km, "_distances_to", cdist_every_step)
+                        mp.setattr(km, "torch", MatmulTorch())
+                        want = km.kmeans(x, 6, iters, valid, n_valid)
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (x.shape, iters, gpu)
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 def test_two_by_two_pooling_on_the_cpu_is_avg_pool_bit_for_bit():
     """`pool_to` halves a map on the CPU with three strided adds (the object group's mask share): avg_pool2d's sums
     in its order, bit for bit, on odd-sized batches; a GPU keeps avg_pool2d. Negative control: the adds paired

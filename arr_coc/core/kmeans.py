@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from .grid import eager_cpu, masked_median
@@ -10,6 +12,28 @@ from .grid import eager_cpu, masked_median
 def _distance(x: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
     """[B, N, D], [B, D] -> [B, N] Euclidean distances (computed directly, as a norm of the difference)."""
     return torch.cdist(x, points[:, None], compute_mode="donot_use_mm_for_euclid_dist")[..., 0]
+
+
+MM_ABOVE = 25   # torch.cdist's default mode takes the matrix-product route with more than this many points or centroids
+
+
+def _distances_to(x: torch.Tensor, k: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x [B, N, D] -> a function: centroids [B, K, D] -> [B, N, K] Euclidean distances, `torch.cdist(x, centroids)`
+    bit for bit. Above MM_ABOVE points or centroids cdist runs `_euclidean_dist`: the points written as
+    [-2 x, |x|^2, 1] times the centroids written as [c, 1, |c|^2], clamped and square-rooted. The points' half is the
+    same at every step, so it is built once here and each step makes the centroids' half and the product, the same
+    ops on the same numbers (tests/test_exact_speed.py); at or below, cdist's direct route as it is."""
+    if x.shape[1] <= MM_ABOVE and k <= MM_ABOVE:
+        return lambda centroids: torch.cdist(x, centroids)
+    norm = x.pow(2).sum(-1, keepdim=True)                                                 # [B, N, 1]
+    points = torch.cat([x.mul(-2), norm, torch.ones_like(norm)], dim=-1)                 # [B, N, D + 2]
+
+    def distances(centroids: torch.Tensor) -> torch.Tensor:
+        c_norm = centroids.pow(2).sum(-1, keepdim=True)                                   # [B, K, 1]
+        sides = torch.cat([centroids, torch.ones_like(c_norm), c_norm], dim=-1)           # [B, K, D + 2]
+        return torch.bmm(points, sides.mT).clamp_min_(1e-30).sqrt_()
+
+    return distances
 
 
 def kmeans(x: torch.Tensor, k: int, iters: int, valid: torch.Tensor | None = None,
@@ -40,9 +64,10 @@ def kmeans(x: torch.Tensor, k: int, iters: int, valid: torch.Tensor | None = Non
     slots = torch.arange(k, device=x.device)
     unused = None if n_valid is None else (slots[None, :] >= n_valid[:, None])[:, None, :]   # [B, 1, K]
     with_ones = torch.cat([x, torch.ones_like(x[..., :1])], dim=-1)                      # [B, N, D + 1]
+    distances = _distances_to(x, k)
 
     def assign(centroids: torch.Tensor) -> torch.Tensor:
-        dist = torch.cdist(x, centroids)                                                  # [B, N, K]
+        dist = distances(centroids)                                                       # [B, N, K]
         labels = (dist if unused is None else dist.masked_fill(unused, float("inf"))).argmin(-1)
         return labels if valid is None else labels.masked_fill(~valid, k)                # padding: no cluster
 
@@ -54,7 +79,7 @@ def kmeans(x: torch.Tensor, k: int, iters: int, valid: torch.Tensor | None = Non
             break   # a fixed point: each further step would give these labels and centroids again, bit for bit
         labels = new
         onehot = (labels[..., None] == slots).to(x.dtype)                                # [B, N, K]
-        totals = onehot.transpose(1, 2) @ with_ones                                       # [B, K, D + 1]
+        totals = torch.bmm(onehot.transpose(1, 2), with_ones)                             # [B, K, D + 1]
         counts = totals[..., d:]                                                          # [B, K, 1]
         # An emptied cluster keeps its old centroid.
         centroids = torch.where(counts > 0, totals[..., :d] / counts.clamp_min(1), centroids)
