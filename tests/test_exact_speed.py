@@ -226,32 +226,27 @@ def test_kmeans_distances_are_cdist_bit_for_bit_with_the_points_half_built_once(
     assert direct_differs > 0
 
 
-def test_kmeans_gives_the_same_clusters_as_with_cdist_and_matmul():
-    """The whole k-means, its distances built once (above) and its sums as one bmm, against k-means as it was
-    (torch.cdist at every step, the sums by `@`), on the seeded inputs: labels and centroids bit for bit, at 1 and
-    8 steps, as the CPU runs it and as a GPU does."""
-    import arr_coc.core.kmeans as km
+def test_kmeans_gives_the_same_clusters_as_before():
+    """The whole k-means (its distances built once, its sums as one bmm, constants made once, no clamp before the
+    division whose 0 / 0 `where` never takes) against k-means as it was (`tests/_kmeans_before.py`: cdist at every
+    step, `@`, the counts clamped), on the seeded inputs: labels and centroids bit for bit, at 1 and 8 steps, as
+    the CPU runs it and as a GPU does. The inputs do empty clusters (the kept-centroid branch)."""
+    from _kmeans_before import kmeans as kmeans_before
+
     from arr_coc.core.grid import as_on_a_gpu
+    from arr_coc.core.kmeans import kmeans
 
-    def cdist_every_step(x, k):
-        return lambda centroids: torch.cdist(x, centroids)
-
-    class MatmulTorch:      # torch as kmeans.py sees it, its bmm the `@` it was
-        bmm = staticmethod(lambda a, b: a @ b)
-
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
+    emptied = 0
     for x, valid, n_valid in _points():
         for iters in (1, 8):
             for gpu in (False, True):
                 with as_on_a_gpu() if gpu else _nothing():
-                    got = km.kmeans(x, 6, iters, valid, n_valid)
-                    with pytest.MonkeyPatch.context() as mp:
-                        mp.setattr(km, "_distances_to", cdist_every_step)
-                        mp.setattr(km, "torch", MatmulTorch())
-                        want = km.kmeans(x, 6, iters, valid, n_valid)
+                    got = kmeans(x, 6, iters, valid, n_valid)
+                    want = kmeans_before(x, 6, iters, valid, n_valid)
                 assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (x.shape, iters, gpu)
+            members = torch.stack([(got[0] == s) & (True if valid is None else valid) for s in range(got[1].shape[1])])
+            emptied += int((members.sum(-1) == 0).any())
+    assert emptied > 0
 
 
 def _nothing():

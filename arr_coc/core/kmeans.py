@@ -27,10 +27,11 @@ def _distances_to(x: torch.Tensor, k: int) -> Callable[[torch.Tensor], torch.Ten
         return lambda centroids: torch.cdist(x, centroids)
     norm = x.pow(2).sum(-1, keepdim=True)                                                 # [B, N, 1]
     points = torch.cat([x.mul(-2), norm, torch.ones_like(norm)], dim=-1)                 # [B, N, D + 2]
+    ones = norm.new_ones(x.shape[0], k, 1)                                                # [B, K, 1]
 
     def distances(centroids: torch.Tensor) -> torch.Tensor:
         c_norm = centroids.pow(2).sum(-1, keepdim=True)                                   # [B, K, 1]
-        sides = torch.cat([centroids, torch.ones_like(c_norm), c_norm], dim=-1)           # [B, K, D + 2]
+        sides = torch.cat([centroids, ones, c_norm], dim=-1)                              # [B, K, D + 2]
         return torch.bmm(points, sides.mT).clamp_min_(1e-30).sqrt_()
 
     return distances
@@ -49,14 +50,15 @@ def kmeans(x: torch.Tensor, k: int, iters: int, valid: torch.Tensor | None = Non
     """
     b, n, d = x.shape
     k = min(k, n)
+    padding = None if valid is None else ~valid                                            # [B, N]
     start = masked_median(x.transpose(1, 2), None if valid is None else valid[:, None])   # [B, D]
     dist = _distance(x, start)                                                            # [B, N]
-    if valid is not None:
-        dist = dist.masked_fill(~valid, float("inf"))
+    if padding is not None:
+        dist = dist.masked_fill(padding, float("inf"))
     chosen = [dist.argmin(1)]
     dist = _distance(x, x.gather(1, chosen[0][:, None, None].expand(b, 1, d))[:, 0])
-    if valid is not None:
-        dist = dist.masked_fill(~valid, -1.0)          # distances are >= 0: a padded point is never the farthest
+    if padding is not None:
+        dist = dist.masked_fill(padding, -1.0)         # distances are >= 0: a padded point is never the farthest
     for _ in range(k - 1):
         chosen.append(dist.argmax(1))
         dist = torch.minimum(dist, _distance(x, x.gather(1, chosen[-1][:, None, None].expand(b, 1, d))[:, 0]))
@@ -69,7 +71,7 @@ def kmeans(x: torch.Tensor, k: int, iters: int, valid: torch.Tensor | None = Non
     def assign(centroids: torch.Tensor) -> torch.Tensor:
         dist = distances(centroids)                                                       # [B, N, K]
         labels = (dist if unused is None else dist.masked_fill(unused, float("inf"))).argmin(-1)
-        return labels if valid is None else labels.masked_fill(~valid, k)                # padding: no cluster
+        return labels if padding is None else labels.masked_fill(padding, k)             # padding: no cluster
 
     settle = stops_at_a_fixed_point(x.device)
     labels = None
@@ -81,8 +83,8 @@ def kmeans(x: torch.Tensor, k: int, iters: int, valid: torch.Tensor | None = Non
         onehot = (labels[..., None] == slots).to(x.dtype)                                # [B, N, K]
         totals = torch.bmm(onehot.transpose(1, 2), with_ones)                             # [B, K, D + 1]
         counts = totals[..., d:]                                                          # [B, K, 1]
-        # An emptied cluster keeps its old centroid.
-        centroids = torch.where(counts > 0, totals[..., :d] / counts.clamp_min(1), centroids)
+        # An emptied cluster keeps its old centroid (its 0 / 0 is never taken; a count is a whole number >= 1 else).
+        centroids = torch.where(counts > 0, totals[..., :d] / counts, centroids)
     else:
         labels = assign(centroids)
     return (labels if valid is None else labels.clamp(max=k - 1)), centroids
