@@ -79,7 +79,8 @@ def main() -> int:
     rows = [{"size": s, "batch": b, "ms": round(best[(s, b)], 2), "ops": ops[(s, b)],
              "share_of_896": round(best[(s, b)] / best[(896, b)], 3) if (896, b) in best else None}
             for s, b in configs]
-    print(f"the pass, {torch.get_num_threads()} thread(s), {'wall' if args.wall else 'CPU'} clock, lowest of {args.rounds} medians of "
+    clock = "wall" if args.wall else "CPU"
+    print(f"the pass, {torch.get_num_threads()} thread(s), {clock} clock, lowest of {args.rounds} medians of "
           f"{args.repeats}")
     print("| size | batch | ms per batch | aten ops (here) | of the 896 px pass |")
     print("|---|---|---|---|---|")
