@@ -54,7 +54,17 @@ VLLM_PIP   := $(VLLM_PY) -m pip --disable-pip-version-check
 
 VLLM_BASE  := $(VLLM_VENV)/.vllm-installed
 
+# The environment takes 6.2 GB, and pip spools each download beside it: with less than 7 GB free the install fails
+# minutes in, with a traceback from deep in pip that never says "disk" (seen in CI). Say so at once instead.
+VLLM_MIN_FREE_GB ?= 7
+
 $(VLLM_BASE): requirements-vllm.txt
+	@free=$$(df -Pk "$$(dirname "$(abspath $(VLLM_VENV))")" | awk 'NR == 2 { print int($$4 / 1048576) }'); \
+	 if [ "$$free" -lt $(VLLM_MIN_FREE_GB) ]; then \
+	   echo "make: vLLM's environment ($(VLLM_VENV)) needs about $(VLLM_MIN_FREE_GB) GB free; only $$free GB" \
+	        "is free there (df -h). Free some space, or set VLLM_VENV to a folder on a larger disk." >&2; \
+	   exit 1; \
+	 fi
 	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PIP) install --quiet -r requirements-vllm.txt
 	$(VLLM_PIP) install --quiet 'torch===2.13.0' torchvision==0.28.0
